@@ -1,0 +1,1 @@
+"""The hetps wire contract: generated stubs, the tensor codec and the model layout."""

@@ -1,0 +1,1 @@
+"""Shard state, update rules and consistency policy. Pure torch: never imports grpc."""

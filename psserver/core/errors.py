@@ -1,0 +1,35 @@
+"""Why a request was refused, independent of the transport.
+
+Each kind has a stable ``reason`` key (used in metrics and Status) and maps to exactly one
+gRPC status code in psserver.rpc.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    UNKNOWN_WORKER = "unknown_worker"
+    LAYOUT_MISMATCH = "layout_mismatch"
+    WRONG_LENGTH = "wrong_length"
+    CHUNK_OUT_OF_RANGE = "chunk_out_of_range"
+    UNKNOWN_DTYPE = "unknown_dtype"
+    NON_FINITE = "non_finite"
+    INIT_CONFLICT = "init_conflict"
+    NOT_INITIALIZED = "not_initialized"
+    FUTURE_CLOCK = "future_clock"
+    BAD_REQUEST = "bad_request"
+
+    @property
+    def reason(self) -> str:
+        return self.value
+
+
+class ShardError(Exception):
+    """A request the shard refused; nothing in the shard changed."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message

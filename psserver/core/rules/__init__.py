@@ -1,0 +1,30 @@
+"""Update rules, one module each, registered by name on import.
+
+Every module in this package is imported here, so a new rule only needs its own module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from psserver.core.rules.base import RULES, PayloadKind, PushContext, RuleSpec, Telemetry, UpdateRule, register, rule_class
+from psserver.core.rules.options import RuleOptionError, RuleOptions, option
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in {"base", "options"}:
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = [
+    "RULES",
+    "PayloadKind",
+    "PushContext",
+    "RuleOptionError",
+    "RuleOptions",
+    "RuleSpec",
+    "Telemetry",
+    "UpdateRule",
+    "option",
+    "register",
+    "rule_class",
+]

@@ -1,0 +1,1 @@
+"""The hetps Python worker: client library, training loop, tasks and CLI."""
