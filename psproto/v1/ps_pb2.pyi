@@ -487,6 +487,7 @@ class PushHeader(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     LAYOUT_HASH_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    PULL_DTYPE_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.int
     push_id: _builtins.int
     """Unique per worker; a push id already applied is acknowledged, never applied twice."""
@@ -494,6 +495,8 @@ class PushHeader(_message.Message):
     """The clock of the parameters the update was computed on (the last pull's clock)."""
     kind: Global___PayloadKind.ValueType
     layout_hash: _builtins.str
+    pull_dtype: Global___DType.ValueType
+    """PushPull only: element type of the parameters sent back; unspecified means float32."""
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Rule-specific numbers (e.g. steps_done for a final partial window)."""
@@ -507,10 +510,11 @@ class PushHeader(_message.Message):
         kind: Global___PayloadKind.ValueType = ...,
         layout_hash: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        pull_dtype: Global___DType.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_clock", b"base_clock", "kind", b"kind", "layout_hash", b"layout_hash", "metadata", b"metadata", "push_id", b"push_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_clock", b"base_clock", "kind", b"kind", "layout_hash", b"layout_hash", "metadata", b"metadata", "pull_dtype", b"pull_dtype", "push_id", b"push_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

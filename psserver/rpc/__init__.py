@@ -1,0 +1,1 @@
+"""The gRPC transport: a thin servicer over psserver.core, plus health and reflection."""

@@ -1,0 +1,76 @@
+"""Build and run the gRPC server for one shard: the servicer, health and reflection."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.core.shard import Shard
+from psserver.rpc.servicer import ParameterServerServicer
+
+_LOGGER = logging.getLogger(__name__)
+SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+# Large enough for chunks of a few MiB plus headers; clients never need more.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class RunningServer:
+    server: grpc.Server
+    port: int
+    health: health.HealthServicer
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, status)
+
+    def stop(self, grace_seconds: float) -> None:
+        """Refuse new RPCs, let in-flight ones finish for up to ``grace_seconds``."""
+        self.set_serving(False)
+        self.server.stop(grace_seconds).wait()
+
+
+def start_server(shard: Shard, address: str, max_workers: int = 32) -> RunningServer:
+    """Start serving ``shard`` on ``address`` (``host:port``; port 0 picks a free one)."""
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
+    ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(shard), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}: the port is in use or the address is not local")
+    server.start()
+    running = RunningServer(server, port, health_servicer)
+    running.set_serving(True)
+    return running
+
+
+def serve_until_signalled(running: RunningServer, grace_seconds: float) -> None:
+    """Block until SIGTERM or SIGINT, then drain in-flight RPCs and return."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        _LOGGER.info("received %s, draining for up to %.0f s", signal.Signals(signum).name, grace_seconds)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    stop.wait()
+    running.stop(grace_seconds)
+    _LOGGER.info("stopped")

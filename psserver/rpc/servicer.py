@@ -1,0 +1,213 @@
+"""psproto.v1.ParameterServer over a core Shard: decode messages, call the shard, encode replies.
+
+No parameter-server logic lives here. A ``ShardError`` becomes its gRPC status code
+(psserver.rpc.status_codes) with the shard's message.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from psproto.layout import Layout, LayoutError
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.rules import PayloadKind
+from psserver.core.shard import PendingPush, Shard
+from psserver.core.workers import PushOutcome, WorkerRecord
+from psserver.rpc.status_codes import STATUS_CODES
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _translate_errors(method: F) -> F:
+    """Abort the RPC with the refusal's status code instead of letting it become UNKNOWN."""
+
+    @functools.wraps(method)
+    def wrapper(self: ParameterServerServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            result = method(self, request, context)
+            if isinstance(result, Iterator):
+                # Server-streaming: errors surface while iterating.
+                return _guarded(result, context)
+            return result
+        except ShardError as error:
+            context.abort(STATUS_CODES[error.kind], error.message)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _guarded(items: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+    try:
+        yield from items
+    except ShardError as error:
+        context.abort(STATUS_CODES[error.kind], error.message)
+
+
+def _rule_info(shard: Shard) -> ps_pb2.RuleInfo:
+    spec = shard.config.rule
+    rule = shard.rule
+    return ps_pb2.RuleInfo(
+        name=spec.rule.name,
+        options=spec.options.as_strings(),
+        worker_procedure=spec.rule.worker_procedure,
+        procedure_options=rule.procedure_options() if rule is not None else {},
+        accepted_kinds=[int(kind) for kind in sorted(spec.rule.accepted_kinds)],
+    )
+
+
+def _push_response(outcome: PushOutcome) -> ps_pb2.PushResponse:
+    return ps_pb2.PushResponse(
+        clock=outcome.clock, staleness=outcome.staleness, duplicate=outcome.duplicate, telemetry=outcome.telemetry
+    )
+
+
+def _worker_status(worker: WorkerRecord, now_age: float) -> ps_pb2.WorkerStatus:
+    return ps_pb2.WorkerStatus(
+        worker_id=worker.worker_id,
+        worker_name=worker.name,
+        role=ps_pb2.ROLE_OBSERVER if worker.observer else ps_pb2.ROLE_WORKER,
+        device=worker.device,
+        pushes=worker.pushes,
+        pulls=worker.pulls,
+        duplicate_pushes=worker.duplicate_pushes,
+        last_staleness=worker.last_staleness,
+        mean_staleness=worker.mean_staleness,
+        max_staleness=worker.max_staleness,
+        seconds_since_seen=now_age,
+        stats=worker.stats,
+        last_telemetry=worker.last_telemetry,
+    )
+
+
+class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):  # type: ignore[misc]
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+
+    @_translate_errors
+    def Join(self, request: ps_pb2.JoinRequest, context: grpc.ServicerContext) -> ps_pb2.JoinResponse:
+        try:
+            layout = Layout.from_proto(request.layout)
+        except LayoutError as error:
+            raise ShardError(ErrorKind.BAD_REQUEST, f"invalid layout: {error}") from None
+        if not request.worker_name:
+            raise ShardError(ErrorKind.BAD_REQUEST, "worker_name is empty; give every worker a unique name")
+        result = self.shard.join(
+            request.worker_name,
+            request.device,
+            request.role == ps_pb2.ROLE_OBSERVER,
+            layout,
+            request.layout_hash,
+        )
+        shard_range = result.layout.shard(self.shard.config.shard_index)
+        return ps_pb2.JoinResponse(
+            worker_id=result.worker.worker_id,
+            lease_seconds=self.shard.config.lease_seconds,
+            rule=_rule_info(self.shard),
+            shard_index=self.shard.config.shard_index,
+            num_shards=self.shard.config.num_shards,
+            shard_offset=shard_range.offset,
+            shard_length=shard_range.length,
+            clock=result.clock,
+            initialized=result.initialized,
+            layout_hash=result.layout.hash,
+        )
+
+    @_translate_errors
+    def Init(self, request_iterator: Iterator[ps_pb2.InitRequest], context: grpc.ServicerContext) -> ps_pb2.InitResponse:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("body") != "header":
+            raise ShardError(ErrorKind.BAD_REQUEST, "an Init stream must start with an InitHeader")
+        assembler = self.shard.begin_upload(first.header.worker_id, first.header.layout_hash)
+        for message in request_iterator:
+            if message.WhichOneof("body") != "chunk":
+                raise ShardError(ErrorKind.BAD_REQUEST, "an Init stream carries one header, then only chunks")
+            self.shard.decode_chunk(assembler, message.chunk)
+        applied, clock = self.shard.finish_upload(assembler)
+        return ps_pb2.InitResponse(applied=applied, clock=clock)
+
+    @_translate_errors
+    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[ps_pb2.PullResponse]:
+        result = self.shard.pull(request.worker_id, request.wire_dtype)
+        return self._pull_messages(result.clock, result.total_length, result.chunks)
+
+    @staticmethod
+    def _pull_messages(clock: int, total: int, chunks: list[ps_pb2.Chunk]) -> Iterator[ps_pb2.PullResponse]:
+        for chunk in chunks:
+            message = ps_pb2.PullResponse(clock=clock, total_length=total)
+            message.chunk.CopyFrom(chunk)
+            yield message
+
+    def _receive_push(self, request_iterator: Iterator[ps_pb2.PushRequest]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("body") != "header":
+            raise ShardError(ErrorKind.BAD_REQUEST, "a Push stream must start with a PushHeader")
+        header = first.header
+        pending: PendingPush = self.shard.begin_push(
+            header.worker_id,
+            header.push_id,
+            header.base_clock,
+            header.kind or int(PayloadKind.GRADIENT),
+            header.layout_hash,
+            dict(header.metadata),
+        )
+        for message in request_iterator:
+            if message.WhichOneof("body") != "chunk":
+                raise ShardError(ErrorKind.BAD_REQUEST, "a Push stream carries one header, then only chunks")
+            self.shard.add_chunk(pending, message.chunk)
+        return header, self.shard.commit_push(pending)
+
+    @_translate_errors
+    def Push(self, request_iterator: Iterator[ps_pb2.PushRequest], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
+        _, outcome = self._receive_push(request_iterator)
+        return _push_response(outcome)
+
+    @_translate_errors
+    def PushPull(
+        self, request_iterator: Iterator[ps_pb2.PushRequest], context: grpc.ServicerContext
+    ) -> Iterator[ps_pb2.PushPullResponse]:
+        header, outcome = self._receive_push(request_iterator)
+        result = self.shard.pull(header.worker_id, header.pull_dtype)
+        return self._push_pull_messages(outcome, result.clock, result.total_length, result.chunks)
+
+    def _push_pull_messages(
+        self, outcome: PushOutcome, clock: int, total: int, chunks: list[ps_pb2.Chunk]
+    ) -> Iterator[ps_pb2.PushPullResponse]:
+        yield ps_pb2.PushPullResponse(ack=_push_response(outcome))
+        for message in self._pull_messages(clock, total, chunks):
+            reply = ps_pb2.PushPullResponse()
+            reply.params.CopyFrom(message)
+            yield reply
+
+    @_translate_errors
+    def Heartbeat(self, request: ps_pb2.HeartbeatRequest, context: grpc.ServicerContext) -> ps_pb2.HeartbeatResponse:
+        clock = self.shard.heartbeat(request.worker_id, dict(request.stats))
+        return ps_pb2.HeartbeatResponse(clock=clock, lease_seconds=self.shard.config.lease_seconds)
+
+    @_translate_errors
+    def Leave(self, request: ps_pb2.LeaveRequest, context: grpc.ServicerContext) -> ps_pb2.LeaveResponse:
+        self.shard.leave(request.worker_id)
+        return ps_pb2.LeaveResponse()
+
+    @_translate_errors
+    def Status(self, request: ps_pb2.StatusRequest, context: grpc.ServicerContext) -> ps_pb2.StatusResponse:
+        shard = self.shard
+        now = time.monotonic()
+        workers = [_worker_status(w, now - w.last_seen) for w in shard.worker_snapshot()]
+        return ps_pb2.StatusResponse(
+            clock=shard.clock,
+            rule=_rule_info(shard),
+            shard_index=shard.config.shard_index,
+            num_shards=shard.config.num_shards,
+            shard_length=shard.params.numel(),
+            initialized=shard.initialized,
+            layout_hash=shard.layout.hash if shard.layout else "",
+            workers=workers,
+            applied_pushes=shard.applied_pushes,
+            rejected=dict(shard.rejected),
+            uptime_seconds=shard.uptime_seconds(),
+        )

@@ -1,0 +1,59 @@
+"""A PyTorch module's trainable parameters bound to one flat host buffer per direction.
+
+Gradients are gathered into ``grads`` and parameters scattered from ``params`` through
+views of preallocated flat tensors, so a push or pull never allocates a model-sized
+buffer. On CUDA both buffers are pinned and the copies are non-blocking.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from psproto.layout import Layout
+
+
+class ModelBinding:
+    def __init__(self, model: nn.Module, num_shards: int = 1) -> None:
+        self.model = model
+        self.named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        if not self.named:
+            raise ValueError("the model has no trainable parameters")
+        self.layout = Layout.from_named_shapes(((name, tuple(p.shape)) for name, p in self.named), num_shards)
+        self.device = self.named[0][1].device
+        pin = self.device.type == "cuda"
+        total = self.layout.total_length
+        self.params = torch.zeros(total, pin_memory=pin)
+        self.grads = torch.zeros(total, pin_memory=pin)
+        self._param_views = [self.params[s.offset : s.end].view(s.shape) for s in self.layout.slots]
+        self._grad_views = [self.grads[s.offset : s.end].view(s.shape) for s in self.layout.slots]
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.no_grad()
+    def gather_params(self) -> torch.Tensor:
+        """Copy the model's parameters into ``params`` and return it."""
+        for (_, p), view in zip(self.named, self._param_views, strict=True):
+            view.copy_(p, non_blocking=True)
+        self._synchronize()
+        return self.params
+
+    @torch.no_grad()
+    def gather_grads(self) -> torch.Tensor:
+        """Copy the model's gradients (zero where missing) into ``grads`` and return it."""
+        for (_, p), view in zip(self.named, self._grad_views, strict=True):
+            if p.grad is None:
+                view.zero_()
+            else:
+                view.copy_(p.grad, non_blocking=True)
+        self._synchronize()
+        return self.grads
+
+    @torch.no_grad()
+    def scatter_params(self) -> None:
+        """Copy ``params`` into the model's parameters."""
+        for (_, p), view in zip(self.named, self._param_views, strict=True):
+            p.copy_(view, non_blocking=True)
+        self._synchronize()

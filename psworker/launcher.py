@@ -1,0 +1,206 @@
+"""A local cluster: one psserver process per shard and N psworker processes of chosen speeds.
+
+Everything talks over real gRPC on 127.0.0.1. When the workers are done the launcher reads
+each shard's Status, pulls the final parameters as an observer, evaluates them on the
+task's test set, stops the servers with SIGTERM and reports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from psproto.v1 import ps_pb2
+from psworker.binding import ModelBinding
+from psworker.client import PSClient
+from psworker.tasks import evaluate, load_task
+
+_LISTENING = re.compile(r"psserver listening on (\S+):(\d+)")
+SERVER_START_TIMEOUT_S = 60.0
+
+
+class ClusterError(RuntimeError):
+    """A process of the local cluster failed."""
+
+
+@dataclass
+class ClusterConfig:
+    workers: int = 4
+    slowdowns: Sequence[float] = (1.0, 1.0, 2.0, 4.0)
+    rule: str = "asgd"
+    lr: float | None = None
+    rule_opts: Sequence[str] = ()
+    task: str = "digits"
+    until_clock: int = 1500
+    shards: int = 1
+    wire_dtype: str = "fp32"
+    log_dir: Path = Path("runs/latest")
+    device: str = "auto"
+    seed: int = 0
+    eval_every: int = 0
+    timeout_s: float = 600.0
+    server_args: Sequence[str] = ()
+
+
+@dataclass
+class WorkerReport:
+    name: str
+    slowdown: float
+    steps: int
+    pushes: int
+    mean_staleness: float
+    max_staleness: int
+    compute_seconds_per_step: float
+
+
+@dataclass
+class ClusterReport:
+    rule: str
+    test_accuracy: float
+    test_loss: float
+    clock: int
+    wall_seconds: float
+    workers: list[WorkerReport] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)
+
+
+def _python() -> list[str]:
+    return [sys.executable, "-m"]
+
+
+def start_server(
+    log_dir: Path, rule: str, lr: float | None, rule_opts: Sequence[str], shard_index: int = 0, num_shards: int = 1,
+    extra_args: Sequence[str] = (),
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``psserver serve`` on a free loopback port; returns the process and its address."""
+    command = [*_python(), "psserver.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--rule", rule,
+               "--shard-index", str(shard_index), "--num-shards", str(num_shards), "--torch-threads", "1"]
+    if lr is not None:
+        command += ["--lr", repr(lr)]
+    for opt in rule_opts:
+        command += ["--rule-opt", opt]
+    command += list(extra_args)
+    log = (log_dir / f"server-{shard_index}.log").open("w")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        match = _LISTENING.search(line)
+        if match:
+            return process, f"127.0.0.1:{match.group(2)}"
+    process.kill()
+    process.wait()
+    raise ClusterError(f"psserver shard {shard_index} did not start; see {log.name}")
+
+
+def stop_process(process: subprocess.Popen[str], timeout_s: float = 20.0) -> int:
+    """SIGTERM, wait, SIGKILL if it does not stop; returns the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return int(process.returncode)
+
+
+def run_cluster(config: ClusterConfig) -> ClusterReport:
+    """Start the servers and workers, wait for the workers, evaluate, stop everything."""
+    if len(config.slowdowns) != config.workers:
+        raise ValueError(f"{len(config.slowdowns)} slowdowns for {config.workers} workers; give one per worker")
+    config.log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    servers: list[subprocess.Popen[str]] = []
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        addresses = []
+        for index in range(config.shards):
+            process, address = start_server(
+                config.log_dir, config.rule, config.lr, config.rule_opts, index, config.shards, config.server_args
+            )
+            servers.append(process)
+            addresses.append(address)
+        for rank, slowdown in enumerate(config.slowdowns):
+            command = [*_python(), "psworker.cli", "train", "--task", config.task, "--name", f"worker-{rank}",
+                       "--slowdown", str(slowdown), "--until-clock", str(config.until_clock), "--seed",
+                       str(config.seed * 1000 + rank), "--device", config.device, "--wire-dtype", config.wire_dtype,
+                       "--eval-every", str(config.eval_every), "--no-progress", "--torch-threads", "1",
+                       "--log-file", str(config.log_dir / f"worker-{rank}.jsonl")]
+            for address in addresses:
+                command += ["--server", address]
+            output = (config.log_dir / f"worker-{rank}.log").open("w")
+            workers.append(subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True))
+        deadline = started + config.timeout_s
+        for rank, process in enumerate(workers):
+            remaining = max(1.0, deadline - time.monotonic())
+            try:
+                code = process.wait(remaining)
+            except subprocess.TimeoutExpired:
+                raise ClusterError(f"worker-{rank} did not finish within {config.timeout_s:.0f} s") from None
+            if code != 0:
+                raise ClusterError(f"worker-{rank} exited with {code}; see {config.log_dir / f'worker-{rank}.log'}")
+        report = _report(config, addresses, started)
+    finally:
+        for process in workers:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        codes = [stop_process(process) for process in servers]
+    if any(code != 0 for code in codes):
+        raise ClusterError(f"a server exited with {codes} after SIGTERM; see {config.log_dir}")
+    (config.log_dir / "report.json").write_text(json.dumps(_as_json(report), indent=2))
+    return report
+
+
+def _report(config: ClusterConfig, addresses: list[str], started: float) -> ClusterReport:
+    task = load_task(config.task)
+    model = task.build_model()
+    binding = ModelBinding(model, num_shards=config.shards)
+    with PSClient(addresses, binding.layout, name="launcher-eval", observer=True) as observer:
+        statuses: list[ps_pb2.StatusResponse] = observer.status()
+        observer.pull(binding.params)
+        binding.scatter_params()
+    accuracy, loss = evaluate(model, task, torch.device("cpu"))
+    summaries = {}
+    for rank in range(config.workers):
+        path = config.log_dir / f"worker-{rank}.jsonl"
+        done = [json.loads(line) for line in path.read_text().splitlines() if '"event": "done"' in line]
+        summaries[rank] = done[-1] if done else {}
+    workers = []
+    for rank, slowdown in enumerate(config.slowdowns):
+        name = f"worker-{rank}"
+        # Workers leave the server when done, so their own summaries (built from the
+        # staleness the server returned for every push) are the record.
+        summary = summaries[rank]
+        workers.append(WorkerReport(
+            name=name,
+            slowdown=slowdown,
+            steps=int(summary.get("steps", 0)),
+            pushes=int(summary.get("pushes", 0)),
+            mean_staleness=float(summary.get("mean_staleness", 0.0)),
+            max_staleness=int(summary.get("max_staleness", 0)),
+            compute_seconds_per_step=float(summary.get("compute_seconds_per_step", 0.0)),
+        ))
+    rejected: dict[str, int] = {}
+    for status in statuses:
+        for reason, count in status.rejected.items():
+            rejected[reason] = rejected.get(reason, 0) + count
+    return ClusterReport(config.rule, accuracy, loss, min(s.clock for s in statuses),
+                         time.monotonic() - started, workers, rejected)
+
+
+def _as_json(report: ClusterReport) -> dict[str, object]:
+    return asdict(report)

@@ -1,0 +1,55 @@
+"""An optimizer-like wrapper so a plain PyTorch loop trains against hetps by changing two lines.
+
+    opt = ParameterServerOptimizer(model, "127.0.0.1:50051")   # instead of torch.optim.SGD(...)
+    for x, y in loader:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()                                              # push, then take the new parameters
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from psworker.binding import ModelBinding
+from psworker.client import PSClient
+from psworker.procedures import StepOutcome, build_procedure
+
+
+class ParameterServerOptimizer:
+    """Joins the server, initialises it from the model if nobody has, and runs the server's procedure."""
+
+    def __init__(
+        self, model: nn.Module, servers: str | Sequence[str], name: str | None = None, wire_dtype: str = "fp32"
+    ) -> None:
+        addresses = [servers] if isinstance(servers, str) else list(servers)
+        self.model = model
+        self.binding = ModelBinding(model, num_shards=len(addresses))
+        device = str(self.binding.device)
+        self.client = PSClient(addresses, self.binding.layout, name=name, device=device, wire_dtype=wire_dtype)
+        if not self.client.initialized:
+            self.client.init(self.binding.gather_params())
+        self.procedure = build_procedure(self.client, self.binding)
+        self.procedure.start()
+        self.last: StepOutcome | None = None
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=False)
+
+    def step(self, loss: float = float("nan")) -> StepOutcome:
+        """Hand the gradients now in the model to the server's procedure."""
+        self.last = self.procedure.step(loss)
+        return self.last
+
+    def close(self) -> None:
+        """Flush a partial window and leave the server."""
+        self.procedure.finish()
+        self.client.close()
+
+    def __enter__(self) -> ParameterServerOptimizer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,187 @@
+"""The worker's training loop: sample batches, run the server's procedure, log, evaluate."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from psworker.binding import ModelBinding
+from psworker.client import PSClient
+from psworker.procedures import build_procedure
+from psworker.tasks import Task, evaluate, load_task
+
+
+@dataclass
+class TrainConfig:
+    servers: list[str]
+    task: str = "digits"
+    name: str | None = None
+    device: str = "auto"
+    slowdown: float = 1.0
+    max_steps: int | None = None
+    until_clock: int | None = 1000
+    eval_every: int = 200
+    seed: int = 0
+    wire_dtype: str = "fp32"
+    log_file: Path | None = None
+    progress: bool = True
+    heartbeat_seconds: float = 5.0
+
+
+@dataclass
+class TrainSummary:
+    name: str
+    device: str
+    steps: int
+    pushes: int
+    mean_staleness: float
+    max_staleness: int
+    compute_seconds_per_step: float
+    test_accuracy: float
+    test_loss: float
+    final_clock: int
+    telemetry: dict[str, float] = field(default_factory=dict)
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(requested)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA device is available")
+    return device
+
+
+class JsonLog:
+    """One JSON object per line: what happened, when, at which step and server clock."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self.stream = stream
+        self.started = time.monotonic()
+
+    def write(self, event: str, **fields: Any) -> None:
+        if self.stream is None:
+            return
+        record = {"event": event, "time": round(time.monotonic() - self.started, 4), **fields}
+        self.stream.write(json.dumps(record) + "\n")
+        self.stream.flush()
+
+
+@contextmanager
+def _progress(enabled: bool, total: int, description: str) -> Iterator[Progress | None]:
+    if not enabled:
+        yield None
+        return
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[info]}"))
+    with Progress(*columns, transient=False) as progress:
+        yield progress
+
+
+def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
+    """Train against the server until ``max_steps`` or the server clock reaches ``until_clock``."""
+    if config.max_steps is None and config.until_clock is None:
+        raise ValueError("give max_steps or until_clock, or training never ends")
+    task = task or load_task(config.task)
+    device = pick_device(config.device)
+    model = task.build_model().to(device)
+    binding = ModelBinding(model, num_shards=len(config.servers))
+    generator = torch.Generator().manual_seed(config.seed)
+    train_x = task.train_inputs.to(device)
+    train_y = task.train_targets.to(device)
+
+    with ExitStack() as stack:
+        client = PSClient(config.servers, binding.layout, name=config.name, device=str(device),
+                          wire_dtype=config.wire_dtype)
+        stack.callback(client.close)
+        log_stream = stack.enter_context(config.log_file.open("a")) if config.log_file else None
+        log = JsonLog(log_stream)
+        if not client.initialized:
+            applied = client.init(binding.gather_params())
+            log.write("init", applied=applied)
+        procedure = build_procedure(client, binding)
+        procedure.start()
+        log.write("start", name=client.name, device=str(device), rule=client.rule.name,
+                  procedure=procedure.name, clock=client.clock, slowdown=config.slowdown)
+
+        compute_seconds = 0.0
+
+        def compute_gradient() -> float:
+            nonlocal compute_seconds
+            started = time.perf_counter()
+            index = torch.randint(0, task.train_size, (task.batch_size,), generator=generator).to(device)
+            model.zero_grad(set_to_none=False)
+            loss = task.loss(model(train_x[index]), train_y[index])
+            loss.backward()  # type: ignore[no-untyped-call]
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - started
+            # A worker X times slower spends (X - 1) more compute times idle: an emulated slower GPU.
+            if config.slowdown > 1.0:
+                time.sleep((config.slowdown - 1.0) * elapsed)
+            compute_seconds += elapsed * config.slowdown
+            return float(loss.detach())
+
+        steps = pushes = staleness_sum = max_staleness = 0
+        clock = client.clock
+        telemetry: dict[str, float] = {}
+        last_heartbeat = time.monotonic()
+        total = config.max_steps if config.max_steps is not None else config.until_clock
+        assert total is not None
+        with _progress(config.progress, total, client.name) as progress:
+            bar = progress.add_task(client.name, total=total, info="") if progress else None
+            while True:
+                if config.max_steps is not None and steps >= config.max_steps:
+                    break
+                if config.until_clock is not None and clock >= config.until_clock:
+                    break
+                outcome = procedure.step(compute_gradient())
+                steps += 1
+                if outcome.pushed:
+                    pushes += 1
+                    staleness_sum += outcome.staleness
+                    max_staleness = max(max_staleness, outcome.staleness)
+                    telemetry = outcome.telemetry
+                    clock = client.clock
+                if time.monotonic() - last_heartbeat >= config.heartbeat_seconds:
+                    client.heartbeat({"compute_seconds": compute_seconds / steps,
+                                      "samples_per_second": task.batch_size * steps / max(compute_seconds, 1e-9)})
+                    last_heartbeat = time.monotonic()
+                if config.eval_every and steps % config.eval_every == 0:
+                    accuracy, test_loss = evaluate(model, task, device)
+                    log.write("eval", step=steps, clock=clock, test_accuracy=accuracy, test_loss=test_loss)
+                if steps % 10 == 0:
+                    log.write("step", step=steps, clock=clock, loss=outcome.loss, staleness=outcome.staleness,
+                              telemetry=outcome.telemetry)
+                if progress is not None and bar is not None:
+                    done = steps if config.max_steps is not None else min(clock, total)
+                    progress.update(bar, completed=done, info=f"loss {outcome.loss:.3f} τ {outcome.staleness}")
+            flushed = procedure.finish()
+            if flushed is not None:
+                pushes += 1
+        client.pull(binding.params)
+        binding.scatter_params()
+        accuracy, test_loss = evaluate(model, task, device)
+        summary = TrainSummary(
+            name=client.name,
+            device=str(device),
+            steps=steps,
+            pushes=pushes,
+            mean_staleness=staleness_sum / pushes if pushes else 0.0,
+            max_staleness=max_staleness,
+            compute_seconds_per_step=compute_seconds / steps if steps else 0.0,
+            test_accuracy=accuracy,
+            test_loss=test_loss,
+            final_clock=client.clock,
+            telemetry=telemetry,
+        )
+        log.write("done", **asdict(summary))
+        return summary
