@@ -11,6 +11,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 
@@ -18,12 +19,18 @@ from psproto.v1 import ps_pb2
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
 
-WIRE_DTYPES: dict[int, torch.dtype] = {
+DTypeValue: TypeAlias = ps_pb2.DType.ValueType
+
+WIRE_DTYPES: dict[DTypeValue, torch.dtype] = {
     ps_pb2.DTYPE_FLOAT32: torch.float32,
     ps_pb2.DTYPE_BFLOAT16: torch.bfloat16,
     ps_pb2.DTYPE_FLOAT16: torch.float16,
 }
-WIRE_DTYPE_NAMES: dict[str, int] = {"fp32": ps_pb2.DTYPE_FLOAT32, "bf16": ps_pb2.DTYPE_BFLOAT16, "fp16": ps_pb2.DTYPE_FLOAT16}
+WIRE_DTYPE_NAMES: dict[str, DTypeValue] = {
+    "fp32": ps_pb2.DTYPE_FLOAT32,
+    "bf16": ps_pb2.DTYPE_BFLOAT16,
+    "fp16": ps_pb2.DTYPE_FLOAT16,
+}
 
 # Decoding only reads from the message's immutable bytes, so torch's warning about
 # non-writable buffers does not apply.
@@ -46,9 +53,9 @@ def wire_dtype(dtype: int) -> torch.dtype:
     if dtype == ps_pb2.DTYPE_UNSPECIFIED:
         return torch.float32
     try:
-        return WIRE_DTYPES[dtype]
+        return WIRE_DTYPES[DTypeValue(dtype)]
     except KeyError:
-        valid = ", ".join(f"{ps_pb2.DType.Name(k)}" for k in WIRE_DTYPES)
+        valid = ", ".join(ps_pb2.DType.Name(k) for k in WIRE_DTYPES)
         raise CodecError("unknown_dtype", f"unknown chunk dtype {dtype}; use one of {valid}") from None
 
 
@@ -56,7 +63,9 @@ def element_size(dtype: int) -> int:
     return torch.empty((), dtype=wire_dtype(dtype)).element_size()
 
 
-def encode(flat: torch.Tensor, dtype: int = ps_pb2.DTYPE_FLOAT32, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[ps_pb2.Chunk]:
+def encode(
+    flat: torch.Tensor, dtype: int = ps_pb2.DTYPE_FLOAT32, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[ps_pb2.Chunk]:
     """Yield chunks of a contiguous 1-D CPU tensor, converted to ``dtype`` on the way.
 
     Each chunk's bytes are copied once, from the (converted) tensor into the message.
@@ -68,7 +77,7 @@ def encode(flat: torch.Tensor, dtype: int = ps_pb2.DTYPE_FLOAT32, chunk_bytes: i
     width = wire.element_size()
     for start in range(0, wire.numel(), per_chunk):
         stop = min(start + per_chunk, wire.numel())
-        chunk = ps_pb2.Chunk(offset=start, dtype=dtype or ps_pb2.DTYPE_FLOAT32)
+        chunk = ps_pb2.Chunk(offset=start, dtype=DTypeValue(dtype or ps_pb2.DTYPE_FLOAT32))
         # Assigning the field in place avoids a second copy made by the constructor.
         chunk.data = data[start * width : stop * width].numpy().tobytes()
         yield chunk

@@ -76,9 +76,7 @@ class Layout:
             )
 
     @classmethod
-    def from_named_shapes(
-        cls, named_shapes: Iterable[tuple[str, Sequence[int]]], num_shards: int = 1
-    ) -> Layout:
+    def from_named_shapes(cls, named_shapes: Iterable[tuple[str, Sequence[int]]], num_shards: int = 1) -> Layout:
         return cls(tuple((name, tuple(int(d) for d in shape)) for name, shape in named_shapes), num_shards)
 
     @classmethod
@@ -131,9 +129,7 @@ class Layout:
             best = min(candidates, key=lambda k: (abs(boundaries[k] - target), k))
             cuts.append(boundaries[best])
         cuts.append(total)
-        return tuple(
-            ShardRange(index=i, offset=cuts[i], length=cuts[i + 1] - cuts[i]) for i in range(self.num_shards)
-        )
+        return tuple(ShardRange(index=i, offset=cuts[i], length=cuts[i + 1] - cuts[i]) for i in range(self.num_shards))
 
     def shard(self, index: int) -> ShardRange:
         if not 0 <= index < self.num_shards:

@@ -57,7 +57,9 @@ def main() -> None:
 @click.option("--threads", default=32, show_default=True, type=click.IntRange(min=1), help="RPC worker threads")
 @click.option("--torch-threads", default=2, show_default=True, type=click.IntRange(min=1), help="threads for updates")
 @click.option("--drain-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0))
-@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.option(
+    "--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
+)
 def serve(
     host: str,
     port: int,
@@ -85,8 +87,11 @@ def serve(
         raise click.ClickException(f"cannot listen on {host}:{port}: {error}") from None
     options = ", ".join(f"{k}={v}" for k, v in spec.options.as_strings().items())
     # The launcher and tests read the bound port from this line.
-    click.echo(f"psserver listening on {host}:{running.port} rule={spec.rule.name} ({options}) "
-               f"shard={shard_index}/{num_shards} pid={os.getpid()}", err=False)
+    click.echo(
+        f"psserver listening on {host}:{running.port} rule={spec.rule.name} ({options}) "
+        f"shard={shard_index}/{num_shards} pid={os.getpid()}",
+        err=False,
+    )
     sys.stdout.flush()
     serve_until_signalled(running, drain_seconds)
 
@@ -129,8 +134,13 @@ def status(server: str, timeout: float) -> None:
     table = Table("worker", "name", "pushes", "pulls", "staleness mean", "max", "seen (s ago)")
     for w in reply.workers:
         table.add_row(
-            str(w.worker_id), w.worker_name, str(w.pushes), str(w.pulls),
-            f"{w.mean_staleness:.2f}", str(w.max_staleness), f"{w.seconds_since_seen:.1f}",
+            str(w.worker_id),
+            w.worker_name,
+            str(w.pushes),
+            str(w.pulls),
+            f"{w.mean_staleness:.2f}",
+            str(w.max_staleness),
+            f"{w.seconds_since_seen:.1f}",
         )
     console.print(table)
 

@@ -26,7 +26,9 @@ def _parse_slowdowns(text: str) -> list[float]:
     try:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of numbers", param_hint="--slowdowns") from None
+        raise click.BadParameter(
+            f"{text!r} is not a comma-separated list of numbers", param_hint="--slowdowns"
+        ) from None
     if not values or any(v < 1.0 for v in values):
         raise click.BadParameter("every slowdown must be >= 1 (1 = full speed)", param_hint="--slowdowns")
     return values
@@ -38,16 +40,30 @@ def main() -> None:
 
 
 @main.command("train")
-@click.option("--server", "servers", multiple=True, required=True,
-              help="HOST:PORT of a shard; repeat once per shard, in shard order")
+@click.option(
+    "--server",
+    "servers",
+    multiple=True,
+    required=True,
+    help="HOST:PORT of a shard; repeat once per shard, in shard order",
+)
 @click.option("--task", default="digits", show_default=True, help="built-in task name or module:function")
 @click.option("--name", default=None, help="unique worker name (default: host and process)")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
-@click.option("--slowdown", default=1.0, show_default=True, type=click.FloatRange(min=1.0),
-              help="run X times slower, to emulate a slower GPU")
+@click.option(
+    "--slowdown",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="run X times slower, to emulate a slower GPU",
+)
 @click.option("--max-steps", type=click.IntRange(min=1), default=None, help="stop after this many local steps")
-@click.option("--until-clock", type=click.IntRange(min=1), default=None,
-              help="stop once the server has applied this many updates (default 1000 without --max-steps)")
+@click.option(
+    "--until-clock",
+    type=click.IntRange(min=1),
+    default=None,
+    help="stop once the server has applied this many updates (default 1000 without --max-steps)",
+)
 @click.option("--eval-every", default=200, show_default=True, type=click.IntRange(min=0), help="0 disables")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--wire-dtype", default="fp32", show_default=True, type=_WIRE_DTYPES)
@@ -55,8 +71,18 @@ def main() -> None:
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
 def train_command(
-    servers: tuple[str, ...], task: str, name: str | None, device: str, slowdown: float, max_steps: int | None,
-    until_clock: int | None, eval_every: int, seed: int, wire_dtype: str, log_file: Path | None, progress: bool,
+    servers: tuple[str, ...],
+    task: str,
+    name: str | None,
+    device: str,
+    slowdown: float,
+    max_steps: int | None,
+    until_clock: int | None,
+    eval_every: int,
+    seed: int,
+    wire_dtype: str,
+    log_file: Path | None,
+    progress: bool,
     torch_threads: int,
 ) -> None:
     """Train a task against a running server."""
@@ -67,8 +93,20 @@ def train_command(
         loaded = load_task(task)
     except TaskError as error:
         raise click.BadParameter(str(error), param_hint="--task") from None
-    config = TrainConfig(list(servers), task, name, device, slowdown, max_steps, until_clock, eval_every, seed,
-                         wire_dtype, log_file, progress)
+    config = TrainConfig(
+        list(servers),
+        task,
+        name,
+        device,
+        slowdown,
+        max_steps,
+        until_clock,
+        eval_every,
+        seed,
+        wire_dtype,
+        log_file,
+        progress,
+    )
     try:
         summary = train(config, loaded)
     except grpc.RpcError as error:
@@ -80,14 +118,23 @@ def train_command(
 
 @main.command()
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1))
-@click.option("--slowdowns", default="1,1,2,4", show_default=True,
-              help="comma-separated slowdown per worker (1 = full speed); must list one per worker")
+@click.option(
+    "--slowdowns",
+    default="1,1,2,4",
+    show_default=True,
+    help="comma-separated slowdown per worker (1 = full speed); must list one per worker",
+)
 @click.option("--rule", default="asgd", show_default=True, help="update rule (see `psserver rules`)")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None)
 @click.option("--rule-opt", "rule_opts", multiple=True, metavar="KEY=VALUE")
 @click.option("--task", default="digits", show_default=True)
-@click.option("--updates", default=1500, show_default=True, type=click.IntRange(min=1),
-              help="train until the server has applied this many updates")
+@click.option(
+    "--updates",
+    default=1500,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="train until the server has applied this many updates",
+)
 @click.option("--shards", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--wire-dtype", default="fp32", show_default=True, type=_WIRE_DTYPES)
 @click.option("--device", default="auto", show_default=True)
@@ -95,8 +142,19 @@ def train_command(
 @click.option("--log-dir", default=Path("runs/latest"), show_default=True, type=click.Path(path_type=Path))
 @click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1))
 def cluster(
-    workers: int, slowdowns: str, rule: str, lr: float | None, rule_opts: tuple[str, ...], task: str, updates: int,
-    shards: int, wire_dtype: str, device: str, seed: int, log_dir: Path, timeout: float,
+    workers: int,
+    slowdowns: str,
+    rule: str,
+    lr: float | None,
+    rule_opts: tuple[str, ...],
+    task: str,
+    updates: int,
+    shards: int,
+    wire_dtype: str,
+    device: str,
+    seed: int,
+    log_dir: Path,
+    timeout: float,
 ) -> None:
     """Run a server and WORKERS workers of different speeds on this machine, then report."""
     speeds = _parse_slowdowns(slowdowns)
@@ -105,22 +163,46 @@ def cluster(
     from psserver.cli import parse_rule
 
     parse_rule(rule, lr, rule_opts)  # fail fast, with the server's own message, before starting anything
-    config = ClusterConfig(workers, speeds, rule, lr, rule_opts, task, updates, shards, wire_dtype, log_dir, device,
-                           seed, timeout_s=timeout)
+    config = ClusterConfig(
+        workers,
+        speeds,
+        rule,
+        lr,
+        rule_opts,
+        task,
+        updates,
+        shards,
+        wire_dtype,
+        log_dir,
+        device,
+        seed,
+        timeout_s=timeout,
+    )
     console = Console()
-    console.print(f"hetps local cluster: rule [bold]{rule}[/], {workers} workers (slowdowns {slowdowns}), "
-                  f"{shards} shard(s), {updates} updates, logs in {log_dir}")
+    console.print(
+        f"hetps local cluster: rule [bold]{rule}[/], {workers} workers (slowdowns {slowdowns}), "
+        f"{shards} shard(s), {updates} updates, logs in {log_dir}"
+    )
     try:
         report = run_cluster(config)
     except ClusterError as error:
         raise click.ClickException(str(error)) from None
     table = Table("worker", "slowdown", "steps", "pushes", "staleness mean", "staleness max", "s/step")
     for w in report.workers:
-        table.add_row(w.name, f"{w.slowdown:g}×", str(w.steps), str(w.pushes), f"{w.mean_staleness:.2f}",
-                      str(w.max_staleness), f"{w.compute_seconds_per_step * 1000:.1f} ms")
+        table.add_row(
+            w.name,
+            f"{w.slowdown:g}×",
+            str(w.steps),
+            str(w.pushes),
+            f"{w.mean_staleness:.2f}",
+            str(w.max_staleness),
+            f"{w.compute_seconds_per_step * 1000:.1f} ms",
+        )
     console.print(table)
-    console.print(f"final test accuracy [bold]{report.test_accuracy:.4f}[/] (loss {report.test_loss:.4f}) after "
-                  f"{report.clock} updates in {report.wall_seconds:.1f} s")
+    console.print(
+        f"final test accuracy [bold]{report.test_accuracy:.4f}[/] (loss {report.test_loss:.4f}) after "
+        f"{report.clock} updates in {report.wall_seconds:.1f} s"
+    )
     sys.stdout.flush()
 
 

@@ -6,11 +6,13 @@ writes its own slice of the caller's flat buffer, so no model-sized temporary is
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import torch
@@ -18,6 +20,8 @@ import torch
 from psproto import codec
 from psproto.layout import Layout, ShardRange
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+
+ResultT = TypeVar("ResultT")
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -108,8 +112,9 @@ class PSClient:
     def initialized(self) -> bool:
         return all(s.join.initialized for s in self.sessions)
 
-    def _fan_out(self, call: object, *args: object) -> list[object]:
-        futures = [self._pool.submit(call, session, *args) for session in self.sessions]  # type: ignore[arg-type]
+    def _fan_out(self, call: Callable[..., ResultT], *args: object) -> list[ResultT]:
+        """Run ``call(session, *args)`` for every shard concurrently; re-raises the first error."""
+        futures = [self._pool.submit(call, session, *args) for session in self.sessions]
         return [f.result() for f in futures]
 
     # -- parameters -------------------------------------------------------------------
@@ -121,7 +126,9 @@ class PSClient:
 
     def _init_shard(self, session: ShardSession, flat: torch.Tensor) -> bool:
         def requests() -> Iterator[ps_pb2.InitRequest]:
-            yield ps_pb2.InitRequest(header=ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash))
+            yield ps_pb2.InitRequest(
+                header=ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash)
+            )
             for chunk in codec.encode(flat[session.range.offset : session.range.end]):
                 message = ps_pb2.InitRequest()
                 message.chunk.CopyFrom(chunk)
@@ -147,7 +154,7 @@ class PSClient:
         return clock
 
     @staticmethod
-    def _receive_params(messages: Iterator[ps_pb2.PullResponse], session: ShardSession, out: torch.Tensor) -> int:
+    def _receive_params(messages: Iterable[ps_pb2.PullResponse], session: ShardSession, out: torch.Tensor) -> int:
         assembler = codec.Assembler(out[session.range.offset : session.range.end])
         clock = -1
         for message in messages:
@@ -159,7 +166,7 @@ class PSClient:
     def push(
         self,
         flat: torch.Tensor,
-        kind: int = ps_pb2.PAYLOAD_KIND_GRADIENT,
+        kind: ps_pb2.PayloadKind.ValueType = ps_pb2.PAYLOAD_KIND_GRADIENT,
         metadata: Mapping[str, float] | None = None,
         pull_into: torch.Tensor | None = None,
     ) -> list[PushResult]:
@@ -176,7 +183,7 @@ class PSClient:
         session: ShardSession,
         flat: torch.Tensor,
         push_id: int,
-        kind: int,
+        kind: ps_pb2.PayloadKind.ValueType,
         metadata: dict[str, float],
         pull_into: torch.Tensor | None,
     ) -> PushResult:
@@ -194,8 +201,9 @@ class PSClient:
             reply: ps_pb2.PushResponse = session.stub.Push(requests, timeout=self.rpc_timeout)
             return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry))
         stream = session.stub.PushPull(requests, timeout=self.rpc_timeout)
-        ack = next(stream).ack
-        params = (message.params for message in stream)
+        replies = iter(stream)
+        ack = next(replies).ack
+        params = (message.params for message in replies)
         self.pulled_clocks[session.range.index] = self._receive_params(params, session, pull_into)
         return PushResult(ack.clock, ack.staleness, ack.duplicate, dict(ack.telemetry))
 
@@ -221,10 +229,9 @@ class PSClient:
         """Leave every shard (best effort) and close the channels."""
         for session in self.sessions:
             if leave:
-                try:
+                # The server may already be gone; leaving is a courtesy.
+                with contextlib.suppress(grpc.RpcError):
                     session.stub.Leave(ps_pb2.LeaveRequest(worker_id=session.worker_id), timeout=5.0)
-                except grpc.RpcError:
-                    pass  # the server may already be gone; leaving is a courtesy
             session.channel.close()
         self._pool.shutdown(wait=False)
 

@@ -78,12 +78,32 @@ def _python() -> list[str]:
 
 
 def start_server(
-    log_dir: Path, rule: str, lr: float | None, rule_opts: Sequence[str], shard_index: int = 0, num_shards: int = 1,
+    log_dir: Path,
+    rule: str,
+    lr: float | None,
+    rule_opts: Sequence[str],
+    shard_index: int = 0,
+    num_shards: int = 1,
     extra_args: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``psserver serve`` on a free loopback port; returns the process and its address."""
-    command = [*_python(), "psserver.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--rule", rule,
-               "--shard-index", str(shard_index), "--num-shards", str(num_shards), "--torch-threads", "1"]
+    command = [
+        *_python(),
+        "psserver.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--rule",
+        rule,
+        "--shard-index",
+        str(shard_index),
+        "--num-shards",
+        str(num_shards),
+        "--torch-threads",
+        "1",
+    ]
     if lr is not None:
         command += ["--lr", repr(lr)]
     for opt in rule_opts:
@@ -134,11 +154,32 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
             servers.append(process)
             addresses.append(address)
         for rank, slowdown in enumerate(config.slowdowns):
-            command = [*_python(), "psworker.cli", "train", "--task", config.task, "--name", f"worker-{rank}",
-                       "--slowdown", str(slowdown), "--until-clock", str(config.until_clock), "--seed",
-                       str(config.seed * 1000 + rank), "--device", config.device, "--wire-dtype", config.wire_dtype,
-                       "--eval-every", str(config.eval_every), "--no-progress", "--torch-threads", "1",
-                       "--log-file", str(config.log_dir / f"worker-{rank}.jsonl")]
+            command = [
+                *_python(),
+                "psworker.cli",
+                "train",
+                "--task",
+                config.task,
+                "--name",
+                f"worker-{rank}",
+                "--slowdown",
+                str(slowdown),
+                "--until-clock",
+                str(config.until_clock),
+                "--seed",
+                str(config.seed * 1000 + rank),
+                "--device",
+                config.device,
+                "--wire-dtype",
+                config.wire_dtype,
+                "--eval-every",
+                str(config.eval_every),
+                "--no-progress",
+                "--torch-threads",
+                "1",
+                "--log-file",
+                str(config.log_dir / f"worker-{rank}.jsonl"),
+            ]
             for address in addresses:
                 command += ["--server", address]
             output = (config.log_dir / f"worker-{rank}.log").open("w")
@@ -185,21 +226,24 @@ def _report(config: ClusterConfig, addresses: list[str], started: float) -> Clus
         # Workers leave the server when done, so their own summaries (built from the
         # staleness the server returned for every push) are the record.
         summary = summaries[rank]
-        workers.append(WorkerReport(
-            name=name,
-            slowdown=slowdown,
-            steps=int(summary.get("steps", 0)),
-            pushes=int(summary.get("pushes", 0)),
-            mean_staleness=float(summary.get("mean_staleness", 0.0)),
-            max_staleness=int(summary.get("max_staleness", 0)),
-            compute_seconds_per_step=float(summary.get("compute_seconds_per_step", 0.0)),
-        ))
+        workers.append(
+            WorkerReport(
+                name=name,
+                slowdown=slowdown,
+                steps=int(summary.get("steps", 0)),
+                pushes=int(summary.get("pushes", 0)),
+                mean_staleness=float(summary.get("mean_staleness", 0.0)),
+                max_staleness=int(summary.get("max_staleness", 0)),
+                compute_seconds_per_step=float(summary.get("compute_seconds_per_step", 0.0)),
+            )
+        )
     rejected: dict[str, int] = {}
     for status in statuses:
         for reason, count in status.rejected.items():
             rejected[reason] = rejected.get(reason, 0) + count
-    return ClusterReport(config.rule, accuracy, loss, min(s.clock for s in statuses),
-                         time.monotonic() - started, workers, rejected)
+    return ClusterReport(
+        config.rule, accuracy, loss, min(s.clock for s in statuses), time.monotonic() - started, workers, rejected
+    )
 
 
 def _as_json(report: ClusterReport) -> dict[str, object]:

@@ -1,10 +1,10 @@
 """An optimizer-like wrapper so a plain PyTorch loop trains against hetps by changing two lines.
 
-    opt = ParameterServerOptimizer(model, "127.0.0.1:50051")   # instead of torch.optim.SGD(...)
-    for x, y in loader:
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()                                              # push, then take the new parameters
+opt = ParameterServerOptimizer(model, "127.0.0.1:50051")   # instead of torch.optim.SGD(...)
+for x, y in loader:
+    opt.zero_grad()
+    loss_fn(model(x), y).backward()
+    opt.step()                                              # push, then take the new parameters
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from psproto.v1 import ps_pb2
 from psworker.binding import ModelBinding
 from psworker.client import PSClient, PushResult
 
+
 @dataclass
 class StepOutcome:
     loss: float

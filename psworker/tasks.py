@@ -58,9 +58,7 @@ def digits(seed: int = 0) -> Task:
     data = load_digits()
     images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(data.target, dtype=torch.long)
-    train_idx, test_idx = train_test_split(
-        range(len(labels)), test_size=0.2, random_state=seed, stratify=data.target
-    )
+    train_idx, test_idx = train_test_split(range(len(labels)), test_size=0.2, random_state=seed, stratify=data.target)
     model_seed = seed
 
     def build() -> nn.Module:
@@ -98,7 +96,10 @@ def load_task(spec: str) -> Task:
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise TaskError(f"{module_name} has no function {function_name!r}")
-    task = factory()
+    try:
+        task = factory()
+    except TypeError as error:
+        raise TaskError(f"{spec} must be callable with no arguments: {error}") from None
     if not isinstance(task, Task):
         raise TaskError(f"{spec} returned {type(task).__name__}, expected psworker.tasks.Task")
     return task

@@ -80,8 +80,13 @@ def _progress(enabled: bool, total: int, description: str) -> Iterator[Progress 
     if not enabled:
         yield None
         return
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[info]}"))
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    )
     with Progress(*columns, transient=False) as progress:
         yield progress
 
@@ -99,8 +104,9 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
     train_y = task.train_targets.to(device)
 
     with ExitStack() as stack:
-        client = PSClient(config.servers, binding.layout, name=config.name, device=str(device),
-                          wire_dtype=config.wire_dtype)
+        client = PSClient(
+            config.servers, binding.layout, name=config.name, device=str(device), wire_dtype=config.wire_dtype
+        )
         stack.callback(client.close)
         log_stream = stack.enter_context(config.log_file.open("a")) if config.log_file else None
         log = JsonLog(log_stream)
@@ -109,8 +115,15 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             log.write("init", applied=applied)
         procedure = build_procedure(client, binding)
         procedure.start()
-        log.write("start", name=client.name, device=str(device), rule=client.rule.name,
-                  procedure=procedure.name, clock=client.clock, slowdown=config.slowdown)
+        log.write(
+            "start",
+            name=client.name,
+            device=str(device),
+            rule=client.rule.name,
+            procedure=procedure.name,
+            clock=client.clock,
+            slowdown=config.slowdown,
+        )
 
         compute_seconds = 0.0
 
@@ -152,15 +165,25 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
                     telemetry = outcome.telemetry
                     clock = client.clock
                 if time.monotonic() - last_heartbeat >= config.heartbeat_seconds:
-                    client.heartbeat({"compute_seconds": compute_seconds / steps,
-                                      "samples_per_second": task.batch_size * steps / max(compute_seconds, 1e-9)})
+                    client.heartbeat(
+                        {
+                            "compute_seconds": compute_seconds / steps,
+                            "samples_per_second": task.batch_size * steps / max(compute_seconds, 1e-9),
+                        }
+                    )
                     last_heartbeat = time.monotonic()
                 if config.eval_every and steps % config.eval_every == 0:
                     accuracy, test_loss = evaluate(model, task, device)
                     log.write("eval", step=steps, clock=clock, test_accuracy=accuracy, test_loss=test_loss)
                 if steps % 10 == 0:
-                    log.write("step", step=steps, clock=clock, loss=outcome.loss, staleness=outcome.staleness,
-                              telemetry=outcome.telemetry)
+                    log.write(
+                        "step",
+                        step=steps,
+                        clock=clock,
+                        loss=outcome.loss,
+                        staleness=outcome.staleness,
+                        telemetry=outcome.telemetry,
+                    )
                 if progress is not None and bar is not None:
                     done = steps if config.max_steps is not None else min(clock, total)
                     progress.update(bar, completed=done, info=f"loss {outcome.loss:.3f} τ {outcome.staleness}")

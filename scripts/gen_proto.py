@@ -27,6 +27,7 @@ def generate(out_dir: Path) -> list[Path]:
         f"--python_out={out_dir}",
         f"--mypy_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
         *PROTO_FILES,
     ]
     if protoc.main(args) != 0:

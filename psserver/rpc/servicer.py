@@ -56,7 +56,7 @@ def _rule_info(shard: Shard) -> ps_pb2.RuleInfo:
         options=spec.options.as_strings(),
         worker_procedure=spec.rule.worker_procedure,
         procedure_options=rule.procedure_options() if rule is not None else {},
-        accepted_kinds=[int(kind) for kind in sorted(spec.rule.accepted_kinds)],
+        accepted_kinds=[ps_pb2.PayloadKind.ValueType(kind) for kind in sorted(spec.rule.accepted_kinds)],
     )
 
 
@@ -84,7 +84,7 @@ def _worker_status(worker: WorkerRecord, now_age: float) -> ps_pb2.WorkerStatus:
     )
 
 
-class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):  # type: ignore[misc]
+class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def __init__(self, shard: Shard) -> None:
         self.shard = shard
 
@@ -118,7 +118,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):  # type: ign
         )
 
     @_translate_errors
-    def Init(self, request_iterator: Iterator[ps_pb2.InitRequest], context: grpc.ServicerContext) -> ps_pb2.InitResponse:
+    def Init(
+        self, request_iterator: Iterator[ps_pb2.InitRequest], context: grpc.ServicerContext
+    ) -> ps_pb2.InitResponse:
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("body") != "header":
             raise ShardError(ErrorKind.BAD_REQUEST, "an Init stream must start with an InitHeader")
@@ -162,7 +164,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):  # type: ign
         return header, self.shard.commit_push(pending)
 
     @_translate_errors
-    def Push(self, request_iterator: Iterator[ps_pb2.PushRequest], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
+    def Push(
+        self, request_iterator: Iterator[ps_pb2.PushRequest], context: grpc.ServicerContext
+    ) -> ps_pb2.PushResponse:
         _, outcome = self._receive_push(request_iterator)
         return _push_response(outcome)
 

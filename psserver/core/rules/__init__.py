@@ -8,7 +8,16 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from psserver.core.rules.base import RULES, PayloadKind, PushContext, RuleSpec, Telemetry, UpdateRule, register, rule_class
+from psserver.core.rules.base import (
+    RULES,
+    PayloadKind,
+    PushContext,
+    RuleSpec,
+    Telemetry,
+    UpdateRule,
+    register,
+    rule_class,
+)
 from psserver.core.rules.options import RuleOptionError, RuleOptions, option
 
 for _module in pkgutil.iter_modules(__path__):

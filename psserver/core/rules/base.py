@@ -11,7 +11,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -77,9 +77,9 @@ class UpdateRule(ABC, Generic[OptionsT]):
         return {}
 
 
-RULES: dict[str, type[UpdateRule[RuleOptions]]] = {}
+RULES: dict[str, type[UpdateRule[Any]]] = {}
 
-RuleT = TypeVar("RuleT", bound=type[UpdateRule[RuleOptions]])
+RuleT = TypeVar("RuleT", bound=type[UpdateRule[Any]])
 
 
 def register(rule: RuleT) -> RuleT:

@@ -1,0 +1,43 @@
+"""Real psserver processes on an ephemeral 127.0.0.1 port, always stopped after the test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from psproto.v1 import ps_pb2_grpc
+from psworker.launcher import start_server, stop_process
+
+StartServer = Callable[..., str]
+
+
+@pytest.fixture
+def start_psserver(tmp_path: Path) -> Iterator[StartServer]:
+    """``start_psserver(rule="asgd", lr=0.1, rule_opts=(), ...)`` returns ``127.0.0.1:PORT``."""
+    started = []
+
+    def start(rule: str = "asgd", lr: float | None = None, rule_opts: tuple[str, ...] = (), **kwargs: object) -> str:
+        process, address = start_server(tmp_path, rule, lr, rule_opts, **kwargs)  # type: ignore[arg-type]
+        started.append(process)
+        return address
+
+    yield start
+    codes = [stop_process(process) for process in started]
+    assert codes == [0] * len(codes), f"psserver exit codes after SIGTERM: {codes}"
+
+
+@pytest.fixture
+def stub_for() -> Iterator[Callable[[str], ps_pb2_grpc.ParameterServerStub]]:
+    channels: list[grpc.Channel] = []
+
+    def make(address: str) -> ps_pb2_grpc.ParameterServerStub:
+        channel = grpc.insecure_channel(address)
+        channels.append(channel)
+        return ps_pb2_grpc.ParameterServerStub(channel)
+
+    yield make
+    for channel in channels:
+        channel.close()

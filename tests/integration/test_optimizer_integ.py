@@ -1,0 +1,68 @@
+"""The two-line change: a plain PyTorch loop trains through ParameterServerOptimizer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from psworker.optim import ParameterServerOptimizer
+from psworker.tasks import digits, evaluate
+from tests.integration.conftest import StartServer
+
+pytestmark = pytest.mark.integration
+
+
+def test_plain_loop_with_the_wrapper_learns(start_psserver: StartServer) -> None:
+    address = start_psserver("momentum", lr=0.02)
+    task = digits()
+    model = task.build_model()
+    generator = torch.Generator().manual_seed(0)
+    with ParameterServerOptimizer(model, address, name="plain-loop") as opt:
+        for _ in range(300):
+            index = torch.randint(0, task.train_size, (32,), generator=generator)
+            opt.zero_grad()
+            loss = task.loss(model(task.train_inputs[index]), task.train_targets[index])
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+        assert opt.client.clock == 300
+        assert opt.last is not None and opt.last.staleness == 0
+    accuracy, _ = evaluate(model, task, torch.device("cpu"))
+    assert accuracy >= 0.9
+
+
+def test_a_second_model_is_refused_by_the_wrapper(start_psserver: StartServer) -> None:
+    import grpc
+    from torch import nn
+
+    address = start_psserver()
+    with ParameterServerOptimizer(nn.Linear(3, 2), address):
+        with pytest.raises(grpc.RpcError) as caught:
+            ParameterServerOptimizer(nn.Linear(4, 2), address)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_worker_cli_reports_a_refusal_with_exit_1(start_psserver: StartServer) -> None:
+    address = start_psserver("momentum")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "psworker.cli",
+            "train",
+            "--server",
+            address,
+            "--server",
+            address,
+            "--max-steps",
+            "1",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "FAILED_PRECONDITION" in result.stderr and "same shard count" in result.stderr

@@ -1,0 +1,83 @@
+"""Two workers train the digits CNN against a live server; the local cluster end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psworker.launcher import ClusterConfig, run_cluster
+from tests.integration.conftest import StartServer
+
+pytestmark = pytest.mark.integration
+
+
+def _worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.Popen[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "psworker.cli",
+        "train",
+        "--server",
+        address,
+        "--task",
+        "digits",
+        "--name",
+        name,
+        "--slowdown",
+        str(slowdown),
+        "--until-clock",
+        "800",
+        "--no-progress",
+        "--eval-every",
+        "100",
+        "--log-file",
+        str(log),
+        "--seed",
+        name[-1],
+    ]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_workers_reach_90_percent(start_psserver: StartServer, tmp_path: Path) -> None:
+    address = start_psserver("asgd", lr=0.05)
+    workers = [_worker(address, f"w{i}", 1.0 + i, tmp_path / f"w{i}.jsonl") for i in range(2)]
+    summaries = []
+    for process in workers:
+        out, err = process.communicate(timeout=240)
+        assert process.returncode == 0, err
+        summaries.append(json.loads(out.strip().splitlines()[-1]))
+    for summary in summaries:
+        assert summary["test_accuracy"] >= 0.90, summary
+        assert summary["final_clock"] >= 800
+    assert sum(s["pushes"] for s in summaries) >= 800
+    # The slower worker's gradients are staler on average.
+    assert summaries[1]["mean_staleness"] >= summaries[0]["mean_staleness"]
+    events = [json.loads(line)["event"] for line in (tmp_path / "w0.jsonl").read_text().splitlines()]
+    assert events[0] in {"init", "start"} and "eval" in events and events[-1] == "done"
+
+
+def test_local_cluster_reports_accuracy_and_staleness(tmp_path: Path) -> None:
+    report = run_cluster(ClusterConfig(workers=3, slowdowns=(1.0, 1.0, 3.0), until_clock=600, log_dir=tmp_path))
+    assert report.test_accuracy >= 0.85
+    assert report.clock >= 600
+    assert [w.name for w in report.workers] == ["worker-0", "worker-1", "worker-2"]
+    assert all(w.pushes > 0 for w in report.workers)
+    slow, fast = report.workers[2], report.workers[0]
+    assert slow.steps < fast.steps
+    assert slow.mean_staleness > fast.mean_staleness
+    assert json.loads((tmp_path / "report.json").read_text())["clock"] == report.clock
+
+
+def test_cluster_cli_rejects_mismatched_slowdowns() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "psworker.cli", "cluster", "--workers", "3", "--slowdowns", "1,2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "2 slowdown(s) for 3 worker(s)" in result.stderr

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from psproto import codec
+from psproto.v1 import ps_pb2
+
+
+@pytest.mark.parametrize("dtype", [ps_pb2.DTYPE_FLOAT32, ps_pb2.DTYPE_BFLOAT16, ps_pb2.DTYPE_FLOAT16])
+def test_round_trip_through_small_chunks(dtype: ps_pb2.DType.ValueType) -> None:
+    flat = torch.randn(1000)
+    chunks = list(codec.encode(flat, dtype, chunk_bytes=256))
+    assert len(chunks) > 1
+    assert all(len(c.data) <= 256 for c in chunks)
+    out = torch.empty(1000)
+    assembler = codec.Assembler(out)
+    for chunk in reversed(chunks):  # order does not matter, coverage does
+        assembler.add(chunk)
+    assembler.finish()
+    expected = flat.to(codec.wire_dtype(dtype)).float()
+    torch.testing.assert_close(out, expected)
+
+
+def test_fp32_is_bit_exact() -> None:
+    flat = torch.randn(333)
+    out = torch.empty(333)
+    assembler = codec.Assembler(out)
+    for chunk in codec.encode(flat, chunk_bytes=100):
+        assembler.add(chunk)
+    assembler.finish()
+    assert torch.equal(out, flat)
+
+
+def test_bf16_halves_the_bytes() -> None:
+    flat = torch.randn(1024)
+    fp32 = sum(len(c.data) for c in codec.encode(flat, ps_pb2.DTYPE_FLOAT32))
+    bf16 = sum(len(c.data) for c in codec.encode(flat, ps_pb2.DTYPE_BFLOAT16))
+    assert fp32 == 4096
+    assert bf16 == 2048
+
+
+def _chunk(offset: int, values: list[float], dtype: int = ps_pb2.DTYPE_FLOAT32) -> ps_pb2.Chunk:
+    chunk = ps_pb2.Chunk(offset=offset)
+    chunk.dtype = dtype  # type: ignore[assignment]
+    chunk.data = torch.tensor(values, dtype=torch.float32).numpy().tobytes()
+    return chunk
+
+
+@pytest.mark.parametrize(
+    ("chunks", "reason"),
+    [
+        ([_chunk(0, [1, 2, 3])], "wrong_length"),
+        ([_chunk(0, [1, 2, 3, 4]), _chunk(2, [1, 2])], "overlapping_chunks"),
+        ([_chunk(3, [1, 2])], "chunk_out_of_range"),
+        ([_chunk(0, [1, 2, 3, 4], dtype=9)], "unknown_dtype"),
+    ],
+)
+def test_bad_chunks_are_refused_with_a_reason(chunks: list[ps_pb2.Chunk], reason: str) -> None:
+    assembler = codec.Assembler(torch.zeros(4))
+    with pytest.raises(codec.CodecError) as caught:
+        for chunk in chunks:
+            assembler.add(chunk)
+        assembler.finish()
+    assert caught.value.reason == reason
+
+
+def test_ragged_bytes_are_refused() -> None:
+    chunk = ps_pb2.Chunk(offset=0, dtype=ps_pb2.DTYPE_FLOAT32)
+    chunk.data = b"\x00" * 6
+    with pytest.raises(codec.CodecError) as caught:
+        codec.Assembler(torch.zeros(4)).add(chunk)
+    assert caught.value.reason == "bad_chunk_size"

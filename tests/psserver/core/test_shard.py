@@ -1,0 +1,224 @@
+"""The shard core without a network: staleness, idempotent pushes, and every refusal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+import torch
+
+from psproto import codec
+from psproto.layout import Layout
+from psproto.v1 import ps_pb2
+from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.rules import PayloadKind, RuleSpec
+from psserver.core.shard import Shard, ShardConfig
+from psserver.core.workers import PushOutcome
+
+LAYOUT = Layout.from_named_shapes([("w", (2, 3)), ("b", (2,))])
+GRADIENT = int(PayloadKind.GRADIENT)
+
+
+def make_shard(rule: str = "asgd", **options: str) -> Shard:
+    return Shard(ShardConfig(RuleSpec.parse(rule, {"lr": "0.5", **options})))
+
+
+def upload(shard: Shard, worker_id: int, values: torch.Tensor) -> bool:
+    assembler = shard.begin_upload(worker_id, LAYOUT.hash)
+    for chunk in codec.encode(values):
+        shard.decode_chunk(assembler, chunk)
+    applied, _ = shard.finish_upload(assembler)
+    return applied
+
+
+def push(
+    shard: Shard,
+    worker_id: int,
+    push_id: int,
+    base_clock: int,
+    values: torch.Tensor,
+    *,
+    kind: int = GRADIENT,
+    layout_hash: str = LAYOUT.hash,
+    chunks: Iterable[ps_pb2.Chunk] | None = None,
+) -> PushOutcome:
+    pending = shard.begin_push(worker_id, push_id, base_clock, kind, layout_hash, {})
+    for chunk in chunks if chunks is not None else codec.encode(values, chunk_bytes=12):
+        shard.add_chunk(pending, chunk)
+    return shard.commit_push(pending)
+
+
+@pytest.fixture
+def shard() -> Shard:
+    shard = make_shard()
+    first = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash)
+    upload(shard, first, torch.arange(8, dtype=torch.float32))
+    return shard
+
+
+def test_first_init_wins(shard: Shard) -> None:
+    assert not upload(shard, 2, torch.zeros(8))
+    assert torch.equal(shard.params, torch.arange(8, dtype=torch.float32))
+
+
+def test_asgd_applies_and_counts_staleness(shard: Shard) -> None:
+    ones = torch.ones(8)
+    first = push(shard, 1, 1, 0, ones)
+    second = push(shard, 2, 1, 0, ones)  # computed on clock 0, applied at clock 1
+    assert (first.clock, first.staleness) == (1, 0)
+    assert (second.clock, second.staleness) == (2, 1)
+    torch.testing.assert_close(shard.params, torch.arange(8, dtype=torch.float32) - 1.0)
+    assert shard.workers[2].max_staleness == 1
+
+
+def test_pull_returns_the_clock_and_the_parameters(shard: Shard) -> None:
+    push(shard, 1, 1, 0, torch.ones(8))
+    result = shard.pull(2, ps_pb2.DTYPE_FLOAT32)
+    out = torch.empty(8)
+    assembler = codec.Assembler(out)
+    for chunk in result.chunks:
+        assembler.add(chunk)
+    assembler.finish()
+    assert result.clock == 1
+    torch.testing.assert_close(out, torch.arange(8, dtype=torch.float32) - 0.5)
+    assert shard.workers[2].pulled_clock == 1
+
+
+def test_a_retried_push_is_acknowledged_not_applied(shard: Shard) -> None:
+    first = push(shard, 1, 7, 0, torch.ones(8))
+    params = shard.params.clone()
+    again = push(shard, 1, 7, 0, torch.ones(8))
+    assert again.duplicate
+    assert (again.clock, again.staleness) == (first.clock, first.staleness)
+    assert shard.clock == 1
+    assert torch.equal(shard.params, params)
+    assert shard.workers[1].duplicate_pushes == 1
+
+
+def _bad_chunk(offset: int, count: int, dtype: int = ps_pb2.DTYPE_FLOAT32) -> ps_pb2.Chunk:
+    chunk = ps_pb2.Chunk(offset=offset)
+    chunk.dtype = dtype  # type: ignore[assignment]
+    chunk.data = torch.ones(count).numpy().tobytes()
+    return chunk
+
+
+REFUSALS = {
+    "unknown worker": (ErrorKind.UNKNOWN_WORKER, {"worker_id": 99}),
+    "layout hash": (ErrorKind.LAYOUT_MISMATCH, {"layout_hash": "0" * 64}),
+    "too short": (ErrorKind.WRONG_LENGTH, {"chunks": [_bad_chunk(0, 7)]}),
+    "too long": (ErrorKind.CHUNK_OUT_OF_RANGE, {"chunks": [_bad_chunk(0, 9)]}),
+    "past the end": (ErrorKind.CHUNK_OUT_OF_RANGE, {"chunks": [_bad_chunk(0, 4), _bad_chunk(6, 4)]}),
+    "unknown dtype": (ErrorKind.UNKNOWN_DTYPE, {"chunks": [_bad_chunk(0, 8, dtype=42)]}),
+    "nan": (ErrorKind.NON_FINITE, {"values": torch.tensor([0, 0, float("nan"), 0, 0, 0, 0, 0.0])}),
+    "inf": (ErrorKind.NON_FINITE, {"values": torch.tensor([0, 0, 0, 0, 0, 0, 0, float("inf")])}),
+    "future clock": (ErrorKind.FUTURE_CLOCK, {"base_clock": 5}),
+    "unknown kind": (ErrorKind.BAD_REQUEST, {"kind": 7}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_every_refusal_changes_nothing(shard: Shard, case: str) -> None:
+    kind, overrides = REFUSALS[case]
+    before = (shard.params.clone(), shard.clock, shard.workers[1].pushes)
+    arguments: dict[str, object] = {"worker_id": 1, "push_id": 1, "base_clock": 0, "values": torch.ones(8)}
+    arguments.update(overrides)
+    with pytest.raises(ShardError) as caught:
+        push(shard, **arguments)  # type: ignore[arg-type]
+    assert caught.value.kind is kind
+    assert caught.value.message
+    assert torch.equal(shard.params, before[0])
+    assert (shard.clock, shard.workers[1].pushes) == before[1:]
+    assert shard.rejected[kind.reason] == 1
+
+
+def test_momentum_refuses_a_delta(shard: Shard) -> None:
+    momentum = make_shard("momentum")
+    worker = momentum.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    upload(momentum, worker, torch.zeros(8))
+    with pytest.raises(ShardError, match="does not take DELTA") as caught:
+        push(momentum, worker, 1, 0, torch.ones(8), kind=int(PayloadKind.DELTA))
+    assert caught.value.kind is ErrorKind.BAD_REQUEST
+
+
+def test_join_with_another_layout_is_refused(shard: Shard) -> None:
+    other = Layout.from_named_shapes([("w", (3, 3))])
+    with pytest.raises(ShardError) as caught:
+        shard.join("c", "cpu", False, other, other.hash)
+    assert caught.value.kind is ErrorKind.LAYOUT_MISMATCH
+    assert len(shard.workers) == 2
+
+
+def test_join_with_a_hash_that_does_not_match_its_layout_is_refused() -> None:
+    shard = make_shard()
+    with pytest.raises(ShardError) as caught:
+        shard.join("a", "cpu", False, LAYOUT, "f" * 64)
+    assert caught.value.kind is ErrorKind.LAYOUT_MISMATCH
+    assert shard.layout is None
+
+
+def test_join_with_another_shard_count_is_refused() -> None:
+    shard = make_shard()
+    two = Layout.from_named_shapes(LAYOUT.specs, 2)
+    with pytest.raises(ShardError, match="same shard count"):
+        shard.join("a", "cpu", False, two, two.hash)
+
+
+def test_init_with_another_layout_after_init_is_already_exists(shard: Shard) -> None:
+    with pytest.raises(ShardError) as caught:
+        shard.begin_upload(1, "a" * 64)
+    assert caught.value.kind is ErrorKind.INIT_CONFLICT
+    assert torch.equal(shard.params, torch.arange(8, dtype=torch.float32))
+
+
+def test_init_with_nan_is_refused_and_leaves_the_shard_uninitialised() -> None:
+    shard = make_shard()
+    worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    with pytest.raises(ShardError) as caught:
+        upload(shard, worker, torch.tensor([float("nan")] * 8))
+    assert caught.value.kind is ErrorKind.NON_FINITE
+    assert not shard.initialized
+
+
+def test_push_and_pull_before_init_are_refused() -> None:
+    shard = make_shard()
+    worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    with pytest.raises(ShardError) as caught:
+        push(shard, worker, 1, 0, torch.ones(8))
+    assert caught.value.kind is ErrorKind.NOT_INITIALIZED
+    with pytest.raises(ShardError):
+        shard.pull(worker, ps_pb2.DTYPE_FLOAT32)
+
+
+def test_observers_pull_but_never_push(shard: Shard) -> None:
+    observer = shard.join("eval", "cpu", True, LAYOUT, LAYOUT.hash).worker.worker_id
+    assert shard.pull(observer, ps_pb2.DTYPE_FLOAT32).clock == 0
+    with pytest.raises(ShardError, match="observers cannot push"):
+        push(shard, observer, 1, 0, torch.ones(8))
+
+
+def test_leave_forgets_the_worker(shard: Shard) -> None:
+    shard.leave(2)
+    with pytest.raises(ShardError) as caught:
+        push(shard, 2, 1, 0, torch.ones(8))
+    assert caught.value.kind is ErrorKind.UNKNOWN_WORKER
+
+
+def test_pull_cache_is_shared_per_clock(shard: Shard) -> None:
+    first = shard.pull(1, ps_pb2.DTYPE_FLOAT32)
+    second = shard.pull(2, ps_pb2.DTYPE_FLOAT32)
+    assert first.chunks is second.chunks
+    push(shard, 1, 1, 0, torch.ones(8))
+    third = shard.pull(2, ps_pb2.DTYPE_FLOAT32)
+    assert third.chunks is not first.chunks
+    assert third.clock == 1
+
+
+def test_old_push_ids_beyond_the_remembered_window_are_still_duplicates() -> None:
+    from psserver.core import workers
+
+    record = workers.WorkerRecord(1, "a", "cpu", False)
+    for push_id in range(1, workers.RECENT_PUSHES_KEPT + 10):
+        record.record_push(push_id, PushOutcome(push_id, 0, {}))
+    assert record.previous_outcome(1) is not None
+    assert record.previous_outcome(workers.RECENT_PUSHES_KEPT + 10) is None
