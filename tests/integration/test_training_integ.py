@@ -30,7 +30,7 @@ def _worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.P
         "--slowdown",
         str(slowdown),
         "--until-clock",
-        "800",
+        "1000",
         "--no-progress",
         "--eval-every",
         "100",
@@ -52,8 +52,8 @@ def test_two_workers_reach_90_percent(start_psserver: StartServer, tmp_path: Pat
         summaries.append(json.loads(out.strip().splitlines()[-1]))
     for summary in summaries:
         assert summary["test_accuracy"] >= 0.90, summary
-        assert summary["final_clock"] >= 800
-    assert sum(s["pushes"] for s in summaries) >= 800
+        assert summary["final_clock"] >= 1000
+    assert sum(s["pushes"] for s in summaries) >= 1000
     # The slower worker's gradients are staler on average.
     assert summaries[1]["mean_staleness"] >= summaries[0]["mean_staleness"]
     events = [json.loads(line)["event"] for line in (tmp_path / "w0.jsonl").read_text().splitlines()]
@@ -61,9 +61,9 @@ def test_two_workers_reach_90_percent(start_psserver: StartServer, tmp_path: Pat
 
 
 def test_local_cluster_reports_accuracy_and_staleness(tmp_path: Path) -> None:
-    report = run_cluster(ClusterConfig(workers=3, slowdowns=(1.0, 1.0, 3.0), until_clock=600, log_dir=tmp_path))
-    assert report.test_accuracy >= 0.85
-    assert report.clock >= 600
+    report = run_cluster(ClusterConfig(workers=3, slowdowns=(1.0, 1.0, 3.0), until_clock=1000, log_dir=tmp_path))
+    assert report.test_accuracy >= 0.90
+    assert report.clock >= 1000
     assert [w.name for w in report.workers] == ["worker-0", "worker-1", "worker-2"]
     assert all(w.pushes > 0 for w in report.workers)
     slow, fast = report.workers[2], report.workers[0]
