@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psserver.rpc.server import serve_until_signalled, start_server
+from psserver.rpc.server import serve_until_signalled, start_reaper, start_server
 
 
 def _parse_rule_options(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -54,7 +55,28 @@ def main() -> None:
 @click.option("--shard-index", default=0, show_default=True, type=click.IntRange(min=0))
 @click.option("--num-shards", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--lease-seconds", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
-@click.option("--threads", default=32, show_default=True, type=click.IntRange(min=1), help="RPC worker threads")
+@click.option(
+    "--consistency",
+    default="async",
+    show_default=True,
+    type=click.Choice([m.value for m in ConsistencyModel]),
+    help="async, ssp (bounded staleness) or bsp (bulk synchronous), in front of the rule",
+)
+@click.option("--ssp-bound", default=3, show_default=True, type=click.IntRange(min=0), help="SSP's bound s")
+@click.option(
+    "--snapshot-memory-mb",
+    default=2048,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="cap on parameter versions kept for gap-measuring rules (GA, DC-ASGD)",
+)
+@click.option(
+    "--threads",
+    default=128,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="RPC worker threads; under ssp/bsp waiting requests hold one each, so keep it above the worker count",
+)
 @click.option("--torch-threads", default=2, show_default=True, type=click.IntRange(min=1), help="threads for updates")
 @click.option("--drain-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0))
 @click.option(
@@ -69,6 +91,9 @@ def serve(
     shard_index: int,
     num_shards: int,
     lease_seconds: float,
+    consistency: str,
+    ssp_bound: int,
+    snapshot_memory_mb: int,
     threads: int,
     torch_threads: int,
     drain_seconds: float,
@@ -80,7 +105,16 @@ def serve(
         raise click.BadParameter(f"must be below --num-shards ({num_shards})", param_hint="--shard-index")
     spec = parse_rule(rule_name, lr, rule_opts)
     torch.set_num_threads(torch_threads)
-    shard = Shard(ShardConfig(spec, shard_index=shard_index, num_shards=num_shards, lease_seconds=lease_seconds))
+    shard = Shard(
+        ShardConfig(
+            spec,
+            shard_index=shard_index,
+            num_shards=num_shards,
+            lease_seconds=lease_seconds,
+            consistency=Consistency(ConsistencyModel(consistency), ssp_bound),
+            snapshot_memory_bytes=snapshot_memory_mb * 1024 * 1024,
+        )
+    )
     try:
         running = start_server(shard, f"{host}:{port}", max_workers=threads)
     except (OSError, RuntimeError) as error:
@@ -89,11 +123,20 @@ def serve(
     # The launcher and tests read the bound port from this line.
     click.echo(
         f"psserver listening on {host}:{running.port} rule={spec.rule.name} ({options}) "
-        f"shard={shard_index}/{num_shards} pid={os.getpid()}",
+        f"consistency={consistency} shard={shard_index}/{num_shards} pid={os.getpid()}",
         err=False,
     )
     sys.stdout.flush()
+    reaper = start_reaper(shard, max(0.05, lease_seconds / 4))
     serve_until_signalled(running, drain_seconds)
+    reaper.set()
+    # Every RPC has finished or been cancelled by now. Skipping interpreter teardown avoids a
+    # race in gRPC's C++ core, whose threads can abort the process ("terminate called
+    # without an active exception") while static objects are destroyed.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @main.command()

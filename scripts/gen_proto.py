@@ -20,8 +20,12 @@ def generate(out_dir: Path) -> list[Path]:
     """Write ps_pb2.py, ps_pb2.pyi and ps_pb2_grpc.py under ``out_dir/psproto/v1``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     include = str(Path(protoc.__file__).parent / "_proto")
+    # mypy-protobuf's plugins sit beside the interpreter, which need not be on PATH.
+    plugins = Path(sys.executable).parent
     args = [
         "grpc_tools.protoc",
+        f"--plugin=protoc-gen-mypy={plugins / 'protoc-gen-mypy'}",
+        f"--plugin=protoc-gen-mypy_grpc={plugins / 'protoc-gen-mypy_grpc'}",
         f"-I{PROTO_ROOT}",
         f"-I{include}",
         f"--python_out={out_dir}",

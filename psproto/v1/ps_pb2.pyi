@@ -411,18 +411,24 @@ class PullRequest(_message.Message):
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     WIRE_DTYPE_FIELD_NUMBER: _builtins.int
+    RESERVE_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.int
     wire_dtype: Global___DType.ValueType
     """Element type to send; unspecified means float32."""
+    reserve: _builtins.bool
+    """GEM's atomic mode: no other worker's push is applied between this pull and this
+    worker's next push (the reservation lapses if that push does not come in time).
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.int = ...,
         wire_dtype: Global___DType.ValueType = ...,
+        reserve: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["wire_dtype", b"wire_dtype", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reserve", b"reserve", "wire_dtype", b"wire_dtype", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

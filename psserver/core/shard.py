@@ -3,6 +3,9 @@
 The shard validates every request completely before it changes anything: uploads are
 decoded into scratch buffers outside the lock, checked (coverage, dtype, finiteness), and
 only then applied under the lock. Serialising a pull happens outside the lock too.
+
+Waiting (SSP's bound, BSP's barrier, a GEM commit reservation) happens on one condition
+variable over the shard lock; waiters re-check leases so an evicted worker never stalls them.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 import torch
@@ -19,10 +22,15 @@ import torch
 from psproto import codec
 from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
+from psserver.core.consistency import Consistency, ConsistencyModel, bsp_round_complete, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
-from psserver.core.rules import PayloadKind, PushContext, RuleSpec, UpdateRule
+from psserver.core.rules import PayloadKind, PushContext, RuleSpec, Telemetry, UpdateRule
 from psserver.core.rules.options import RuleOptions
+from psserver.core.snapshots import SnapshotStore
 from psserver.core.workers import PushOutcome, WorkerRecord
+
+# How often a waiting request wakes to re-check leases and its own deadline.
+WAIT_SLICE_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,10 @@ class ShardConfig:
     num_shards: int = 1
     lease_seconds: float = 30.0
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    consistency: Consistency = field(default_factory=Consistency)
+    snapshot_memory_bytes: int = 2 * 1024**3
+    # A GEM atomic reservation lapses after this long if its holder never pushes.
+    reservation_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,7 @@ class PullResult:
 
 @dataclass
 class PendingPush:
-    """A push whose header passed validation; chunks are decoded into ``buffer``."""
+    """A push whose header passed validation; its chunks are decoded by ``assembler``."""
 
     worker: WorkerRecord
     push_id: int
@@ -62,12 +74,24 @@ class PendingPush:
     replay: PushOutcome | None = None
 
 
+@dataclass
+class BspRound:
+    """Updates collected for the current BSP clock."""
+
+    total: torch.Tensor
+    contributors: dict[int, int] = field(default_factory=dict)  # worker id -> push id
+    kind: PayloadKind = PayloadKind.GRADIENT
+    number: int = 0
+
+
 class Shard:
     """The state one server process owns, and every operation on it."""
 
-    def __init__(self, config: ShardConfig) -> None:
+    def __init__(self, config: ShardConfig, clock_source: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._now = clock_source
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._rejected_lock = threading.Lock()
         self._ids = itertools.count(1)
         self.layout: Layout | None = None
@@ -76,14 +100,17 @@ class Shard:
         self.initialized = False
         self.clock = 0
         self.applied_pushes = 0
+        self.evictions = 0
         self.workers: dict[int, WorkerRecord] = {}
         self.rejected: dict[str, int] = {}
-        self.started = time.monotonic()
+        self.started = self._now()
         self._segments: tuple[tuple[int, int], ...] = ()
         # Serialised parameters of the latest clock, shared by every worker pulling it.
         self._pull_cache: dict[tuple[int, int], list[ps_pb2.Chunk]] = {}
-        # Exact parameters at the clocks workers pulled, for rules that need snapshots.
-        self._snapshots: dict[int, torch.Tensor] = {}
+        self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
+        self._bsp: BspRound | None = None
+        self._reserved_by: int | None = None
+        self._reserved_until = 0.0
 
     # -- membership -------------------------------------------------------------------
 
@@ -111,7 +138,9 @@ class Shard:
                     f"sent layout {layout.hash[:12]} ({len(layout.specs)} tensors, {layout.total_length} "
                     "parameters). Use the same model on every worker",
                 )
-            worker = WorkerRecord(next(self._ids), name, device, observer)
+            worker = WorkerRecord(next(self._ids), name, device, observer, last_seen=self._now())
+            # A newcomer starts level with the slowest live worker so SSP neither stalls nor rushes it.
+            worker.ssp_clock = min((w.ssp_clock for w in self._live_workers()), default=0)
             self.workers[worker.worker_id] = worker
             assert self.layout is not None
             return JoinResult(worker, self.layout, self.clock, self.initialized)
@@ -131,16 +160,37 @@ class Shard:
         with self._lock:
             worker = self._worker(worker_id)
             worker.stats = dict(stats)
-            worker.touch()
+            worker.last_seen = self._now()
             return self.clock
 
     def leave(self, worker_id: int) -> None:
         with self._lock:
             self._worker(worker_id)
-            del self.workers[worker_id]
-            if self.rule is not None:
-                self.rule.on_leave(worker_id)
-            self._drop_unused_snapshots()
+            self._remove(worker_id)
+
+    def evict_expired(self) -> list[WorkerRecord]:
+        """Evict every worker silent for longer than the lease; returns them."""
+        with self._lock:
+            return self._evict_expired_locked()
+
+    def _evict_expired_locked(self) -> list[WorkerRecord]:
+        deadline = self._now() - self.config.lease_seconds
+        expired = [w for w in self.workers.values() if w.last_seen < deadline and not w.waiting]
+        for worker in expired:
+            self._remove(worker.worker_id)
+            self.evictions += 1
+        return expired
+
+    def _remove(self, worker_id: int) -> None:
+        del self.workers[worker_id]
+        if self.rule is not None:
+            self.rule.on_leave(worker_id)
+        if self._reserved_by == worker_id:
+            self._reserved_by = None
+        self.snapshots.retain_only(w.pulled_clock for w in self.workers.values())
+        # The barrier or the SSP minimum may have been waiting for this worker.
+        self._maybe_finish_bsp_round()
+        self._changed.notify_all()
 
     # -- parameters -------------------------------------------------------------------
 
@@ -173,27 +223,37 @@ class Shard:
             self.initialized = True
             return True, self.clock
 
-    def pull(self, worker_id: int, wire_dtype: int) -> PullResult:
+    def pull(self, worker_id: int, wire_dtype: int, reserve: bool = False) -> PullResult:
+        """The parameters and their clock, serialised once per clock and dtype.
+
+        Under SSP the pull waits while the worker is too far ahead. With ``reserve`` (GEM's
+        atomic mode) no other worker's push is applied until this worker's next push.
+        """
         self._check_dtype(wire_dtype)
         wire_dtype = wire_dtype or ps_pb2.DTYPE_FLOAT32
         with self._lock:
             worker = self._worker(worker_id)
             self._require_initialized()
+            self._wait_for_ssp(worker)
+            if reserve:
+                self._wait_until(worker, lambda: self._reservation_holder() in (None, worker.worker_id))
+                self._reserved_by = worker.worker_id
+                self._reserved_until = self._now() + self.config.reservation_seconds
             clock = self.clock
             worker.pulled_clock = clock
             worker.pulls += 1
-            worker.touch()
+            worker.last_seen = self._now()
             assert self.rule is not None
             self.rule.on_pull(worker_id)
-            self._drop_unused_snapshots()
+            self.snapshots.retain_only(w.pulled_clock for w in self.workers.values())
             cached = self._pull_cache.get((clock, wire_dtype))
             if cached is not None:
                 return PullResult(clock, self.params.numel(), cached)
-            copy = self._snapshots.get(clock)
+            copy = self.snapshots.get(clock)
             if copy is None:
                 copy = self.params.clone()
                 if self.rule.needs_snapshot:
-                    self._snapshots[clock] = copy
+                    self.snapshots.keep(clock, copy)
         chunks = list(codec.encode(copy, wire_dtype, self.config.chunk_bytes))
         with self._lock:
             if clock == self.clock:
@@ -240,16 +300,15 @@ class Shard:
                     f"base_clock {base_clock} is ahead of the shard's clock {self.clock}; "
                     "send the clock of the parameters the update was computed on",
                 )
-            worker.touch()
+            worker.last_seen = self._now()
             previous = worker.previous_outcome(push_id)
             if previous is not None:
                 return PendingPush(worker, push_id, base_clock, payload, dict(metadata), None, previous)
-            return PendingPush(
-                worker, push_id, base_clock, payload, dict(metadata), codec.Assembler(torch.empty(self.params.numel()))
-            )
+            assembler = codec.Assembler(torch.empty(self.params.numel()))
+            return PendingPush(worker, push_id, base_clock, payload, dict(metadata), assembler)
 
     def add_chunk(self, pending: PendingPush, chunk: ps_pb2.Chunk) -> None:
-        """Decode one chunk of a push or an upload (outside the lock)."""
+        """Decode one chunk of a push (outside the lock); a replayed push ignores its chunks."""
         if pending.assembler is not None:
             self.decode_chunk(pending.assembler, chunk)
 
@@ -266,45 +325,131 @@ class Shard:
     def commit_push(self, pending: PendingPush) -> PushOutcome:
         """Apply a validated push with the rule, or replay the outcome of a retried one."""
         if pending.replay is not None:
-            return self._replay(pending, pending.replay)
+            return self._replay(pending.worker, pending.replay)
         assert pending.assembler is not None
         self._check_complete(pending.assembler)
-        update = pending.assembler.out
         with self._lock:
-            worker = self.workers.get(pending.worker.worker_id)
-            if worker is None:
-                self._refuse(ErrorKind.UNKNOWN_WORKER, f"worker {pending.worker.worker_id} left during its push")
+            worker = self._worker(pending.worker.worker_id)
             previous = worker.previous_outcome(pending.push_id)
             if previous is not None:
-                return self._replay(pending, previous)
-            assert self.rule is not None
-            staleness = self.clock - pending.base_clock
-            snapshots = self._snapshots
-            base_clock = pending.base_clock
-            ctx = PushContext(
-                worker_id=worker.worker_id,
-                staleness=staleness,
-                kind=pending.kind,
-                segments=self._segments,
-                metadata=pending.metadata,
-                snapshot=lambda: snapshots.get(base_clock),
-            )
-            telemetry = self.rule.apply(self.params, update, ctx)
-            self.clock += 1
-            self.applied_pushes += 1
-            outcome = PushOutcome(self.clock, staleness, {"staleness": float(staleness), **telemetry})
+                return self._replay_locked(worker, previous)
+            if self.config.consistency.model is ConsistencyModel.BSP:
+                return self._commit_bsp(worker, pending)
+            self._wait_until(worker, lambda: self._reservation_holder() in (None, worker.worker_id))
+            if self._reserved_by == worker.worker_id:
+                self._reserved_by = None
+            outcome = self._apply(worker, pending.assembler.out, pending.kind, pending.base_clock, pending.metadata)
             worker.record_push(pending.push_id, outcome)
+            worker.ssp_clock += 1
+            self._changed.notify_all()
             return outcome
 
-    def _replay(self, pending: PendingPush, previous: PushOutcome) -> PushOutcome:
-        with self._lock:
-            pending.worker.duplicate_pushes += 1
-            return PushOutcome(
-                clock=previous.clock if previous.clock >= 0 else self.clock,
-                staleness=previous.staleness,
-                telemetry=previous.telemetry,
-                duplicate=True,
+    def _apply(
+        self, worker: WorkerRecord, update: torch.Tensor, kind: PayloadKind, base_clock: int, metadata: dict[str, float]
+    ) -> PushOutcome:
+        assert self.rule is not None
+        staleness = self.clock - base_clock
+        snapshots = self.snapshots
+        ctx = PushContext(
+            worker_id=worker.worker_id,
+            staleness=staleness,
+            kind=kind,
+            segments=self._segments,
+            metadata=metadata,
+            snapshot=lambda: snapshots.get(base_clock),
+        )
+        telemetry: Telemetry = self.rule.apply(self.params, update, ctx)
+        self.clock += 1
+        self.applied_pushes += 1
+        return PushOutcome(self.clock, staleness, {"staleness": float(staleness), **telemetry})
+
+    def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush) -> PushOutcome:
+        """Add this worker's update to the round and wait until the round's mean is applied."""
+        assert pending.assembler is not None
+        if self._bsp is None:
+            self._bsp = BspRound(torch.zeros(self.params.numel()), kind=pending.kind)
+        current = self._bsp
+        if worker.worker_id in current.contributors:
+            self._refuse(
+                ErrorKind.BAD_REQUEST,
+                f"worker {worker.worker_id} already pushed for BSP clock {self.clock}; wait for the round to finish",
             )
+        if pending.kind is not current.kind:
+            self._refuse(ErrorKind.BAD_REQUEST, f"this BSP round collects {current.kind.name} pushes only")
+        current.total.add_(pending.assembler.out)
+        current.contributors[worker.worker_id] = pending.push_id
+        round_number = current.number
+        self._maybe_finish_bsp_round()
+        self._wait_until(worker, lambda: self._bsp is None or self._bsp.number != round_number)
+        outcome = worker.previous_outcome(pending.push_id)
+        assert outcome is not None
+        return outcome
+
+    def _maybe_finish_bsp_round(self) -> None:
+        current = self._bsp
+        if current is None or not bsp_round_complete(current.contributors, [w.worker_id for w in self._live_workers()]):
+            return
+        contributors = {wid: pid for wid, pid in current.contributors.items() if wid in self.workers}
+        if not contributors:
+            self._bsp = BspRound(current.total.zero_(), number=current.number + 1)
+            return
+        current.total.div_(len(current.contributors))
+        first = self.workers[next(iter(contributors))]
+        outcome = self._apply(first, current.total, current.kind, self.clock, {"workers": float(len(contributors))})
+        for worker_id, push_id in contributors.items():
+            self.workers[worker_id].record_push(push_id, outcome)
+            self.workers[worker_id].ssp_clock += 1
+        self._bsp = BspRound(current.total.zero_(), number=current.number + 1)
+        self._changed.notify_all()
+
+    def _replay(self, worker: WorkerRecord, previous: PushOutcome) -> PushOutcome:
+        with self._lock:
+            return self._replay_locked(worker, previous)
+
+    def _replay_locked(self, worker: WorkerRecord, previous: PushOutcome) -> PushOutcome:
+        worker.duplicate_pushes += 1
+        return PushOutcome(
+            clock=previous.clock if previous.clock >= 0 else self.clock,
+            staleness=previous.staleness,
+            telemetry=previous.telemetry,
+            duplicate=True,
+        )
+
+    # -- waiting ------------------------------------------------------------------------
+
+    def _wait_for_ssp(self, worker: WorkerRecord) -> None:
+        consistency = self.config.consistency
+        if consistency.model is not ConsistencyModel.SSP or worker.observer:
+            return
+        self._wait_until(
+            worker,
+            lambda: (
+                not ssp_must_wait(
+                    worker.ssp_clock, (w.ssp_clock for w in self._live_workers()), consistency.staleness_bound
+                )
+            ),
+        )
+
+    def _wait_until(self, worker: WorkerRecord, ready: Callable[[], bool]) -> None:
+        """Wait (lock held) until ``ready``; evicts silent workers meanwhile. The waiter stays alive."""
+        worker.waiting = True
+        try:
+            while not ready():
+                if worker.worker_id not in self.workers:
+                    self._refuse(ErrorKind.UNKNOWN_WORKER, f"worker {worker.worker_id} was evicted while waiting")
+                self._changed.wait(WAIT_SLICE_S)
+                worker.last_seen = self._now()
+                self._evict_expired_locked()
+        finally:
+            worker.waiting = False
+
+    def _reservation_holder(self) -> int | None:
+        if self._reserved_by is not None and self._now() > self._reserved_until:
+            self._reserved_by = None
+        return self._reserved_by
+
+    def _live_workers(self) -> list[WorkerRecord]:
+        return [w for w in self.workers.values() if not w.observer]
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -312,8 +457,7 @@ class Shard:
         try:
             assembler.finish()
         except codec.CodecError as error:
-            kind = ErrorKind.WRONG_LENGTH
-            self._refuse(kind, str(error))
+            self._refuse(ErrorKind.WRONG_LENGTH, str(error))
         if not torch.isfinite(assembler.out).all():
             bad = int((~torch.isfinite(assembler.out)).sum())
             self._refuse(ErrorKind.NON_FINITE, f"{bad} element(s) are NaN or Inf; nothing was applied")
@@ -333,8 +477,8 @@ class Shard:
         if worker is None:
             self._refuse(
                 ErrorKind.UNKNOWN_WORKER,
-                f"worker id {worker_id} is not joined to this shard (it never joined, left, or the "
-                "server restarted); call Join again",
+                f"worker id {worker_id} is not joined to this shard (it never joined, left, was evicted, or "
+                "the server restarted); call Join again",
             )
         return worker
 
@@ -343,14 +487,9 @@ class Shard:
             self.rejected[kind.reason] = self.rejected.get(kind.reason, 0) + 1
         raise ShardError(kind, message)
 
-    def _drop_unused_snapshots(self) -> None:
-        wanted = {w.pulled_clock for w in self.workers.values()}
-        for clock in [c for c in self._snapshots if c not in wanted]:
-            del self._snapshots[clock]
-
     def uptime_seconds(self) -> float:
-        return time.monotonic() - self.started
+        return self._now() - self.started
 
-    def worker_snapshot(self) -> Iterable[WorkerRecord]:
+    def worker_snapshot(self) -> list[WorkerRecord]:
         with self._lock:
             return list(self.workers.values())

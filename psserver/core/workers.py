@@ -27,6 +27,10 @@ class WorkerRecord:
     device: str
     observer: bool
     last_seen: float = field(default_factory=time.monotonic)
+    # Pushes completed, as SSP counts them (a newcomer starts level with the slowest worker).
+    ssp_clock: int = 0
+    # True while one of its requests waits inside the shard (it is alive, not silent).
+    waiting: bool = False
     pulled_clock: int = -1
     pulls: int = 0
     pushes: int = 0
@@ -39,9 +43,6 @@ class WorkerRecord:
     # Push ids at or below the watermark were applied (or are too old to be retried).
     push_id_watermark: int = -1
     recent_pushes: OrderedDict[int, PushOutcome] = field(default_factory=OrderedDict)
-
-    def touch(self) -> None:
-        self.last_seen = time.monotonic()
 
     def previous_outcome(self, push_id: int) -> PushOutcome | None:
         """The outcome of an already applied push id, or None if it is new."""

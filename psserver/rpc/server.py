@@ -61,6 +61,24 @@ def start_server(shard: Shard, address: str, max_workers: int = 32) -> RunningSe
     return running
 
 
+def start_reaper(shard: Shard, interval_s: float) -> threading.Event:
+    """Evict workers whose lease expired, every ``interval_s``; set the returned event to stop."""
+    stop = threading.Event()
+
+    def reap() -> None:
+        while not stop.wait(interval_s):
+            for worker in shard.evict_expired():
+                _LOGGER.warning(
+                    "evicted worker %s (%s): silent for more than %.0f s",
+                    worker.worker_id,
+                    worker.name,
+                    shard.config.lease_seconds,
+                )
+
+    threading.Thread(target=reap, name="lease-reaper", daemon=True).start()
+    return stop
+
+
 def serve_until_signalled(running: RunningServer, grace_seconds: float) -> None:
     """Block until SIGTERM or SIGINT, then drain in-flight RPCs and return."""
     stop = threading.Event()

@@ -134,7 +134,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_translate_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[ps_pb2.PullResponse]:
-        result = self.shard.pull(request.worker_id, request.wire_dtype)
+        result = self.shard.pull(request.worker_id, request.wire_dtype, reserve=request.reserve)
         return self._pull_messages(result.clock, result.total_length, result.chunks)
 
     @staticmethod
