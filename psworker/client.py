@@ -137,9 +137,12 @@ class PSClient:
         reply: ps_pb2.InitResponse = session.stub.Init(requests(), timeout=self.rpc_timeout)
         return reply.applied
 
-    def pull(self, out: torch.Tensor) -> int:
-        """Pull every shard into ``out`` (flat fp32); returns the smallest shard clock."""
-        self._fan_out(self._pull_shard, out)
+    def pull(self, out: torch.Tensor, reserve: bool = False) -> int:
+        """Pull every shard into ``out`` (flat fp32); returns the smallest shard clock.
+
+        ``reserve`` (GEM's atomic mode) holds off other workers' pushes until this worker's next push.
+        """
+        self._fan_out(self._pull_shard, out, reserve)
         return self.clock
 
     @property
@@ -147,8 +150,8 @@ class PSClient:
         """The smallest clock among the shards' last pulled parameters."""
         return min(self.pulled_clocks)
 
-    def _pull_shard(self, session: ShardSession, out: torch.Tensor) -> int:
-        request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype)
+    def _pull_shard(self, session: ShardSession, out: torch.Tensor, reserve: bool = False) -> int:
+        request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype, reserve=reserve)
         clock = self._receive_params(session.stub.Pull(request, timeout=self.rpc_timeout), session, out)
         self.pulled_clocks[session.range.index] = clock
         return clock

@@ -7,6 +7,8 @@ step with what it last pulled or computed, and pushes through the client's flat 
 - ``gradient``: push the raw gradient of every step (ASGD, SA, momentum, GA, AB, OrMo...).
 - ``delta``: windowed DOWNPOUR/DynSGD: ``λ`` local SGD steps, push ``θ_end − θ_start``.
 - ``agn``: like ``delta`` with any local optimizer, the window's delta divided by the steps done.
+- ``easgd``: asynchronous EASGD/EAMSGD: every ``λ`` local steps push the elastic difference.
+- ``gem``: Gradient Energy Matching: push ``π ⊙ Δ`` with ``π`` matching the proxy's momentum energy.
 """
 
 from __future__ import annotations
@@ -51,18 +53,31 @@ class Procedure(ABC):
         self.binding = binding
         self.options = dict(options)
 
-    def option(self, key: str, kind: type, default: object = None) -> object:
-        if key not in self.options:
-            if default is None:
-                raise ProcedureError(f"procedure {self.name} needs option {key!r} from the server")
-            return default
-        text = self.options[key]
-        if kind is bool:
-            return text.lower() in {"1", "true", "yes", "on"}
+    def _text(self, key: str, default: str | None) -> str:
+        text = self.options.get(key, default)
+        if text is None:
+            raise ProcedureError(f"procedure {self.name} needs option {key!r} from the server")
+        return text
+
+    def float_option(self, key: str, default: str | None = None) -> float:
+        text = self._text(key, default)
         try:
-            return kind(text)
+            return float(text)
         except ValueError:
-            raise ProcedureError(f"procedure {self.name}: option {key}={text!r} is not a {kind.__name__}") from None
+            raise ProcedureError(f"procedure {self.name}: option {key}={text!r} is not a number") from None
+
+    def int_option(self, key: str, default: str | None = None) -> int:
+        text = self._text(key, default)
+        try:
+            return int(text)
+        except ValueError:
+            raise ProcedureError(f"procedure {self.name}: option {key}={text!r} is not an integer") from None
+
+    def bool_option(self, key: str, default: str | None = None) -> bool:
+        text = self._text(key, default).strip().lower()
+        if text not in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+            raise ProcedureError(f"procedure {self.name}: option {key}={text!r} is not true or false")
+        return text in {"1", "true", "yes", "on"}
 
     def start(self) -> None:
         """Take the server's current parameters as the model's."""
@@ -104,15 +119,13 @@ class WindowedDeltaProcedure(Procedure):
 
     def __init__(self, client: PSClient, binding: ModelBinding, options: Mapping[str, str]) -> None:
         super().__init__(client, binding, options)
-        window = self.option("window", int)
-        assert isinstance(window, int)
+        window = self.int_option("window")
         if window < 1:
             raise ProcedureError(f"window must be >= 1, got {window}")
         self.window = window
-        lr = self.option("lr", float)
-        assert isinstance(lr, float)
+        lr = self.float_option("lr")
         parameters = [p for _, p in binding.named]
-        optimizer = str(self.option("local_optimizer", str, "sgd"))
+        optimizer = self._text("local_optimizer", "sgd")
         if optimizer == "adam":
             self.optimizer: torch.optim.Optimizer = torch.optim.Adam(parameters, lr=lr)
         elif optimizer == "sgd":
@@ -158,8 +171,112 @@ class AgnProcedure(WindowedDeltaProcedure):
     normalize = True
 
 
+class EasgdProcedure(Procedure):
+    """Asynchronous EASGD (Zhang, Choromanska & LeCun, 2015); EAMSGD with ``local_momentum`` > 0.
+
+    Local SGD (Nesterov momentum δ for EAMSGD); every ``λ`` steps: pull the centre ``x̃``,
+    ``E = α (x − x̃)`` with ``α = η ρ``, ``x ← x − E``, push ``E`` (the server adds it to the centre).
+    The worker never overwrites its own parameters with the centre.
+    """
+
+    name = "easgd"
+
+    def __init__(self, client: PSClient, binding: ModelBinding, options: Mapping[str, str]) -> None:
+        super().__init__(client, binding, options)
+        lr = self.float_option("lr")
+        rho = self.float_option("rho")
+        momentum = self.float_option("local_momentum", "0.0")
+        self.window = self.int_option("window")
+        if self.window < 1 or lr <= 0 or rho <= 0 or not 0 <= momentum < 1:
+            raise ProcedureError(f"easgd options out of range: window={self.window} lr={lr} rho={rho} δ={momentum}")
+        self.alpha = lr * rho
+        parameters = [p for _, p in binding.named]
+        self.optimizer = torch.optim.SGD(parameters, lr=lr, momentum=momentum, nesterov=momentum > 0)
+        self.centre = torch.zeros_like(binding.params)
+        self.elastic = torch.zeros_like(binding.params)
+        self.steps_done = 0
+
+    def step(self, loss: float) -> StepOutcome:
+        self.optimizer.step()
+        self.steps_done += 1
+        if self.steps_done % self.window:
+            return StepOutcome(loss, False)
+        self.client.pull(self.centre)
+        local = self.binding.gather_params()
+        torch.sub(local, self.centre, out=self.elastic).mul_(self.alpha)
+        local.sub_(self.elastic)
+        self.binding.scatter_params()
+        results = self.client.push(self.elastic, ps_pb2.PAYLOAD_KIND_DELTA)
+        staleness, telemetry = _summarise(results)
+        return StepOutcome(loss, True, staleness, telemetry)
+
+
+# Above this many elements the median of π is taken over an even sample (telemetry only).
+_PI_MEDIAN_SAMPLE = 1 << 20
+
+
+class GemProcedure(Procedure):
+    """Gradient Energy Matching (Hermans & Louppe, 2018), computed element-wise by the worker.
+
+    With ``s`` the parameters the gradient is computed on and ``m`` the proxy momentum::
+
+        Δ ← −η ∇L(s);  m ← μ m + Δ;  θ ← pull()
+        π ← clamp((κ |m| − |θ − s|) ⊘ (|Δ| + ε), 0, π_max);  push(π ⊙ Δ);  s ← θ (+ π ⊙ Δ if local_apply)
+
+    ``atomic`` reserves the shard between the pull and the push so no other commit falls in
+    between, as in the reference; otherwise pulls and pushes interleave freely (more throughput).
+    The median of ``π`` goes to the server as ``pi_median`` for its telemetry.
+    """
+
+    name = "gem"
+
+    def __init__(self, client: PSClient, binding: ModelBinding, options: Mapping[str, str]) -> None:
+        super().__init__(client, binding, options)
+        self.lr = self.float_option("lr")
+        self.momentum = self.float_option("momentum", "0.9")
+        self.kappa = self.float_option("kappa", "1.0")
+        self.pi_max = self.float_option("pi_max", "5.0")
+        self.epsilon = self.float_option("epsilon", "1e-12")
+        self.local_apply = self.bool_option("local_apply", "true")
+        self.atomic = self.bool_option("atomic", "true")
+        size = binding.params.numel()
+        self.proxy_momentum = torch.zeros(size)
+        self.delta = torch.zeros(size)
+        self.centre = torch.zeros(size)
+        self.pi = torch.zeros(size)
+        self.scratch = torch.zeros(size)
+
+    def step(self, loss: float) -> StepOutcome:
+        grads = self.binding.gather_grads()
+        torch.mul(grads, -self.lr, out=self.delta)
+        self.proxy_momentum.mul_(self.momentum).add_(self.delta)
+        self.client.pull(self.centre, reserve=self.atomic)
+        s = self.binding.params
+        # π = (κ|m| − |θ − s|) / (|Δ| + ε), in place over preallocated buffers.
+        torch.sub(self.centre, s, out=self.scratch).abs_()
+        torch.abs(self.proxy_momentum, out=self.pi).mul_(self.kappa).sub_(self.scratch)
+        torch.abs(self.delta, out=self.scratch).add_(self.epsilon)
+        self.pi.div_(self.scratch).clamp_(0.0, self.pi_max)
+        update = self.delta.mul_(self.pi)
+        pi_median = float(self._sample(self.pi).median())
+        results = self.client.push(update, ps_pb2.PAYLOAD_KIND_DELTA, {"pi_median": pi_median})
+        s.copy_(self.centre)
+        if self.local_apply:
+            s.add_(update)
+        self.binding.scatter_params()
+        staleness, telemetry = _summarise(results)
+        telemetry.setdefault("pi_median", pi_median)
+        return StepOutcome(loss, True, staleness, telemetry)
+
+    @staticmethod
+    def _sample(values: torch.Tensor) -> torch.Tensor:
+        if values.numel() <= _PI_MEDIAN_SAMPLE:
+            return values
+        return values[:: values.numel() // _PI_MEDIAN_SAMPLE]
+
+
 PROCEDURES: dict[str, type[Procedure]] = {
-    cls.name: cls for cls in (GradientProcedure, WindowedDeltaProcedure, AgnProcedure)
+    cls.name: cls for cls in (GradientProcedure, WindowedDeltaProcedure, AgnProcedure, EasgdProcedure, GemProcedure)
 }
 
 
