@@ -24,6 +24,7 @@ from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
 from psserver.core.consistency import Consistency, ConsistencyModel, bsp_round_complete, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.observer import NullObserver, ShardObserver
 from psserver.core.rules import PayloadKind, PushContext, RuleSpec, Telemetry, UpdateRule
 from psserver.core.rules.options import RuleOptions
 from psserver.core.snapshots import SnapshotStore
@@ -72,6 +73,7 @@ class PendingPush:
     metadata: dict[str, float]
     assembler: codec.Assembler | None
     replay: PushOutcome | None = None
+    bytes_received: int = 0
 
 
 @dataclass
@@ -87,8 +89,14 @@ class BspRound:
 class Shard:
     """The state one server process owns, and every operation on it."""
 
-    def __init__(self, config: ShardConfig, clock_source: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: ShardConfig,
+        clock_source: Callable[[], float] = time.monotonic,
+        observer: ShardObserver | None = None,
+    ) -> None:
         self.config = config
+        self.observer: ShardObserver = observer or NullObserver()
         self._now = clock_source
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -142,6 +150,7 @@ class Shard:
             # A newcomer starts level with the slowest live worker so SSP neither stalls nor rushes it.
             worker.ssp_clock = min((w.ssp_clock for w in self._live_workers()), default=0)
             self.workers[worker.worker_id] = worker
+            self.observer.worker_joined(worker)
             assert self.layout is not None
             return JoinResult(worker, self.layout, self.clock, self.initialized)
 
@@ -161,12 +170,13 @@ class Shard:
             worker = self._worker(worker_id)
             worker.stats = dict(stats)
             worker.last_seen = self._now()
+            self.observer.heartbeat(worker, stats)
             return self.clock
 
     def leave(self, worker_id: int) -> None:
         with self._lock:
             self._worker(worker_id)
-            self._remove(worker_id)
+            self._remove(worker_id, evicted=False)
 
     def evict_expired(self) -> list[WorkerRecord]:
         """Evict every worker silent for longer than the lease; returns them."""
@@ -177,12 +187,13 @@ class Shard:
         deadline = self._now() - self.config.lease_seconds
         expired = [w for w in self.workers.values() if w.last_seen < deadline and not w.waiting]
         for worker in expired:
-            self._remove(worker.worker_id)
+            self._remove(worker.worker_id, evicted=True)
             self.evictions += 1
         return expired
 
-    def _remove(self, worker_id: int) -> None:
-        del self.workers[worker_id]
+    def _remove(self, worker_id: int, evicted: bool) -> None:
+        worker = self.workers.pop(worker_id)
+        self.observer.worker_left(worker, evicted)
         if self.rule is not None:
             self.rule.on_leave(worker_id)
         if self._reserved_by == worker_id:
@@ -248,6 +259,7 @@ class Shard:
             self.snapshots.retain_only(w.pulled_clock for w in self.workers.values())
             cached = self._pull_cache.get((clock, wire_dtype))
             if cached is not None:
+                self.observer.pulled(worker, clock, sum(len(c.data) for c in cached))
                 return PullResult(clock, self.params.numel(), cached)
             copy = self.snapshots.get(clock)
             if copy is None:
@@ -256,6 +268,7 @@ class Shard:
                     self.snapshots.keep(clock, copy)
         chunks = list(codec.encode(copy, wire_dtype, self.config.chunk_bytes))
         with self._lock:
+            self.observer.pulled(worker, clock, sum(len(c.data) for c in chunks))
             if clock == self.clock:
                 self._pull_cache = {k: v for k, v in self._pull_cache.items() if k[0] == clock}
                 self._pull_cache[(clock, wire_dtype)] = chunks
@@ -275,30 +288,33 @@ class Shard:
             worker = self._worker(worker_id)
             assert self.layout is not None and self.rule is not None
             if worker.observer:
-                self._refuse(ErrorKind.BAD_REQUEST, "observers cannot push; join with role ROLE_WORKER")
+                self._refuse(ErrorKind.BAD_REQUEST, "observers cannot push; join with role ROLE_WORKER", worker)
             if layout_hash != self.layout.hash:
                 self._refuse(
                     ErrorKind.LAYOUT_MISMATCH,
                     f"push carries layout {layout_hash[:12] or '(none)'} but this shard holds "
                     f"{self.layout.hash[:12]}; set layout_hash to the one used at Join",
+                    worker,
                 )
             self._require_initialized()
             try:
                 payload = PayloadKind(kind)
             except ValueError:
-                self._refuse(ErrorKind.BAD_REQUEST, f"push kind {kind} is unknown; use GRADIENT or DELTA")
+                self._refuse(ErrorKind.BAD_REQUEST, f"push kind {kind} is unknown; use GRADIENT or DELTA", worker)
             if payload not in self.rule.accepted_kinds:
                 accepted = ", ".join(k.name for k in sorted(self.rule.accepted_kinds))
                 self._refuse(
                     ErrorKind.BAD_REQUEST,
                     f"rule {self.rule.name} does not take {payload.name} pushes; it takes {accepted} "
                     f"(worker procedure {self.rule.worker_procedure!r})",
+                    worker,
                 )
             if base_clock > self.clock:
                 self._refuse(
                     ErrorKind.FUTURE_CLOCK,
                     f"base_clock {base_clock} is ahead of the shard's clock {self.clock}; "
                     "send the clock of the parameters the update was computed on",
+                    worker,
                 )
             worker.last_seen = self._now()
             previous = worker.previous_outcome(push_id)
@@ -309,10 +325,11 @@ class Shard:
 
     def add_chunk(self, pending: PendingPush, chunk: ps_pb2.Chunk) -> None:
         """Decode one chunk of a push (outside the lock); a replayed push ignores its chunks."""
+        pending.bytes_received += len(chunk.data)
         if pending.assembler is not None:
-            self.decode_chunk(pending.assembler, chunk)
+            self.decode_chunk(pending.assembler, chunk, pending.worker)
 
-    def decode_chunk(self, assembler: codec.Assembler, chunk: ps_pb2.Chunk) -> None:
+    def decode_chunk(self, assembler: codec.Assembler, chunk: ps_pb2.Chunk, worker: WorkerRecord | None = None) -> None:
         try:
             assembler.add(chunk)
         except codec.CodecError as error:
@@ -320,14 +337,16 @@ class Shard:
                 "unknown_dtype": ErrorKind.UNKNOWN_DTYPE,
                 "chunk_out_of_range": ErrorKind.CHUNK_OUT_OF_RANGE,
             }.get(error.reason, ErrorKind.WRONG_LENGTH)
-            self._refuse(kind, str(error))
+            self._refuse(kind, str(error), worker)
 
     def commit_push(self, pending: PendingPush) -> PushOutcome:
         """Apply a validated push with the rule, or replay the outcome of a retried one."""
+        with self._lock:
+            self.observer.bytes_received(pending.worker, pending.bytes_received)
         if pending.replay is not None:
             return self._replay(pending.worker, pending.replay)
         assert pending.assembler is not None
-        self._check_complete(pending.assembler)
+        self._check_complete(pending.assembler, pending.worker)
         with self._lock:
             worker = self._worker(pending.worker.worker_id)
             previous = worker.previous_outcome(pending.push_id)
@@ -358,10 +377,14 @@ class Shard:
             metadata=metadata,
             snapshot=lambda: snapshots.get(base_clock),
         )
+        started = time.perf_counter()
         telemetry: Telemetry = self.rule.apply(self.params, update, ctx)
+        apply_seconds = time.perf_counter() - started
         self.clock += 1
         self.applied_pushes += 1
-        return PushOutcome(self.clock, staleness, {"staleness": float(staleness), **telemetry})
+        outcome = PushOutcome(self.clock, staleness, {"staleness": float(staleness), **telemetry})
+        self.observer.push_applied(worker, outcome, apply_seconds, self.clock)
+        return outcome
 
     def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush) -> PushOutcome:
         """Add this worker's update to the round and wait until the round's mean is applied."""
@@ -373,9 +396,10 @@ class Shard:
             self._refuse(
                 ErrorKind.BAD_REQUEST,
                 f"worker {worker.worker_id} already pushed for BSP clock {self.clock}; wait for the round to finish",
+                worker,
             )
         if pending.kind is not current.kind:
-            self._refuse(ErrorKind.BAD_REQUEST, f"this BSP round collects {current.kind.name} pushes only")
+            self._refuse(ErrorKind.BAD_REQUEST, f"this BSP round collects {current.kind.name} pushes only", worker)
         current.total.add_(pending.assembler.out)
         current.contributors[worker.worker_id] = pending.push_id
         round_number = current.number
@@ -408,6 +432,7 @@ class Shard:
 
     def _replay_locked(self, worker: WorkerRecord, previous: PushOutcome) -> PushOutcome:
         worker.duplicate_pushes += 1
+        self.observer.push_duplicate(worker)
         return PushOutcome(
             clock=previous.clock if previous.clock >= 0 else self.clock,
             staleness=previous.staleness,
@@ -453,14 +478,14 @@ class Shard:
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _check_complete(self, assembler: codec.Assembler) -> None:
+    def _check_complete(self, assembler: codec.Assembler, worker: WorkerRecord | None = None) -> None:
         try:
             assembler.finish()
         except codec.CodecError as error:
-            self._refuse(ErrorKind.WRONG_LENGTH, str(error))
+            self._refuse(ErrorKind.WRONG_LENGTH, str(error), worker)
         if not torch.isfinite(assembler.out).all():
             bad = int((~torch.isfinite(assembler.out)).sum())
-            self._refuse(ErrorKind.NON_FINITE, f"{bad} element(s) are NaN or Inf; nothing was applied")
+            self._refuse(ErrorKind.NON_FINITE, f"{bad} element(s) are NaN or Inf; nothing was applied", worker)
 
     def _check_dtype(self, dtype: int) -> None:
         try:
@@ -482,9 +507,10 @@ class Shard:
             )
         return worker
 
-    def _refuse(self, kind: ErrorKind, message: str) -> NoReturn:
+    def _refuse(self, kind: ErrorKind, message: str, worker: WorkerRecord | None = None) -> NoReturn:
         with self._rejected_lock:
             self.rejected[kind.reason] = self.rejected.get(kind.reason, 0) + 1
+            self.observer.rejected(kind.reason, worker)
         raise ShardError(kind, message)
 
     def uptime_seconds(self) -> float:
