@@ -143,6 +143,12 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             compute_seconds += elapsed * config.slowdown
             return float(loss.detach())
 
+        # One untimed forward/backward first: CUDA context, cuDNN autotuning and allocator warm-up
+        # would otherwise count as compute time and be multiplied by --slowdown.
+        batch = torch.arange(min(task.batch_size, task.train_size), device=device)
+        task.loss(model(train_x[batch]), train_y[batch]).backward()  # type: ignore[no-untyped-call]
+        model.zero_grad(set_to_none=False)
+
         steps = pushes = staleness_sum = max_staleness = 0
         clock = client.clock
         telemetry: dict[str, float] = {}
