@@ -7,11 +7,12 @@ gRPC's size limits. Decoding writes straight into a caller-owned buffer.
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
 import torch
 
@@ -60,26 +61,66 @@ def wire_dtype(dtype: int) -> torch.dtype:
 
 
 def element_size(dtype: int) -> int:
-    return torch.empty((), dtype=wire_dtype(dtype)).element_size()
+    return _WIDTHS[wire_dtype(dtype)]
+
+
+_WIDTHS = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in WIRE_DTYPES.values()}
+
+
+class ChunkLike(Protocol):
+    """A Chunk message or a ChunkPayload."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def dtype(self) -> int: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class ChunkPayload:
+    """One chunk's fields, to be assigned in place into whatever message carries it."""
+
+    offset: int
+    dtype: DTypeValue
+    data: bytes
+
+    def fill(self, chunk: ps_pb2.Chunk) -> None:
+        # Assigning fields in place avoids the extra copy a constructor or CopyFrom makes.
+        chunk.offset = self.offset
+        chunk.dtype = self.dtype
+        chunk.data = self.data
+
+
+def payloads(
+    flat: torch.Tensor, dtype: int = ps_pb2.DTYPE_FLOAT32, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[ChunkPayload]:
+    """Slice a contiguous 1-D CPU tensor into chunks, converted to ``dtype`` on the way.
+
+    Each chunk's bytes are copied once, from the (converted) tensor into a ``bytes`` object.
+    """
+    target = wire_dtype(dtype)
+    tag = DTypeValue(dtype or ps_pb2.DTYPE_FLOAT32)
+    wire = flat if flat.dtype == target else flat.to(target)
+    width = _WIDTHS[target]
+    per_chunk = max(1, chunk_bytes // width)
+    data = wire.view(torch.uint8).numpy() if wire.numel() else None
+    for start in range(0, wire.numel(), per_chunk):
+        stop = min(start + per_chunk, wire.numel())
+        assert data is not None
+        yield ChunkPayload(start, tag, data[start * width : stop * width].tobytes())
 
 
 def encode(
     flat: torch.Tensor, dtype: int = ps_pb2.DTYPE_FLOAT32, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[ps_pb2.Chunk]:
-    """Yield chunks of a contiguous 1-D CPU tensor, converted to ``dtype`` on the way.
-
-    Each chunk's bytes are copied once, from the (converted) tensor into the message.
-    """
-    target = wire_dtype(dtype)
-    wire = flat if flat.dtype == target else flat.to(target)
-    per_chunk = max(1, chunk_bytes // wire.element_size())
-    data = wire.view(torch.uint8) if wire.numel() else wire
-    width = wire.element_size()
-    for start in range(0, wire.numel(), per_chunk):
-        stop = min(start + per_chunk, wire.numel())
-        chunk = ps_pb2.Chunk(offset=start, dtype=DTypeValue(dtype or ps_pb2.DTYPE_FLOAT32))
-        # Assigning the field in place avoids a second copy made by the constructor.
-        chunk.data = data[start * width : stop * width].numpy().tobytes()
+    """``payloads`` as standalone Chunk messages."""
+    for payload in payloads(flat, dtype, chunk_bytes):
+        chunk = ps_pb2.Chunk()
+        payload.fill(chunk)
         yield chunk
 
 
@@ -96,15 +137,16 @@ class Assembler:
 
     def __post_init__(self) -> None:
         self._spans: list[tuple[int, int]] = []
+        self._sum = 0.0
 
-    def add(self, chunk: ps_pb2.Chunk) -> None:
+    def add(self, chunk: ChunkLike) -> None:
         dtype = wire_dtype(chunk.dtype)
-        width = torch.empty((), dtype=dtype).element_size()
+        width = _WIDTHS[dtype]
         if len(chunk.data) % width:
             raise CodecError(
                 "bad_chunk_size",
                 f"chunk at offset {chunk.offset} has {len(chunk.data)} bytes, not a multiple of "
-                f"{width} ({ps_pb2.DType.Name(chunk.dtype or ps_pb2.DTYPE_FLOAT32)})",
+                f"{width} ({ps_pb2.DType.Name(DTypeValue(chunk.dtype or ps_pb2.DTYPE_FLOAT32))})",
             )
         count = len(chunk.data) // width
         length = self.out.numel()
@@ -117,7 +159,10 @@ class Assembler:
         if count == 0:
             return
         values = torch.frombuffer(chunk.data, dtype=dtype)
-        self.out[chunk.offset : chunk.offset + count].copy_(values)
+        destination = self.out[chunk.offset : chunk.offset + count]
+        destination.copy_(values)
+        # Summed while the chunk is still in cache: any NaN or Inf makes the sum non-finite.
+        self._sum += float(destination.sum())
         self._spans.append((chunk.offset, chunk.offset + count))
 
     def finish(self) -> None:
@@ -134,3 +179,10 @@ class Assembler:
                 f"received {covered} elements but this shard holds {self.out.numel()}; "
                 "send every element of the shard exactly once",
             )
+
+    def all_finite(self) -> bool:
+        """True when no element is NaN or Inf (exact: a non-finite sum of finite values is re-checked)."""
+        return math.isfinite(self._sum) or bool(torch.isfinite(self.out).all())
+
+    def count_non_finite(self) -> int:
+        return int((~torch.isfinite(self.out)).sum())

@@ -129,9 +129,9 @@ class PSClient:
             yield ps_pb2.InitRequest(
                 header=ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash)
             )
-            for chunk in codec.encode(flat[session.range.offset : session.range.end]):
+            for payload in codec.payloads(flat[session.range.offset : session.range.end]):
                 message = ps_pb2.InitRequest()
-                message.chunk.CopyFrom(chunk)
+                payload.fill(message.chunk)
                 yield message
 
         reply: ps_pb2.InitResponse = session.stub.Init(requests(), timeout=self.rpc_timeout)
@@ -212,9 +212,9 @@ class PSClient:
 
     def _push_requests(self, header: ps_pb2.PushHeader, flat: torch.Tensor) -> Iterator[ps_pb2.PushRequest]:
         yield ps_pb2.PushRequest(header=header)
-        for chunk in codec.encode(flat, self.wire_dtype):
+        for payload in codec.payloads(flat, self.wire_dtype):
             message = ps_pb2.PushRequest()
-            message.chunk.CopyFrom(chunk)
+            payload.fill(message.chunk)
             yield message
 
     # -- housekeeping -----------------------------------------------------------------

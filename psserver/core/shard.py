@@ -59,7 +59,7 @@ class JoinResult:
 class PullResult:
     clock: int
     total_length: int
-    chunks: list[ps_pb2.Chunk]
+    chunks: list[codec.ChunkPayload]
 
 
 @dataclass
@@ -114,7 +114,7 @@ class Shard:
         self.started = self._now()
         self._segments: tuple[tuple[int, int], ...] = ()
         # Serialised parameters of the latest clock, shared by every worker pulling it.
-        self._pull_cache: dict[tuple[int, int], list[ps_pb2.Chunk]] = {}
+        self._pull_cache: dict[tuple[int, int], list[codec.ChunkPayload]] = {}
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
         self._bsp: BspRound | None = None
         self._reserved_by: int | None = None
@@ -266,7 +266,7 @@ class Shard:
                 copy = self.params.clone()
                 if self.rule.needs_snapshot:
                     self.snapshots.keep(clock, copy)
-        chunks = list(codec.encode(copy, wire_dtype, self.config.chunk_bytes))
+        chunks = list(codec.payloads(copy, wire_dtype, self.config.chunk_bytes))
         with self._lock:
             self.observer.pulled(worker, clock, sum(len(c.data) for c in chunks))
             if clock == self.clock:
@@ -483,8 +483,8 @@ class Shard:
             assembler.finish()
         except codec.CodecError as error:
             self._refuse(ErrorKind.WRONG_LENGTH, str(error), worker)
-        if not torch.isfinite(assembler.out).all():
-            bad = int((~torch.isfinite(assembler.out)).sum())
+        if not assembler.all_finite():
+            bad = assembler.count_non_finite()
             self._refuse(ErrorKind.NON_FINITE, f"{bad} element(s) are NaN or Inf; nothing was applied", worker)
 
     def _check_dtype(self, dtype: int) -> None:

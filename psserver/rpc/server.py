@@ -13,9 +13,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psproto.v1 import ps_pb2
 from psserver.core.shard import Shard
-from psserver.rpc.servicer import ParameterServerServicer
+from psserver.rpc.servicer import ParameterServerServicer, add_to_server
 
 _LOGGER = logging.getLogger(__name__)
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
@@ -48,7 +48,7 @@ def start_server(shard: Shard, address: str, max_workers: int = 32) -> RunningSe
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
-    ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(shard), server)
+    add_to_server(ParameterServerServicer(shard), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

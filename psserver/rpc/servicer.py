@@ -14,12 +14,13 @@ from typing import Any, TypeVar
 import grpc
 
 from psproto.layout import Layout, LayoutError
-from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psproto.v1 import ps_pb2
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind
 from psserver.core.shard import PendingPush, Shard
 from psserver.core.workers import PushOutcome, WorkerRecord
 from psserver.rpc.status_codes import STATUS_CODES
+from psserver.rpc.wire_cache import SerializedPulls
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,9 +85,42 @@ def _worker_status(worker: WorkerRecord, now_age: float) -> ps_pb2.WorkerStatus:
     )
 
 
-class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
+def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
+    """Register the service like the generated helper, but Pull and PushPull send pre-serialised bytes."""
+    handlers = {
+        "Join": grpc.unary_unary_rpc_method_handler(
+            servicer.Join, ps_pb2.JoinRequest.FromString, ps_pb2.JoinResponse.SerializeToString
+        ),
+        "Init": grpc.stream_unary_rpc_method_handler(
+            servicer.Init, ps_pb2.InitRequest.FromString, ps_pb2.InitResponse.SerializeToString
+        ),
+        "Pull": grpc.unary_stream_rpc_method_handler(servicer.Pull, ps_pb2.PullRequest.FromString, None),
+        "Push": grpc.stream_unary_rpc_method_handler(
+            servicer.Push, ps_pb2.PushRequest.FromString, ps_pb2.PushResponse.SerializeToString
+        ),
+        "PushPull": grpc.stream_stream_rpc_method_handler(servicer.PushPull, ps_pb2.PushRequest.FromString, None),
+        "Heartbeat": grpc.unary_unary_rpc_method_handler(
+            servicer.Heartbeat, ps_pb2.HeartbeatRequest.FromString, ps_pb2.HeartbeatResponse.SerializeToString
+        ),
+        "Leave": grpc.unary_unary_rpc_method_handler(
+            servicer.Leave, ps_pb2.LeaveRequest.FromString, ps_pb2.LeaveResponse.SerializeToString
+        ),
+        "Status": grpc.unary_unary_rpc_method_handler(
+            servicer.Status, ps_pb2.StatusRequest.FromString, ps_pb2.StatusResponse.SerializeToString
+        ),
+    }
+    service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
+    missing = {m.name for m in service.methods} - set(handlers)
+    assert not missing, f"RPCs without a handler: {missing}"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+class ParameterServerServicer:
+    """psproto.v1.ParameterServer; registered by ``add_to_server``."""
+
     def __init__(self, shard: Shard) -> None:
         self.shard = shard
+        self.serialized = SerializedPulls()
 
     @_translate_errors
     def Join(self, request: ps_pb2.JoinRequest, context: grpc.ServicerContext) -> ps_pb2.JoinResponse:
@@ -133,16 +167,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.InitResponse(applied=applied, clock=clock)
 
     @_translate_errors
-    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[ps_pb2.PullResponse]:
+    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+        """Yields already serialised PullResponse messages (registered with an identity serializer)."""
         result = self.shard.pull(request.worker_id, request.wire_dtype, reserve=request.reserve)
-        return self._pull_messages(result.clock, result.total_length, result.chunks)
-
-    @staticmethod
-    def _pull_messages(clock: int, total: int, chunks: list[ps_pb2.Chunk]) -> Iterator[ps_pb2.PullResponse]:
-        for chunk in chunks:
-            message = ps_pb2.PullResponse(clock=clock, total_length=total)
-            message.chunk.CopyFrom(chunk)
-            yield message
+        return iter(self.serialized.get("pull", result))
 
     def _receive_push(self, request_iterator: Iterator[ps_pb2.PushRequest]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
         first = next(request_iterator, None)
@@ -173,19 +201,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_translate_errors
     def PushPull(
         self, request_iterator: Iterator[ps_pb2.PushRequest], context: grpc.ServicerContext
-    ) -> Iterator[ps_pb2.PushPullResponse]:
+    ) -> Iterator[bytes]:
+        """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
         header, outcome = self._receive_push(request_iterator)
         result = self.shard.pull(header.worker_id, header.pull_dtype)
-        return self._push_pull_messages(outcome, result.clock, result.total_length, result.chunks)
-
-    def _push_pull_messages(
-        self, outcome: PushOutcome, clock: int, total: int, chunks: list[ps_pb2.Chunk]
-    ) -> Iterator[ps_pb2.PushPullResponse]:
-        yield ps_pb2.PushPullResponse(ack=_push_response(outcome))
-        for message in self._pull_messages(clock, total, chunks):
-            reply = ps_pb2.PushPullResponse()
-            reply.params.CopyFrom(message)
-            yield reply
+        ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
+        return iter([ack, *self.serialized.get("push_pull", result)])
 
     @_translate_errors
     def Heartbeat(self, request: ps_pb2.HeartbeatRequest, context: grpc.ServicerContext) -> ps_pb2.HeartbeatResponse:

@@ -50,7 +50,7 @@ def test_worker_cli_reports_a_refusal_with_exit_1(start_psserver: StartServer) -
         [
             sys.executable,
             "-m",
-            "psworker.cli",
+            "psworker",
             "train",
             "--server",
             address,

@@ -19,7 +19,7 @@ def _worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.P
     command = [
         sys.executable,
         "-m",
-        "psworker.cli",
+        "psworker",
         "train",
         "--server",
         address,
@@ -74,7 +74,7 @@ def test_local_cluster_reports_accuracy_and_staleness(tmp_path: Path) -> None:
 
 def test_cluster_cli_rejects_mismatched_slowdowns() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "psworker.cli", "cluster", "--workers", "3", "--slowdowns", "1,2"],
+        [sys.executable, "-m", "psworker", "cluster", "--workers", "3", "--slowdowns", "1,2"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -71,3 +71,32 @@ def test_ragged_bytes_are_refused() -> None:
     with pytest.raises(codec.CodecError) as caught:
         codec.Assembler(torch.zeros(4)).add(chunk)
     assert caught.value.reason == "bad_chunk_size"
+
+
+def test_finite_check_is_exact_even_when_the_sum_overflows() -> None:
+    big = torch.full((8,), 3e38)
+    assembler = codec.Assembler(torch.empty(8))
+    for chunk in codec.encode(big, chunk_bytes=8):
+        assembler.add(chunk)
+    assembler.finish()
+    assert assembler.all_finite()
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        values = torch.ones(8)
+        values[5] = bad
+        assembler = codec.Assembler(torch.empty(8))
+        for chunk in codec.encode(values, chunk_bytes=8):
+            assembler.add(chunk)
+        assert not assembler.all_finite()
+        assert assembler.count_non_finite() == 1
+
+
+def test_payloads_fill_messages_in_place() -> None:
+    flat = torch.arange(6, dtype=torch.float32)
+    parts = list(codec.payloads(flat, ps_pb2.DTYPE_FLOAT16, chunk_bytes=4))
+    assert [p.offset for p in parts] == [0, 2, 4]
+    message = ps_pb2.PushRequest()
+    parts[1].fill(message.chunk)
+    assert message.chunk.offset == 2 and message.chunk.dtype == ps_pb2.DTYPE_FLOAT16
+    assert torch.equal(
+        torch.frombuffer(bytearray(message.chunk.data), dtype=torch.float16), torch.tensor([2.0, 3.0]).half()
+    )
