@@ -89,7 +89,7 @@ def start_server(
     """Start ``psserver serve`` on a free loopback port; returns the process and its address."""
     command = [
         *_python(),
-        "psserver.cli",
+        "psserver",
         "serve",
         "--host",
         "127.0.0.1",
@@ -103,9 +103,6 @@ def start_server(
         str(num_shards),
         "--torch-threads",
         "1",
-        # Any free port: local shards and tests must not fight over the default; extra_args may override.
-        "--metrics-port",
-        "0",
     ]
     if lr is not None:
         command += ["--lr", repr(lr)]
@@ -159,7 +156,7 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
         for rank, slowdown in enumerate(config.slowdowns):
             command = [
                 *_python(),
-                "psworker.cli",
+                "psworker",
                 "train",
                 "--task",
                 config.task,
