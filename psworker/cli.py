@@ -136,6 +136,14 @@ def train_command(
     help="train until the server has applied this many updates",
 )
 @click.option("--shards", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--consistency",
+    default="async",
+    show_default=True,
+    type=click.Choice(["async", "ssp", "bsp"]),
+    help="consistency model in front of the rule",
+)
+@click.option("--ssp-bound", default=3, show_default=True, type=click.IntRange(min=0), help="SSP's bound s")
 @click.option("--wire-dtype", default="fp32", show_default=True, type=_WIRE_DTYPES)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -150,6 +158,8 @@ def cluster(
     task: str,
     updates: int,
     shards: int,
+    consistency: str,
+    ssp_bound: int,
     wire_dtype: str,
     device: str,
     seed: int,
@@ -177,10 +187,11 @@ def cluster(
         device,
         seed,
         timeout_s=timeout,
+        server_args=("--consistency", consistency, "--ssp-bound", str(ssp_bound)),
     )
     console = Console()
     console.print(
-        f"hetps local cluster: rule [bold]{rule}[/], {workers} workers (slowdowns {slowdowns}), "
+        f"hetps local cluster: rule [bold]{rule}[/] ({consistency}), {workers} workers (slowdowns {slowdowns}), "
         f"{shards} shard(s), {updates} updates, logs in {log_dir}"
     )
     try:
