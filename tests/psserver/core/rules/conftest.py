@@ -1,0 +1,174 @@
+"""Drive update rules the way the server does: a real Shard, workers that join, pull and push.
+
+``Cluster`` wraps one in-process shard; ``LocalClient`` answers a worker procedure's client
+calls from that shard, so a rule's ``procedure_options`` meet the real worker procedure.
+Every model here is ``nn.Linear(2, 2)``: six parameters in two tensors (weight 0..4, bias 4..6).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import cast
+
+import torch
+from torch import nn
+
+from psproto import codec
+from psproto.layout import Layout
+from psproto.v1 import ps_pb2
+from psserver.core.rules import PayloadKind, PushContext, RuleSpec, Telemetry, UpdateRule
+from psserver.core.rules.options import RuleOptions
+from psserver.core.shard import Shard, ShardConfig
+from psserver.core.workers import PushOutcome
+from psworker.binding import ModelBinding
+from psworker.client import PSClient, PushResult
+from psworker.procedures import Procedure, build_procedure
+
+LAYOUT = Layout.from_named_shapes([("weight", (2, 2)), ("bias", (2,))])
+SEGMENTS = ((0, 4), (4, 6))
+INITIAL = torch.tensor([1.0, -2.0, 0.5, 3.0, -1.0, 2.0])
+
+
+def build_rule(name: str, **options: str) -> UpdateRule[RuleOptions]:
+    return RuleSpec.parse(name, options).build(len(INITIAL))
+
+
+def context(
+    staleness: int = 0,
+    *,
+    worker_id: int = 1,
+    kind: PayloadKind = PayloadKind.GRADIENT,
+    snapshot: torch.Tensor | None = None,
+    metadata: Mapping[str, float] | None = None,
+) -> PushContext:
+    """A push context as the shard builds it; ``snapshot`` is what the worker pulled."""
+    pulled = None if snapshot is None else snapshot.clone()
+    return PushContext(worker_id, staleness, kind, SEGMENTS, dict(metadata or {}), lambda: pulled)
+
+
+def apply(rule: UpdateRule[RuleOptions], params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
+    """Apply like the shard does: the rule may overwrite the update, so it gets a copy."""
+    return rule.apply(params, update.clone(), ctx)
+
+
+class Cluster:
+    """One shard running ``rule``; the first worker to join initialises it with ``INITIAL``."""
+
+    def __init__(self, rule: str, **options: str) -> None:
+        self.shard = Shard(ShardConfig(RuleSpec.parse(rule, options)))
+        self.layout = LAYOUT
+        self._push_ids = itertools.count(1)
+        self._initialised = False
+
+    def join(self, name: str = "worker") -> int:
+        worker_id = self.shard.join(name, "cpu", False, self.layout, self.layout.hash).worker.worker_id
+        if not self._initialised:
+            assembler = self.shard.begin_upload(worker_id, self.layout.hash)
+            for chunk in codec.encode(INITIAL):
+                self.shard.decode_chunk(assembler, chunk)
+            self.shard.finish_upload(assembler)
+            self._initialised = True
+        return worker_id
+
+    @property
+    def params(self) -> torch.Tensor:
+        return self.shard.params
+
+    def pull(self, worker_id: int, out: torch.Tensor | None = None, reserve: bool = False) -> torch.Tensor:
+        result = self.shard.pull(worker_id, ps_pb2.DTYPE_FLOAT32, reserve=reserve)
+        out = torch.empty(result.total_length) if out is None else out
+        assembler = codec.Assembler(out)
+        for chunk in result.chunks:
+            assembler.add(chunk)
+        assembler.finish()
+        return out
+
+    def pull_each(self, *worker_ids: int) -> None:
+        for worker_id in worker_ids:
+            self.pull(worker_id)
+
+    def push(
+        self,
+        worker_id: int,
+        values: torch.Tensor,
+        kind: PayloadKind = PayloadKind.GRADIENT,
+        metadata: Mapping[str, float] | None = None,
+    ) -> PushOutcome:
+        """Push computed on the worker's last pull, in several chunks as a client sends it."""
+        base_clock = self.shard.workers[worker_id].pulled_clock
+        pending = self.shard.begin_push(
+            worker_id, next(self._push_ids), base_clock, int(kind), self.layout.hash, dict(metadata or {})
+        )
+        for chunk in codec.encode(values, chunk_bytes=8):
+            self.shard.add_chunk(pending, chunk)
+        return self.shard.commit_push(pending)
+
+
+class LocalClient:
+    """The part of ``PSClient`` a worker procedure uses, answered by a ``Cluster``'s shard."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.cluster = cluster
+        self.worker_id = cluster.join(name)
+        rule = cluster.shard.rule
+        assert rule is not None
+        self.rule = ps_pb2.RuleInfo(
+            name=rule.name, worker_procedure=rule.worker_procedure, procedure_options=rule.procedure_options()
+        )
+
+    def pull(self, out: torch.Tensor, reserve: bool = False) -> int:
+        self.cluster.pull(self.worker_id, out, reserve)
+        return self.cluster.shard.workers[self.worker_id].pulled_clock
+
+    def push(
+        self,
+        flat: torch.Tensor,
+        kind: int = ps_pb2.PAYLOAD_KIND_GRADIENT,
+        metadata: Mapping[str, float] | None = None,
+        pull_into: torch.Tensor | None = None,
+    ) -> list[PushResult]:
+        outcome = self.cluster.push(self.worker_id, flat, PayloadKind(kind), metadata)
+        if pull_into is not None:
+            self.pull(pull_into)
+        return [PushResult(outcome.clock, outcome.staleness, outcome.duplicate, outcome.telemetry)]
+
+
+class Worker:
+    """A worker running the procedure the cluster's rule asks for, on ``nn.Linear(2, 2)``.
+
+    ``step(gradient)`` sets the model's gradient to the given flat vector and runs one
+    procedure step, so a test controls every gradient exactly.
+    """
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.model = nn.Linear(2, 2)
+        self.binding = ModelBinding(self.model)
+        assert self.binding.layout.hash == cluster.layout.hash
+        self.client = LocalClient(cluster, name)
+        self.procedure: Procedure = build_procedure(cast(PSClient, self.client), self.binding)
+        self.procedure.start()
+
+    @property
+    def local(self) -> torch.Tensor:
+        """The worker's own parameters, flat."""
+        return self.binding.gather_params().clone()
+
+    def step(self, gradient: torch.Tensor) -> None:
+        offset = 0
+        for parameter in self.model.parameters():
+            count = parameter.numel()
+            parameter.grad = gradient[offset : offset + count].reshape(parameter.shape).clone()
+            offset += count
+        self.procedure.step(0.0)
+
+    def finish(self) -> None:
+        self.procedure.finish()
+
+
+def segment_means(values: torch.Tensor) -> torch.Tensor:
+    """Each element replaced by the mean of its model tensor."""
+    out = values.clone()
+    for start, end in SEGMENTS:
+        out[start:end] = values[start:end].mean()
+    return out
