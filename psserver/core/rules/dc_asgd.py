@@ -58,21 +58,29 @@ class DcAsgd(UpdateRule[DcAsgdOptions]):
         if self.adaptive:
             m = opts.ms_momentum
             self.mean_square.mul_(m).addcmul_(update, update, value=1.0 - m)
-        backup = ctx.snapshot() if ctx.staleness > 0 else None
         telemetry: Telemetry = {"gap": 0.0}
-        if backup is not None:
-            drift = torch.sub(params, backup, out=self._work)
-            telemetry["gap"] = float(torch.linalg.vector_norm(drift, ord=1)) / max(self.length, 1)
-            drift.mul_(update).mul_(update)
-            if self.adaptive:
-                inverse_rms = torch.add(self.mean_square, opts.epsilon, out=self._inverse_rms).rsqrt_()
-                update.addcmul_(drift, inverse_rms, value=opts.lambda0)
+        if ctx.staleness > 0:
+            backup = ctx.snapshot()
+            if backup is None:
+                # An unknown gap is not a zero gap: leave it out of the gap statistics.
+                telemetry = {"snapshot_missing": 1.0}
             else:
-                update.add_(drift, alpha=opts.lambda_dc)
-        elif ctx.staleness > 0:
-            telemetry["snapshot_missing"] = 1.0
+                telemetry["gap"] = self._compensate(params, update, backup)
         params.add_(update, alpha=-opts.lr)
         return telemetry
+
+    def _compensate(self, params: torch.Tensor, update: torch.Tensor, backup: torch.Tensor) -> float:
+        """Add ``λ g ⊙ g ⊙ (θ − θ_bak)`` to ``update`` in place; returns the mean ``|θ − θ_bak|``."""
+        opts = self.options
+        drift = torch.sub(params, backup, out=self._work)
+        gap = float(torch.linalg.vector_norm(drift, ord=1)) / max(self.length, 1)
+        drift.mul_(update).mul_(update)
+        if self.adaptive:
+            inverse_rms = torch.add(self.mean_square, opts.epsilon, out=self._inverse_rms).rsqrt_()
+            update.addcmul_(drift, inverse_rms, value=opts.lambda0)
+        else:
+            update.add_(drift, alpha=opts.lambda_dc)
+        return gap
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"mean_square": self.mean_square} if self.adaptive else {}

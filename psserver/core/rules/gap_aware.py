@@ -75,11 +75,13 @@ class GapAware(UpdateRule[GapAwareOptions]):
         if opts.weight_decay:
             update.add_(params, alpha=opts.weight_decay)
         telemetry: Telemetry = {"scale": 1.0, "gap": 0.0}
-        stale = ctx.snapshot() if ctx.staleness > 0 else None
-        if stale is not None:
-            telemetry.update(self._penalise(params, update, stale, ctx.segments))
-        elif ctx.staleness > 0:
-            telemetry["snapshot_missing"] = 1.0
+        if ctx.staleness > 0:
+            stale = ctx.snapshot()
+            if stale is not None:
+                telemetry.update(self._penalise(params, update, stale, ctx.segments))
+            else:
+                # An unknown gap is not a zero gap: leave it out of the gap statistics.
+                telemetry = {"scale": 1.0, "snapshot_missing": 1.0}
         if opts.momentum > 0:
             self.momentum_buffer.mul_(opts.momentum).add_(update)
             params.add_(self.momentum_buffer, alpha=-opts.lr)

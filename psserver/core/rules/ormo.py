@@ -76,7 +76,8 @@ class Ormo(UpdateRule[OrmoOptions]):
         self.momentum.add_(update, alpha=beta**lag * lr)
         params.add_(update, alpha=-missed * lr)
         self.arrivals.add_(1)
-        if int(self.arrivals) >= opts.k if opts.advance == "every_k" else lag == 0:
+        advance = lag == 0 if opts.advance == "fresh" else int(self.arrivals) >= opts.k
+        if advance:
             params.add_(self.momentum, alpha=-beta)
             self.momentum.mul_(beta)
             self.iteration.add_(1)
