@@ -9,7 +9,7 @@ _ORDINAL = re.compile(r"-(\d+)$")
 
 def shard_index_from_hostname(hostname: str, num_shards: int) -> int:
     """The ordinal suffix of a StatefulSet pod name (``hetps-shard-2`` -> 2), checked against the shard count."""
-    match = _ORDINAL.search(hostname.split(".")[0])
+    match = _ORDINAL.search(hostname.split(".", maxsplit=1)[0])
     if match is None:
         raise ValueError(
             f"hostname {hostname!r} has no '-N' ordinal suffix; pass --shard-index explicitly "
