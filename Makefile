@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck proto clean
+.PHONY: demo test lint typecheck proto clean test-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,10 +15,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Debian's prometheus (with promtool) and tmux, for the observability tests; installed once.
+# Without root or apt-get they are skipped with a message, and so are the tests that need them.
+test-tools:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v tmux >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus tmux >/dev/null; \
+	else \
+		echo "prometheus, promtool or tmux is missing and cannot be installed here (needs root and apt-get):"; \
+		echo "the tests that need them will be skipped"; \
+	fi
+
 demo: $(STAMP)
 	$(BIN)/psworker cluster --workers 4 --slowdowns 1,1,2,4 --updates 1500
 
-test: $(STAMP)
+test: $(STAMP) test-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

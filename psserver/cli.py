@@ -16,7 +16,9 @@ from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.core.shard import Shard, ShardConfig
+from psserver.metrics import DEFAULT_METRICS_PORT, ShardMetrics, serve_metrics
 from psserver.rpc.server import serve_until_signalled, start_reaper, start_server
+from psserver.top import run_top
 
 
 def _parse_rule_options(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -80,6 +82,13 @@ def main() -> None:
 @click.option("--torch-threads", default=2, show_default=True, type=click.IntRange(min=1), help="threads for updates")
 @click.option("--drain-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0))
 @click.option(
+    "--metrics-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help=f"Prometheus scrape port on --host [default: {DEFAULT_METRICS_PORT} + shard index]; 0 picks a free port",
+)
+@click.option("--no-metrics", is_flag=True, help="serve no Prometheus metrics")
+@click.option(
     "--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
 )
 def serve(
@@ -97,6 +106,8 @@ def serve(
     threads: int,
     torch_threads: int,
     drain_seconds: float,
+    metrics_port: int | None,
+    no_metrics: bool,
     log_level: str,
 ) -> None:
     """Serve one shard of a model's parameters over gRPC until SIGTERM."""
@@ -105,6 +116,10 @@ def serve(
         raise click.BadParameter(f"must be below --num-shards ({num_shards})", param_hint="--shard-index")
     spec = parse_rule(rule_name, lr, rule_opts)
     torch.set_num_threads(torch_threads)
+    metrics = None
+    if not no_metrics:
+        info = {"rule": spec.rule.name, "consistency": consistency, "num_shards": str(num_shards)}
+        metrics = ShardMetrics(shard_index, info, process_metrics=True)
     shard = Shard(
         ShardConfig(
             spec,
@@ -113,8 +128,19 @@ def serve(
             lease_seconds=lease_seconds,
             consistency=Consistency(ConsistencyModel(consistency), ssp_bound),
             snapshot_memory_bytes=snapshot_memory_mb * 1024 * 1024,
-        )
+        ),
+        observer=metrics,
     )
+    metrics_server = None
+    if metrics is not None:
+        scrape_port = DEFAULT_METRICS_PORT + shard_index if metrics_port is None else metrics_port
+        try:
+            metrics_server = serve_metrics(metrics.registry, host, scrape_port)
+        except OSError as error:
+            raise click.ClickException(
+                f"cannot serve metrics on {host}:{scrape_port}: {error} (choose --metrics-port, or --no-metrics)"
+            ) from None
+        logging.getLogger("psserver").info("Prometheus metrics at http://%s:%d/metrics", host, metrics_server.port)
     try:
         running = start_server(shard, f"{host}:{port}", max_workers=threads)
     except (OSError, RuntimeError) as error:
@@ -123,13 +149,16 @@ def serve(
     # The launcher and tests read the bound port from this line.
     click.echo(
         f"psserver listening on {host}:{running.port} rule={spec.rule.name} ({options}) "
-        f"consistency={consistency} shard={shard_index}/{num_shards} pid={os.getpid()}",
+        f"consistency={consistency} shard={shard_index}/{num_shards} pid={os.getpid()} "
+        f"metrics={metrics_server.port if metrics_server else 'off'}",
         err=False,
     )
     sys.stdout.flush()
     reaper = start_reaper(shard, max(0.05, lease_seconds / 4))
     serve_until_signalled(running, drain_seconds)
     reaper.set()
+    if metrics_server is not None:
+        metrics_server.close()
     # Every RPC has finished or been cancelled by now. Skipping interpreter teardown avoids a
     # race in gRPC's C++ core, whose threads can abort the process ("terminate called
     # without an active exception") while static objects are destroyed.
@@ -186,6 +215,15 @@ def status(server: str, timeout: float) -> None:
             f"{w.seconds_since_seen:.1f}",
         )
     console.print(table)
+
+
+@main.command()
+@click.option("--server", "servers", required=True, multiple=True, help="HOST:PORT of a shard; repeat for every shard")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1), help="seconds per refresh")
+@click.option("--once", is_flag=True, help="print one snapshot and exit instead of refreshing")
+def top(servers: tuple[str, ...], interval: float, once: bool) -> None:
+    """Live view of running shards: workers' speed, staleness, gap, penalty; clock rate; rejections."""
+    run_top(servers, interval, once)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,9 @@ def start_server(
         str(num_shards),
         "--torch-threads",
         "1",
+        # Any free port: local shards and tests must not fight over the default; extra_args may override.
+        "--metrics-port",
+        "0",
     ]
     if lr is not None:
         command += ["--lr", repr(lr)]

@@ -1,0 +1,253 @@
+"""``psserver top``: a live terminal view of running shards, refreshed in place from their Status RPC.
+
+One row per worker and shard: its speed (from its heartbeats), how many pushes it makes, how
+stale they are and what the rule did to them (gap, applied scale). Above it, one row per
+shard: clock, clock rate, workers and rejected requests by reason. Rates are the change
+between two refreshes. A shard that does not answer shows its error and is asked again at
+the next refresh; Ctrl-C quits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+
+Fetch = Callable[[str], ps_pb2.StatusResponse]
+_MISSING = "–"
+
+
+@dataclass
+class ShardView:
+    """One shard as last seen, with rates against the refresh before."""
+
+    address: str
+    status: ps_pb2.StatusResponse | None = None
+    error: str | None = None
+    clock_rate: float | None = None
+    push_rates: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Sample:
+    at: float
+    clock: int
+    pushes: dict[str, int]
+
+
+class StatusPoller:
+    """Asks every shard for its Status and derives clock and push rates between calls."""
+
+    def __init__(self, addresses: Sequence[str], fetch: Fetch, now: Callable[[], float] = time.monotonic) -> None:
+        self.addresses = list(addresses)
+        self._fetch = fetch
+        self._now = now
+        self._previous: dict[str, _Sample] = {}
+
+    def poll(self) -> list[ShardView]:
+        return [self._poll_one(address) for address in self.addresses]
+
+    def _poll_one(self, address: str) -> ShardView:
+        try:
+            status = self._fetch(address)
+        except grpc.RpcError as error:
+            self._previous.pop(address, None)
+            return ShardView(address, error=f"{error.code().name}: {error.details()}")
+        sample = _Sample(self._now(), status.clock, {w.worker_name: w.pushes for w in status.workers})
+        view = ShardView(address, status)
+        previous = self._previous.get(address)
+        if previous is not None and sample.at > previous.at:
+            elapsed = sample.at - previous.at
+            view.clock_rate = max(0, sample.clock - previous.clock) / elapsed
+            view.push_rates = {
+                name: max(0, pushes - previous.pushes[name]) / elapsed
+                for name, pushes in sample.pushes.items()
+                if name in previous.pushes
+            }
+        self._previous[address] = sample
+        return view
+
+
+class GrpcStatusFetcher:
+    """One channel per address, kept open between refreshes."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def __call__(self, address: str) -> ps_pb2.StatusResponse:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.insecure_channel(address)
+        reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
+            ps_pb2.StatusRequest(), timeout=self.timeout_s
+        )
+        return reply
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+
+def _number(value: float | None, spec: str, suffix: str = "") -> str:
+    return _MISSING if value is None else f"{value:{spec}}{suffix}"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return _MISSING
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _uptime(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+# Columns a narrow terminal leaves out, so that the ones the view is for stay readable.
+_OPTIONAL_COLUMNS = {"address", "uptime", "device", "step", "pulls", "seen"}
+_WIDE_COLUMNS = 110
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, str | Text]], width: int) -> Table:
+    shown = [c for c in columns if width >= _WIDE_COLUMNS or c not in _OPTIONAL_COLUMNS]
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    for column in shown:
+        left = column in {"worker", "device", "address", "rule", "rejected"}
+        table.add_column(column, justify="left" if left else "right", no_wrap=column != "rejected")
+    for row in rows:
+        table.add_row(*(row.get(column, "") for column in shown))
+    return table
+
+
+def _shard_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
+    rows: list[dict[str, str | Text]] = []
+    for view in views:
+        status = view.status
+        if status is None:
+            rows.append({"address": view.address, "rule": Text(view.error or "no answer", style="bold red")})
+            continue
+        rejected = ", ".join(f"{reason} {count}" for reason, count in sorted(status.rejected.items()))
+        rows.append(
+            {
+                "shard": f"{status.shard_index}/{status.num_shards}",
+                "address": view.address,
+                "rule": status.rule.name,
+                "clock": str(status.clock),
+                "updates/s": _number(view.clock_rate, ".1f"),
+                "workers": str(sum(1 for w in status.workers if w.role != ps_pb2.ROLE_OBSERVER)),
+                "rejected": rejected or "0",
+                "uptime": _uptime(status.uptime_seconds),
+            }
+        )
+    return rows
+
+
+def _worker_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
+    rows: list[dict[str, str | Text]] = []
+    for view in views:
+        if view.status is None:
+            continue
+        for w in sorted(view.status.workers, key=lambda w: w.worker_name):
+            row: dict[str, str | Text] = {
+                "worker": w.worker_name,
+                "shard": str(view.status.shard_index),
+                "device": w.device or _MISSING,
+                "pulls": str(w.pulls),
+                "seen": f"{w.seconds_since_seen:.1f}s",
+            }
+            if w.role == ps_pb2.ROLE_OBSERVER:
+                row["worker"] = Text(f"{w.worker_name} (observer)", style="dim")
+            else:
+                row |= {
+                    "samples/s": _number(w.stats.get("samples_per_second"), ",.0f"),
+                    "step": _seconds(w.stats.get("compute_seconds")),
+                    "pushes": str(w.pushes),
+                    "push/s": _number(view.push_rates.get(w.worker_name), ".1f"),
+                    "τ last": str(w.last_staleness),
+                    "τ mean": f"{w.mean_staleness:.2f}",
+                    "τ max": str(w.max_staleness),
+                    "gap": _number(w.last_telemetry.get("gap"), ".3f"),
+                    "penalty": _number(w.last_telemetry.get("scale"), ".3f"),
+                }
+            rows.append(row)
+    return rows
+
+
+def _spread(views: Sequence[ShardView]) -> Text:
+    """How heterogeneous the cluster is: the fastest worker's speed over the slowest's."""
+    speeds: dict[str, float] = {}
+    for view in views:
+        for w in view.status.workers if view.status else ():
+            if "samples_per_second" in w.stats and w.stats["samples_per_second"] > 0:
+                speeds[w.worker_name] = w.stats["samples_per_second"]
+    if len(speeds) < 2:
+        return Text("speed spread: waiting for two workers' heartbeats", style="dim")
+    fastest = max(speeds, key=lambda name: speeds[name])
+    slowest = min(speeds, key=lambda name: speeds[name])
+    return Text(f"speed spread {speeds[fastest] / speeds[slowest]:.1f}× (fastest {fastest}, slowest {slowest})")
+
+
+def render(views: Sequence[ShardView], interval_s: float, width: int = _WIDE_COLUMNS) -> RenderableType:
+    """The whole screen for one refresh, for a terminal ``width`` columns wide."""
+    heading = Text.assemble(
+        ("hetps top", "bold"),
+        f"  {len(views)} shard(s), every {interval_s:g} s, {time.strftime('%H:%M:%S')}  ",
+        ("Ctrl-C quits", "dim"),
+    )
+    sharded = any(view.status is not None and view.status.num_shards > 1 for view in views)
+    shard_columns = ("shard", "address", "rule", "clock", "updates/s", "workers", "rejected", "uptime")
+    worker_columns = (
+        "worker",
+        *(("shard",) if sharded else ()),
+        "device",
+        "samples/s",
+        "step",
+        "pushes",
+        "push/s",
+        "pulls",
+        "τ last",
+        "τ mean",
+        "τ max",
+        "gap",
+        "penalty",
+        "seen",
+    )
+    return Group(
+        heading,
+        _table("shards", shard_columns, _shard_rows(views), width),
+        _spread(views),
+        _table("workers", worker_columns, _worker_rows(views), width),
+    )
+
+
+def run_top(addresses: Sequence[str], interval_s: float, once: bool = False, console: Console | None = None) -> None:
+    """Show the view until Ctrl-C (or once, with ``once``)."""
+    console = console or Console()
+    fetcher = GrpcStatusFetcher(timeout_s=max(1.0, min(interval_s, 5.0)))
+    poller = StatusPoller(addresses, fetcher)
+    try:
+        if once:
+            console.print(render(poller.poll(), interval_s, console.width))
+            return
+        with Live(
+            render(poller.poll(), interval_s, console.width), console=console, auto_refresh=False, screen=True
+        ) as live:
+            while True:
+                time.sleep(interval_s)
+                live.update(render(poller.poll(), interval_s, console.width), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        fetcher.close()

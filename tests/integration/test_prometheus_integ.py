@@ -1,0 +1,254 @@
+"""A real Prometheus (Debian's package) scrapes a live cluster of a fast and a slow worker.
+
+The cluster is frozen (SIGSTOP) once both workers have sent heartbeats, so that what
+Prometheus scraped can be compared exactly with the server's Status RPC.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psworker.launcher import stop_process
+from tests.docker.test_dashboard import as_promql, load_dashboard, queries
+
+pytestmark = pytest.mark.integration
+
+PROMETHEUS = shutil.which("prometheus")
+needs_prometheus = pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="Debian's prometheus is not installed; make test installs it (apt-get install prometheus)",
+)
+_LISTENING = re.compile(r"psserver listening on \S+:(\d+) .* metrics=(\d+|off)$")
+T = TypeVar("T")
+
+# Dashboard queries that have nothing to show in this cluster: no checkpoints, ASGD measures no
+# gap, no joined worker is refused, and RPC latency needs the interceptor in the server.
+MAY_BE_EMPTY = {
+    "Checkpoint age / A",
+    "Mean gap per worker / A",
+    "Rejected requests by reason / B",
+    "RPC latency by method / A",
+    "RPC latency by method / B",
+    "RPCs by method and code / A",
+}
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[str]
+    address: str
+    metrics: str  # the port, or "off"
+
+
+@contextmanager
+def psserver(*args: str) -> Iterator[Server]:
+    command = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0", "--torch-threads", "1"]
+    process = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().strip()
+        match = _LISTENING.match(line)
+        assert match, f"unexpected start-up line {line!r}"
+        yield Server(process, f"127.0.0.1:{match.group(1)}", match.group(2))
+    finally:
+        assert stop_process(process) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def prometheus(tmp_path: Path, metrics_port: str) -> Iterator[str]:
+    assert PROMETHEUS is not None
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 500ms, scrape_timeout: 400ms}\n"
+        "scrape_configs:\n"
+        f"  - job_name: hetps\n    static_configs: [{{targets: ['127.0.0.1:{metrics_port}']}}]\n"
+    )
+    port = free_port()
+    command = [
+        PROMETHEUS,
+        f"--config.file={config}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        "--log.level=warn",
+    ]
+    with (tmp_path / "prometheus.log").open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ready(base), 30, f"Prometheus did not become ready; see {tmp_path / 'prometheus.log'}")
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _ready(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
+
+
+def wait_for(check: Callable[[], T], timeout_s: float, message: str) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(message)
+        time.sleep(0.2)
+
+
+def query(base: str, promql: str) -> list[dict[str, Any]]:
+    url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        body = json.load(reply)
+    assert body["status"] == "success", body
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+def by_worker(base: str, promql: str) -> dict[str, float]:
+    return {r["metric"]["worker"]: float(r["value"][1]) for r in query(base, promql)}
+
+
+def scalar(base: str, promql: str) -> float | None:
+    result = query(base, promql)
+    return float(result[0]["value"][1]) if result else None
+
+
+def worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "psworker", "train", "--server", address, "--name", name, "--slowdown", str(slowdown),
+        "--until-clock", "1000000", "--eval-every", "0", "--no-progress", "--torch-threads", "1",
+    ]  # fmt: skip
+    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def scrape(metrics_port: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+        return str(reply.read().decode())
+
+
+@needs_prometheus
+def test_prometheus_sees_per_worker_staleness_that_agrees_with_status(tmp_path: Path) -> None:
+    with (
+        psserver("--rule", "asgd", "--lr", "0.05", "--metrics-port", "0") as server,
+        prometheus(tmp_path, server.metrics) as base,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        workers = {
+            "fast-worker": worker(server.address, "fast-worker", 1.0, tmp_path / "fast.log"),
+            "slow-worker": worker(server.address, "slow-worker", 4.0, tmp_path / "slow.log"),
+        }
+        try:
+            for _ in range(3):  # refused: counted by reason, with no worker to blame
+                with pytest.raises(grpc.RpcError):
+                    stub.Heartbeat(ps_pb2.HeartbeatRequest(worker_id=999), timeout=5)
+
+            def both_reported_speed() -> bool:
+                status = stub.Status(ps_pb2.StatusRequest(), timeout=5)
+                speeds = [w.stats.get("samples_per_second", 0.0) for w in status.workers]
+                return len(speeds) == 2 and all(speed > 0 for speed in speeds)
+
+            wait_for(both_reported_speed, 60, "the workers never sent a heartbeat with their speed")
+            for process in workers.values():
+                process.send_signal(signal.SIGSTOP)
+            time.sleep(0.5)  # requests already inside the server finish
+            status: ps_pb2.StatusResponse = stub.Status(ps_pb2.StatusRequest(), timeout=5)
+            wait_for(
+                lambda: scalar(base, "hetps_updates_applied_total") == status.applied_pushes,
+                20,
+                "Prometheus never scraped the frozen cluster",
+            )
+
+            # The totals agree with the Status RPC.
+            assert status.applied_pushes > 50
+            assert scalar(base, "hetps_clock") == status.clock
+            assert scalar(base, "sum(hetps_pushes_total)") == sum(w.pushes for w in status.workers)
+            assert scalar(base, 'hetps_rejected_requests_total{reason="unknown_worker"}') == 3
+            assert status.rejected["unknown_worker"] == 3
+            assert scalar(base, 'hetps_active_workers{role="worker"}') == 2
+            pushes = by_worker(base, "hetps_pushes_total")
+            pulls = by_worker(base, "hetps_pulls_total")
+            counts = by_worker(base, "hetps_push_staleness_count")
+            means = by_worker(base, "hetps_push_staleness_sum / hetps_push_staleness_count")
+            speeds = by_worker(base, "hetps_worker_samples_per_second")
+            for w in status.workers:
+                assert pushes[w.worker_name] == counts[w.worker_name] == w.pushes
+                assert pulls[w.worker_name] == w.pulls
+                assert means[w.worker_name] == pytest.approx(w.mean_staleness)
+                assert speeds[w.worker_name] == pytest.approx(w.stats["samples_per_second"])
+
+            # The slower worker computes more slowly and its gradients arrive staler.
+            assert speeds["fast-worker"] > 2 * speeds["slow-worker"]
+            assert means["slow-worker"] > means["fast-worker"]
+            p90 = by_worker(base, "histogram_quantile(0.9, sum by (worker, le) (hetps_push_staleness_bucket))")
+            assert p90["slow-worker"] >= p90["fast-worker"]
+            assert set(by_worker(base, "hetps_push_staleness_bucket")) == set(workers)
+
+            # Every dashboard query runs on the real server, and shows data where this cluster has some.
+            for where, expr in queries(load_dashboard()):
+                result = query(base, as_promql(expr))
+                assert result or where in MAY_BE_EMPTY, f"{where}: no data for {expr}"
+        finally:
+            for process in workers.values():
+                process.send_signal(signal.SIGCONT)
+                process.send_signal(signal.SIGINT)  # the worker leaves the server on its way out
+            for process in workers.values():
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+        # A departed worker's series are gone from the endpoint, and so from Prometheus.
+        wait_for(lambda: 'worker="' not in scrape(server.metrics), 10, "departed workers' series remain")
+        wait_for(lambda: not query(base, "hetps_push_staleness_count"), 10, "Prometheus still shows departed workers")
+        assert scalar(base, 'hetps_active_workers{role="worker"}') == 0
+        # A push frozen mid-stream may have been applied on the way out; the totals still agree.
+        final: ps_pb2.StatusResponse = stub.Status(ps_pb2.StatusRequest(), timeout=5)
+        assert not final.workers
+        wait_for(
+            lambda: scalar(base, "hetps_updates_applied_total") == final.applied_pushes == final.clock,
+            10,
+            "Prometheus's total differs from the server's",
+        )
+
+
+def test_no_metrics_turns_the_endpoint_off() -> None:
+    with psserver("--no-metrics") as server, grpc.insecure_channel(server.address) as channel:
+        assert server.metrics == "off"
+        reply = ps_pb2_grpc.ParameterServerStub(channel).Status(ps_pb2.StatusRequest(), timeout=10)
+        assert reply.clock == 0  # serving, without metrics

@@ -1,0 +1,82 @@
+"""The latency interceptor on an in-process gRPC server (127.0.0.1, ephemeral port)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+import torch
+
+from psproto.layout import Layout
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.core.rules import RuleSpec
+from psserver.core.shard import Shard, ShardConfig
+from psserver.metrics import ShardMetrics
+from psserver.rpc.latency import LatencyInterceptor
+from psserver.rpc.servicer import ParameterServerServicer, add_to_server
+from psworker.client import PSClient
+
+SERVICE = "psproto.v1.ParameterServer"
+LAYOUT = Layout.from_named_shapes([("w", (4, 4))])
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[str, ShardMetrics]]:
+    metrics = ShardMetrics()
+    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.1"})), observer=metrics)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[LatencyInterceptor(metrics)])
+    add_to_server(ParameterServerServicer(shard), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", metrics
+    server.stop(None).wait()
+
+
+def count(metrics: ShardMetrics, method: str, code: str) -> float:
+    labels = {"shard": "0", "service": SERVICE, "method": method, "code": code}
+    return metrics.registry.get_sample_value("hetps_rpc_duration_seconds_count", labels) or 0.0
+
+
+def test_every_kind_of_rpc_is_timed_with_its_status_code(served: tuple[str, ShardMetrics]) -> None:
+    address, metrics = served
+    with PSClient(address, LAYOUT, name="timed") as client:  # Join (unary)
+        client.init(torch.zeros(16))  # Init (client streaming)
+        client.pull(torch.empty(16))  # Pull (server streaming)
+        client.push(torch.ones(16), pull_into=torch.empty(16))  # PushPull (both streaming)
+        client.push(torch.ones(16))  # Push
+        with pytest.raises(grpc.RpcError) as refused:
+            client.sessions[0].stub.Heartbeat(ps_pb2.HeartbeatRequest(worker_id=999), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    for method in ("Join", "Init", "Pull", "PushPull", "Push", "Leave"):
+        assert count(metrics, method, "OK") == 1, method
+    assert count(metrics, "Heartbeat", "NOT_FOUND") == 1
+    assert count(metrics, "Heartbeat", "OK") == 0
+    total = metrics.registry.get_sample_value(
+        "hetps_rpc_duration_seconds_sum", {"shard": "0", "service": SERVICE, "method": "Pull", "code": "OK"}
+    )
+    assert total is not None and 0 < total < 5
+
+
+def test_a_refused_stream_is_timed_with_its_code(served: tuple[str, ShardMetrics]) -> None:
+    address, metrics = served
+    with grpc.insecure_channel(address) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Pull(ps_pb2.PullRequest(worker_id=5), timeout=5))
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert count(metrics, "Pull", "NOT_FOUND") == 1
+
+
+def test_unknown_methods_mint_no_labels(served: tuple[str, ShardMetrics]) -> None:
+    address, metrics = served
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary("/psproto.v1.ParameterServer/NoSuchMethod", None, None)
+        with pytest.raises(grpc.RpcError) as refused:
+            call(b"", timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    methods = {
+        s.labels["method"] for family in metrics.registry.collect() for s in family.samples if "method" in s.labels
+    }
+    assert methods == set()

@@ -1,0 +1,257 @@
+"""ShardMetrics as a real shard's observer: what each event records, and that departed workers vanish."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from prometheus_client import CollectorRegistry, generate_latest
+
+from psproto import codec
+from psproto.layout import Layout
+from psserver.cli import main
+from psserver.core.errors import ShardError
+from psserver.core.rules import PayloadKind, RuleSpec
+from psserver.core.shard import Shard, ShardConfig
+from psserver.core.workers import PushOutcome
+from psserver.metrics import STALENESS_BUCKETS, ShardMetrics, serve_metrics
+
+LAYOUT = Layout.from_named_shapes([("w", (2, 3)), ("b", (2,))])
+GRADIENT = int(PayloadKind.GRADIENT)
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "observability.md"
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def time_source() -> FakeTime:
+    return FakeTime()
+
+
+@pytest.fixture
+def metrics(time_source: FakeTime) -> ShardMetrics:
+    return ShardMetrics(shard_index=3, info={"rule": "asgd"}, wall_clock=time_source)
+
+
+@pytest.fixture
+def shard(metrics: ShardMetrics, time_source: FakeTime) -> Shard:
+    # The metrics carry shard label "3"; the shard itself is the only one of its model.
+    config = ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), lease_seconds=10.0)
+    shard = Shard(config, clock_source=time_source, observer=metrics)
+    fast = shard.join("fast", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    shard.join("slow", "cuda:0", False, LAYOUT, LAYOUT.hash)
+    assembler = shard.begin_upload(fast, LAYOUT.hash)
+    for chunk in codec.encode(torch.zeros(shard.params.numel())):
+        shard.decode_chunk(assembler, chunk)
+    shard.finish_upload(assembler)
+    return shard
+
+
+def push(shard: Shard, worker_id: int, push_id: int, base_clock: int) -> PushOutcome:
+    assert shard.layout is not None
+    pending = shard.begin_push(worker_id, push_id, base_clock, GRADIENT, shard.layout.hash, {})
+    for chunk in codec.encode(torch.ones(shard.params.numel())):
+        shard.add_chunk(pending, chunk)
+    return shard.commit_push(pending)
+
+
+def value(metrics: ShardMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, {"shard": "3", **labels})
+
+
+def worker_label_values(registry: CollectorRegistry) -> set[str]:
+    return {s.labels["worker"] for family in registry.collect() for s in family.samples if "worker" in s.labels}
+
+
+def test_pushes_record_staleness_per_worker_and_the_clock(shard: Shard, metrics: ShardMetrics) -> None:
+    push(shard, 1, 1, 0)  # fast: τ 0
+    push(shard, 1, 2, 1)  # fast: τ 0
+    push(shard, 2, 1, 0)  # slow: computed on clock 0, applied at clock 2: τ 2
+    assert value(metrics, "hetps_push_staleness_count", worker="fast") == 2
+    assert value(metrics, "hetps_push_staleness_sum", worker="fast") == 0
+    assert value(metrics, "hetps_push_staleness_sum", worker="slow") == 2
+    assert value(metrics, "hetps_push_staleness_bucket", worker="slow", le="1.0") == 0
+    assert value(metrics, "hetps_push_staleness_bucket", worker="slow", le="2.0") == 1
+    assert value(metrics, "hetps_pushes_total", worker="fast") == 2
+    assert value(metrics, "hetps_push_scale_sum", worker="slow") == 1.0  # ASGD applies every push unscaled
+    assert value(metrics, "hetps_clock") == shard.clock == 3
+    assert value(metrics, "hetps_updates_applied_total") == shard.applied_pushes == 3
+    assert value(metrics, "hetps_apply_duration_seconds_count") == 3
+    # Every byte of the pushes was counted: 8 fp32 elements each, the whole of this shard's share.
+    assert value(metrics, "hetps_received_bytes_total", worker="fast") == 2 * 4 * shard.params.numel()
+    assert value(metrics, "hetps_shard_info", rule="asgd") == 1
+
+
+def test_staleness_buckets_are_the_documented_powers_of_two() -> None:
+    assert STALENESS_BUCKETS == (0, 1, 2, 4, 8, 16, 32, 64, 128)
+    exposition = generate_latest(ShardMetrics().registry).decode()
+    assert "hetps_push_staleness" in exposition
+
+
+def test_gap_and_scale_come_from_the_rules_telemetry(shard: Shard, metrics: ShardMetrics) -> None:
+    worker = shard.workers[1]
+    outcome = PushOutcome(clock=1, staleness=4, telemetry={"staleness": 4.0, "scale": 0.25, "gap": 0.6})
+    metrics.push_applied(worker, outcome, 0.001, 1)
+    nan = PushOutcome(clock=2, staleness=0, telemetry={"scale": float("nan")})
+    metrics.push_applied(worker, nan, 0.001, 2)  # a non-finite value would poison the sum forever
+    assert value(metrics, "hetps_push_gap_sum", worker="fast") == pytest.approx(0.6)
+    assert value(metrics, "hetps_push_gap_bucket", worker="fast", le="0.5") == 0
+    assert value(metrics, "hetps_push_gap_bucket", worker="fast", le="1.0") == 1
+    assert value(metrics, "hetps_push_scale_sum", worker="fast") == 0.25
+    assert value(metrics, "hetps_push_scale_count", worker="fast") == 1
+    # A rule that reports no gap leaves no gap series behind.
+    assert value(metrics, "hetps_push_gap_count", worker="slow") is None
+
+
+def test_pulls_duplicates_and_heartbeats(shard: Shard, metrics: ShardMetrics) -> None:
+    result = shard.pull(2, 0)
+    push(shard, 2, 7, 0)
+    assert push(shard, 2, 7, 0).duplicate
+    shard.heartbeat(2, {"compute_seconds": 0.02, "samples_per_second": 3200.0, "unrelated": 1.0})
+    assert value(metrics, "hetps_pulls_total", worker="slow") == 1
+    assert value(metrics, "hetps_sent_bytes_total", worker="slow") == sum(len(c.data) for c in result.chunks)
+    assert value(metrics, "hetps_duplicate_pushes_total", worker="slow") == 1
+    assert value(metrics, "hetps_pushes_total", worker="slow") == 1
+    assert value(metrics, "hetps_worker_compute_seconds", worker="slow") == 0.02
+    assert value(metrics, "hetps_worker_samples_per_second", worker="slow") == 3200.0
+
+
+def test_rejections_by_reason_shard_wide_and_per_worker(shard: Shard, metrics: ShardMetrics) -> None:
+    with pytest.raises(ShardError):
+        shard.heartbeat(99, {})  # unknown worker: nobody to blame
+    with pytest.raises(ShardError):
+        push(shard, 1, 1, 5)  # a base clock from the future
+    assert value(metrics, "hetps_rejected_requests_total", reason="unknown_worker") == 1
+    assert value(metrics, "hetps_rejected_requests_total", reason="future_clock") == 1
+    assert value(metrics, "hetps_worker_rejected_requests_total", worker="fast", reason="future_clock") == 1
+    assert shard.rejected == {"unknown_worker": 1, "future_clock": 1}
+
+
+def test_observers_get_pull_series_but_no_push_series(shard: Shard, metrics: ShardMetrics) -> None:
+    assert shard.layout is not None
+    watcher = shard.join("watcher", "cpu", True, shard.layout, shard.layout.hash).worker.worker_id
+    shard.pull(watcher, 0)
+    assert value(metrics, "hetps_active_workers", role="observer") == 1
+    assert value(metrics, "hetps_active_workers", role="worker") == 2
+    assert value(metrics, "hetps_pulls_total", worker="watcher") == 1
+    for name in ("hetps_pushes_total", "hetps_push_staleness_count", "hetps_received_bytes_total"):
+        assert value(metrics, name, worker="watcher") is None
+
+
+def test_a_departed_workers_series_are_removed(shard: Shard, metrics: ShardMetrics) -> None:
+    push(shard, 1, 1, 0)
+    with pytest.raises(ShardError):
+        push(shard, 1, 2, 9)
+    shard.heartbeat(1, {"samples_per_second": 10.0, "compute_seconds": 0.1})
+    metrics.push_applied(shard.workers[1], PushOutcome(2, 0, {"gap": 0.1, "scale": 1.0}), 0.0, 2)
+    fast = shard.workers[1]
+    assert "fast" in worker_label_values(metrics.registry)
+
+    shard.leave(1)
+    assert worker_label_values(metrics.registry) == {"slow"}
+    assert metrics.worker_names() == {"slow"}
+    # Events about the departed worker that race its leave do not bring its series back.
+    metrics.pulled(fast, 3, 100)
+    metrics.rejected("unknown_worker", fast)
+    metrics.heartbeat(fast, {"samples_per_second": 1.0})
+    assert worker_label_values(metrics.registry) == {"slow"}
+    assert value(metrics, "hetps_active_workers", role="worker") == 1
+    assert value(metrics, "hetps_evictions_total") == 0
+    # The shard-wide totals keep what the departed worker did.
+    assert value(metrics, "hetps_updates_applied_total") == 2
+    assert value(metrics, "hetps_rejected_requests_total", reason="future_clock") == 1
+
+
+def test_an_evicted_workers_series_are_removed(shard: Shard, metrics: ShardMetrics, time_source: FakeTime) -> None:
+    push(shard, 2, 1, 0)
+    time_source.now += 5
+    shard.heartbeat(1, {})
+    time_source.now += 6  # slow has been silent for 11 s, longer than the 10 s lease
+    assert [w.name for w in shard.evict_expired()] == ["slow"]
+    assert worker_label_values(metrics.registry) == {"fast"}
+    assert value(metrics, "hetps_evictions_total") == 1
+    assert value(metrics, "hetps_active_workers", role="worker") == 1
+
+
+def test_a_name_shared_by_two_live_workers_keeps_its_series_until_both_leave(
+    shard: Shard, metrics: ShardMetrics
+) -> None:
+    assert shard.layout is not None
+    again = shard.join("fast", "cpu", False, shard.layout, shard.layout.hash).worker.worker_id
+    shard.leave(1)
+    push(shard, again, 1, 0)
+    assert value(metrics, "hetps_pushes_total", worker="fast") == 1
+    shard.leave(again)
+    assert worker_label_values(metrics.registry) == {"slow"}
+
+
+def test_checkpoint_age_only_once_a_checkpoint_exists(metrics: ShardMetrics, time_source: FakeTime) -> None:
+    assert value(metrics, "hetps_checkpoint_age_seconds") is None
+    metrics.checkpoint_written()
+    time_source.now += 42
+    assert value(metrics, "hetps_checkpoint_age_seconds") == 42
+    assert value(metrics, "hetps_checkpoint_last_timestamp_seconds") == 1000.0
+    metrics.clock_restored(500)
+    assert value(metrics, "hetps_clock") == 500
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus package) is not installed")
+def test_the_exposition_passes_promtools_lint(shard: Shard, metrics: ShardMetrics) -> None:
+    push(shard, 1, 1, 0)
+    shard.heartbeat(1, {"samples_per_second": 10.0, "compute_seconds": 0.1})
+    metrics.push_applied(shard.workers[1], PushOutcome(2, 0, {"gap": 0.1, "scale": 1.0}), 0.0, 2)
+    metrics.rpc_finished("psproto.v1.ParameterServer", "Push", "OK", 0.01)
+    metrics.checkpoint_written()
+    exposition = generate_latest(metrics.registry)
+    result = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_the_endpoint_serves_the_registry_over_http(shard: Shard, metrics: ShardMetrics) -> None:
+    push(shard, 1, 1, 0)
+    server = serve_metrics(metrics.registry, "127.0.0.1", 0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
+            body = reply.read().decode()
+    finally:
+        server.close()
+    assert 'hetps_pushes_total{shard="3",worker="fast"} 1.0' in body
+    assert "_created" not in body
+
+
+def test_serve_refuses_a_metrics_port_in_use_with_a_clear_message() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            main, ["serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", str(port)], terminal_width=200
+        )
+    assert result.exit_code == 1, result.output
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.output
+    assert "--no-metrics" in result.output
+
+
+def test_the_docs_describe_every_metric_the_server_exports() -> None:
+    metrics = ShardMetrics(process_metrics=True)
+    metrics.checkpoint_written()
+    exported = {family.name for family in metrics.registry.collect() if family.name.startswith("hetps_")}
+    # The first cell of each row of the docs' metric tables.
+    documented = set(re.findall(r"^\| `(hetps_[a-z_]+)` \|", DOCS.read_text(), flags=re.MULTILINE))
+    # prometheus-client names a counter's family without its `_total`, an info metric without `_info`.
+    documented_families = {re.sub(r"_(total|info)$", "", name) for name in documented}
+    assert exported - documented_families == set(), "exported but not documented"
+    assert documented_families - exported == set(), "documented but not exported"

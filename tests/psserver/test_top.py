@@ -1,0 +1,198 @@
+"""``psserver top``: rates and rendering without a network, then the live view under tmux as a person sees it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from rich.console import Console
+
+from psproto.v1 import ps_pb2
+from psserver.top import ShardView, StatusPoller, render
+from psworker.launcher import start_server, stop_process
+
+
+def status(clock: int, pushes: dict[str, int], **stats: dict[str, float]) -> ps_pb2.StatusResponse:
+    reply = ps_pb2.StatusResponse(clock=clock, shard_index=0, num_shards=1, uptime_seconds=75.0)
+    reply.rule.name = "sa"
+    reply.rejected["unknown_worker"] = 2
+    for name, count in pushes.items():
+        worker = reply.workers.add(worker_name=name, device="cpu", pushes=count, pulls=count, mean_staleness=1.5)
+        worker.stats.update(stats.get(name, {}))
+        worker.last_telemetry.update({"scale": 0.25, "staleness": 4.0})
+        worker.last_staleness = 4
+    return reply
+
+
+class FakeRpcError(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "connection refused"
+
+
+def screen(views: list[ShardView], width: int) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(render(views, 1.0, width))
+    text = console.export_text()
+    console.file.close()
+    return text
+
+
+def test_rates_come_from_the_change_between_two_refreshes() -> None:
+    replies = iter([status(100, {"a": 10, "b": 4}), status(160, {"a": 40, "b": 10, "c": 1})])
+    now = iter([10.0, 12.0])
+    poller = StatusPoller(["x:1"], lambda address: next(replies), now=lambda: next(now))
+    first = poller.poll()[0]
+    assert first.clock_rate is None and first.push_rates == {}
+    second = poller.poll()[0]
+    assert second.clock_rate == 30.0
+    assert second.push_rates == {"a": 15.0, "b": 3.0}  # c joined since: no rate yet
+
+
+def test_an_unreachable_shard_shows_its_error_and_is_asked_again() -> None:
+    calls = []
+
+    def fetch(address: str) -> ps_pb2.StatusResponse:
+        calls.append(address)
+        if len(calls) == 1:
+            raise FakeRpcError()
+        return status(1, {})
+
+    poller = StatusPoller(["x:1"], fetch)
+    down = poller.poll()[0]
+    assert down.status is None and down.error == "UNAVAILABLE: connection refused"
+    assert "UNAVAILABLE: connection refused" in screen([down], 120)
+    assert poller.poll()[0].status is not None
+
+
+def test_the_view_shows_speed_staleness_penalty_and_spread() -> None:
+    reply = status(
+        500,
+        {"gpu-fast": 300, "gpu-slow": 75},
+        **{
+            "gpu-fast": {"samples_per_second": 8000.0, "compute_seconds": 0.004},
+            "gpu-slow": {"samples_per_second": 2000.0, "compute_seconds": 0.016},
+        },
+    )
+    view = ShardView("127.0.0.1:50051", reply, clock_rate=37.5, push_rates={"gpu-fast": 30.0})
+    wide = screen([view], 140)
+    assert "speed spread 4.0× (fastest gpu-fast, slowest gpu-slow)" in wide
+    assert "unknown_worker 2" in wide and "37.5" in wide and "0:01:15" in wide
+    fast_row = next(line for line in wide.splitlines() if line.strip().startswith("gpu-fast"))
+    assert fast_row.split() == [
+        "gpu-fast", "cpu", "8,000", "4.0", "ms", "300", "30.0", "300", "4", "1.50", "0", "–", "0.250", "0.0s"
+    ]  # fmt: skip
+    narrow = screen([view], 80)
+    assert max(len(line.rstrip()) for line in narrow.splitlines()) <= 80
+    slow_row = next(line for line in narrow.splitlines() if line.strip().startswith("gpu-slow"))
+    assert slow_row.split() == ["gpu-slow", "2,000", "75", "–", "4", "1.50", "0", "–", "0.250"]
+
+
+# -- the live view, under tmux ----------------------------------------------------------
+
+TMUX = shutil.which("tmux")
+
+
+def _worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "psworker", "train", "--server", address, "--name", name, "--slowdown", str(slowdown),
+        "--until-clock", "1000000", "--eval-every", "0", "--no-progress", "--torch-threads", "1",
+    ]  # fmt: skip
+    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def live_cluster(tmp_path: Path) -> Iterator[str]:
+    server, address = start_server(tmp_path, "asgd", 0.05, ())
+    workers = [
+        _worker(address, "fast-worker", 1.0, tmp_path / "fast.log"),
+        _worker(address, "slow-worker", 4.0, tmp_path / "slow.log"),
+    ]
+    try:
+        yield address
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+        assert stop_process(server) == 0
+
+
+@pytest.fixture
+def tmux_session() -> Iterator[str]:
+    if TMUX is None:
+        pytest.skip("tmux is not installed (make test installs it: apt-get install tmux)")
+    name = f"hetps-top-{int(time.time() * 1000)}"
+    subprocess.run(
+        [TMUX, "new-session", "-d", "-s", name, "-x", "150", "-y", "40", "bash --norc --noprofile"], check=True
+    )
+    try:
+        yield name
+    finally:
+        subprocess.run([TMUX, "kill-session", "-t", name])
+
+
+def _capture(session: str) -> str:
+    assert TMUX is not None
+    return subprocess.run([TMUX, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+
+def _wait_for(session: str, ready: Callable[[str], bool], timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = _capture(session)
+        if ready(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.3)
+
+
+def _row(text: str, name: str) -> list[str]:
+    return next((line.split() for line in text.splitlines() if line.strip().startswith(name)), [])
+
+
+def _speed_shown(text: str) -> bool:
+    rows = [_row(text, "fast-worker"), _row(text, "slow-worker")]
+    return all(len(row) > 3 and row[2] != "–" for row in rows)
+
+
+def _clock(text: str) -> int:
+    match = re.search(r"127\.0\.0\.1:\d+\s+asgd\s+(\d+)", text)
+    assert match, text
+    return int(match.group(1))
+
+
+def test_top_under_tmux_refreshes_in_place_and_quits_on_ctrl_c(live_cluster: str, tmux_session: str) -> None:
+    assert TMUX is not None
+    command = f"{shlex.quote(sys.executable)} -m psserver top --server {live_cluster} --interval 0.5"
+    subprocess.run([TMUX, "send-keys", "-t", tmux_session, f"{command}; echo top exited with $?", "Enter"], check=True)
+
+    # Speed arrives with the workers' first heartbeats, 5 s into their training.
+    first = _wait_for(tmux_session, _speed_shown, timeout_s=60)
+    assert _speed_shown(first), first
+    assert first.count("hetps top") == 1 and "Ctrl-C quits" in first
+    assert "speed spread" in first and "waiting" not in first
+    fast, slow = _row(first, "fast-worker"), _row(first, "slow-worker")
+    # worker device samples/s step unit pushes push/s pulls τ-last τ-mean τ-max gap penalty seen
+    assert float(fast[2].replace(",", "")) > 2 * float(slow[2].replace(",", "")), first
+    assert float(slow[9]) > float(fast[9]), first  # the slower worker's pushes are staler
+    assert fast[12] == slow[12] == "1.000"  # ASGD applies every push unscaled
+
+    second = _wait_for(tmux_session, lambda text: _clock(text) > _clock(first), timeout_s=10)
+    assert _clock(second) > _clock(first), second
+    assert second.count("hetps top") == 1  # redrawn in place, not scrolled
+
+    subprocess.run([TMUX, "send-keys", "-t", tmux_session, "C-c"], check=True)
+    exited = re.compile(r"^top exited with (\d+)", re.MULTILINE)  # the output, not the command line
+    after = _wait_for(tmux_session, lambda text: exited.search(text) is not None, timeout_s=10)
+    match = exited.search(after)
+    assert match and match.group(1) == "0", after
+    assert "Traceback" not in after and "hetps top" not in after  # the terminal is given back as it was
