@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 
 import click
@@ -17,7 +18,9 @@ from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.metrics import DEFAULT_METRICS_PORT, ShardMetrics, serve_metrics
-from psserver.rpc.server import serve_until_signalled, start_reaper, start_server
+from psserver.rpc.latency import LatencyInterceptor
+from psserver.rpc.server import serve_until_signalled, start_reaper, start_server, stop_on_signals
+from psserver.sharding import shard_index_from_hostname as shard_index_from_ordinal
 from psserver.top import run_top
 
 
@@ -56,6 +59,11 @@ def main() -> None:
 @click.option("--rule-opt", "rule_opts", multiple=True, metavar="KEY=VALUE", help="a rule option; repeatable")
 @click.option("--shard-index", default=0, show_default=True, type=click.IntRange(min=0))
 @click.option("--num-shards", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--shard-index-from-hostname",
+    is_flag=True,
+    help="take the shard index from the '-N' suffix of the hostname (a StatefulSet pod's ordinal)",
+)
 @click.option("--lease-seconds", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option(
     "--consistency",
@@ -99,6 +107,7 @@ def serve(
     rule_opts: tuple[str, ...],
     shard_index: int,
     num_shards: int,
+    shard_index_from_hostname: bool,
     lease_seconds: float,
     consistency: str,
     ssp_bound: int,
@@ -112,6 +121,12 @@ def serve(
 ) -> None:
     """Serve one shard of a model's parameters over gRPC until SIGTERM."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if shard_index_from_hostname:
+        hostname = os.environ.get("HOSTNAME") or socket.gethostname()
+        try:
+            shard_index = shard_index_from_ordinal(hostname, num_shards)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--shard-index-from-hostname") from None
     if shard_index >= num_shards:
         raise click.BadParameter(f"must be below --num-shards ({num_shards})", param_hint="--shard-index")
     spec = parse_rule(rule_name, lr, rule_opts)
@@ -142,9 +157,11 @@ def serve(
             ) from None
         logging.getLogger("psserver").info("Prometheus metrics at http://%s:%d/metrics", host, metrics_server.port)
     try:
-        running = start_server(shard, f"{host}:{port}", max_workers=threads)
+        interceptors = [LatencyInterceptor(metrics)] if metrics is not None else []
+        running = start_server(shard, f"{host}:{port}", max_workers=threads, interceptors=interceptors)
     except (OSError, RuntimeError) as error:
         raise click.ClickException(f"cannot listen on {host}:{port}: {error}") from None
+    stop = stop_on_signals()
     options = ", ".join(f"{k}={v}" for k, v in spec.options.as_strings().items())
     # The launcher and tests read the bound port from this line.
     click.echo(
@@ -155,7 +172,7 @@ def serve(
     )
     sys.stdout.flush()
     reaper = start_reaper(shard, max(0.05, lease_seconds / 4))
-    serve_until_signalled(running, drain_seconds)
+    serve_until_signalled(running, drain_seconds, stop)
     reaper.set()
     if metrics_server is not None:
         metrics_server.close()

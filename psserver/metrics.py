@@ -221,10 +221,12 @@ class ShardMetrics:
             for reason in series.rejected_reasons:
                 self.worker_rejected.remove(*labels, reason)
 
-    def push_applied(self, worker: WorkerRecord, outcome: PushOutcome, apply_seconds: float, clock: int) -> None:
+    def update_applied(self, apply_seconds: float, clock: int) -> None:
         self.clock.labels(self.shard).set(clock)
         self.updates.labels(self.shard).inc()
         self.apply_seconds.labels(self.shard).observe(apply_seconds)
+
+    def push_applied(self, worker: WorkerRecord, outcome: PushOutcome) -> None:
         if not self._alive(worker):
             return
         labels = (self.shard, worker.name)

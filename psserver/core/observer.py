@@ -17,7 +17,9 @@ class ShardObserver(Protocol):
 
     def worker_left(self, worker: WorkerRecord, evicted: bool) -> None: ...
 
-    def push_applied(self, worker: WorkerRecord, outcome: PushOutcome, apply_seconds: float, clock: int) -> None: ...
+    def update_applied(self, apply_seconds: float, clock: int) -> None: ...
+
+    def push_applied(self, worker: WorkerRecord, outcome: PushOutcome) -> None: ...
 
     def push_duplicate(self, worker: WorkerRecord) -> None: ...
 
@@ -39,7 +41,10 @@ class NullObserver:
     def worker_left(self, worker: WorkerRecord, evicted: bool) -> None:
         pass
 
-    def push_applied(self, worker: WorkerRecord, outcome: PushOutcome, apply_seconds: float, clock: int) -> None:
+    def update_applied(self, apply_seconds: float, clock: int) -> None:
+        pass
+
+    def push_applied(self, worker: WorkerRecord, outcome: PushOutcome) -> None:
         pass
 
     def push_duplicate(self, worker: WorkerRecord) -> None:

@@ -359,6 +359,7 @@ class Shard:
                 self._reserved_by = None
             outcome = self._apply(worker, pending.assembler.out, pending.kind, pending.base_clock, pending.metadata)
             worker.record_push(pending.push_id, outcome)
+            self.observer.push_applied(worker, outcome)
             worker.ssp_clock += 1
             self._changed.notify_all()
             return outcome
@@ -383,7 +384,7 @@ class Shard:
         self.clock += 1
         self.applied_pushes += 1
         outcome = PushOutcome(self.clock, staleness, {"staleness": float(staleness), **telemetry})
-        self.observer.push_applied(worker, outcome, apply_seconds, self.clock)
+        self.observer.update_applied(apply_seconds, self.clock)
         return outcome
 
     def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush) -> PushOutcome:
@@ -421,8 +422,10 @@ class Shard:
         first = self.workers[next(iter(contributors))]
         outcome = self._apply(first, current.total, current.kind, self.clock, {"workers": float(len(contributors))})
         for worker_id, push_id in contributors.items():
-            self.workers[worker_id].record_push(push_id, outcome)
-            self.workers[worker_id].ssp_clock += 1
+            contributor = self.workers[worker_id]
+            contributor.record_push(push_id, outcome)
+            contributor.ssp_clock += 1
+            self.observer.push_applied(contributor, outcome)
         self._bsp = BspRound(current.total.zero_(), number=current.number + 1)
         self._changed.notify_all()
 

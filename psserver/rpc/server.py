@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from types import FrameType
@@ -15,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from psproto.v1 import ps_pb2
 from psserver.core.shard import Shard
+from psserver.rpc.latency import LatencyInterceptor
 from psserver.rpc.servicer import ParameterServerServicer, add_to_server
 
 _LOGGER = logging.getLogger(__name__)
@@ -40,14 +42,18 @@ class RunningServer:
         self.server.stop(grace_seconds).wait()
 
 
-def start_server(shard: Shard, address: str, max_workers: int = 32) -> RunningServer:
+def start_server(
+    shard: Shard, address: str, max_workers: int = 32, interceptors: Sequence[LatencyInterceptor] = ()
+) -> RunningServer:
     """Start serving ``shard`` on ``address`` (``host:port``; port 0 picks a free one)."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers), options=options, interceptors=list(interceptors)
+    )
     add_to_server(ParameterServerServicer(shard), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -79,16 +85,21 @@ def start_reaper(shard: Shard, interval_s: float) -> threading.Event:
     return stop
 
 
-def serve_until_signalled(running: RunningServer, grace_seconds: float) -> None:
-    """Block until SIGTERM or SIGINT, then drain in-flight RPCs and return."""
+def stop_on_signals() -> threading.Event:
+    """Turn SIGTERM and SIGINT into an event; install before announcing the server, so none is lost."""
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
-        _LOGGER.info("received %s, draining for up to %.0f s", signal.Signals(signum).name, grace_seconds)
+        _LOGGER.info("received %s, draining", signal.Signals(signum).name)
         stop.set()
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    return stop
+
+
+def serve_until_signalled(running: RunningServer, grace_seconds: float, stop: threading.Event) -> None:
+    """Block until ``stop`` is set, then drain in-flight RPCs for up to ``grace_seconds`` and return."""
     stop.wait()
     running.stop(grace_seconds)
     _LOGGER.info("stopped")

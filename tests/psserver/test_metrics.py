@@ -104,9 +104,11 @@ def test_staleness_buckets_are_the_documented_powers_of_two() -> None:
 def test_gap_and_scale_come_from_the_rules_telemetry(shard: Shard, metrics: ShardMetrics) -> None:
     worker = shard.workers[1]
     outcome = PushOutcome(clock=1, staleness=4, telemetry={"staleness": 4.0, "scale": 0.25, "gap": 0.6})
-    metrics.push_applied(worker, outcome, 0.001, 1)
+    metrics.update_applied(0.001, 1)
+    metrics.push_applied(worker, outcome)
     nan = PushOutcome(clock=2, staleness=0, telemetry={"scale": float("nan")})
-    metrics.push_applied(worker, nan, 0.001, 2)  # a non-finite value would poison the sum forever
+    metrics.update_applied(0.001, 2)
+    metrics.push_applied(worker, nan)  # a non-finite value would poison the sum forever
     assert value(metrics, "hetps_push_gap_sum", worker="fast") == pytest.approx(0.6)
     assert value(metrics, "hetps_push_gap_bucket", worker="fast", le="0.5") == 0
     assert value(metrics, "hetps_push_gap_bucket", worker="fast", le="1.0") == 1
@@ -156,7 +158,8 @@ def test_a_departed_workers_series_are_removed(shard: Shard, metrics: ShardMetri
     with pytest.raises(ShardError):
         push(shard, 1, 2, 9)
     shard.heartbeat(1, {"samples_per_second": 10.0, "compute_seconds": 0.1})
-    metrics.push_applied(shard.workers[1], PushOutcome(2, 0, {"gap": 0.1, "scale": 1.0}), 0.0, 2)
+    metrics.update_applied(0.0, 2)
+    metrics.push_applied(shard.workers[1], PushOutcome(2, 0, {"gap": 0.1, "scale": 1.0}))
     fast = shard.workers[1]
     assert "fast" in worker_label_values(metrics.registry)
 
@@ -212,7 +215,7 @@ def test_checkpoint_age_only_once_a_checkpoint_exists(metrics: ShardMetrics, tim
 def test_the_exposition_passes_promtools_lint(shard: Shard, metrics: ShardMetrics) -> None:
     push(shard, 1, 1, 0)
     shard.heartbeat(1, {"samples_per_second": 10.0, "compute_seconds": 0.1})
-    metrics.push_applied(shard.workers[1], PushOutcome(2, 0, {"gap": 0.1, "scale": 1.0}), 0.0, 2)
+    metrics.push_applied(shard.workers[1], PushOutcome(2, 0, {"gap": 0.1, "scale": 1.0}))
     metrics.rpc_finished("psproto.v1.ParameterServer", "Push", "OK", 0.01)
     metrics.checkpoint_written()
     exposition = generate_latest(metrics.registry)

@@ -188,3 +188,30 @@ def test_a_reservation_lapses() -> None:
     shard.pull(holder, FP32, reserve=True)
     clock.now += shard.config.reservation_seconds + 1
     assert push(shard, other, 1, [1.0, 0.0, 0.0, 0.0]).clock == 1
+
+
+def test_bsp_reports_the_round_once_and_every_contributor() -> None:
+    from psserver.core.observer import NullObserver
+
+    class Recorder(NullObserver):
+        def __init__(self) -> None:
+            self.updates: list[int] = []
+            self.pushes: list[str] = []
+
+        def update_applied(self, apply_seconds: float, clock: int) -> None:
+            self.updates.append(clock)
+
+        def push_applied(self, worker: object, outcome: PushOutcome) -> None:
+            self.pushes.append(worker.name)  # type: ignore[attr-defined]
+
+    recorder = Recorder()
+    config = ShardConfig(RuleSpec.parse("asgd", {"lr": "1.0"}), consistency=Consistency(ConsistencyModel.BSP))
+    shard = Shard(config, observer=recorder)
+    a, b = join(shard, "a"), join(shard, "b")
+    init(shard, a)
+    thread, _ = in_thread(push, shard, a, 1, [1.0, 0.0, 0.0, 0.0])
+    thread.join(0.3)
+    push(shard, b, 1, [0.0, 1.0, 0.0, 0.0])
+    thread.join(5)
+    assert recorder.updates == [1]
+    assert sorted(recorder.pushes) == ["a", "b"]
