@@ -77,7 +77,7 @@ class ChunkLike(Protocol):
     def dtype(self) -> int: ...
 
     @property
-    def data(self) -> bytes: ...
+    def data(self) -> bytes | memoryview: ...
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,14 @@ class ChunkPayload:
 
     offset: int
     dtype: DTypeValue
-    data: bytes
+    # A view of the (converted) tensor's memory: valid while that tensor is unchanged.
+    data: memoryview
 
     def fill(self, chunk: ps_pb2.Chunk) -> None:
         # Assigning fields in place avoids the extra copy a constructor or CopyFrom makes.
         chunk.offset = self.offset
         chunk.dtype = self.dtype
-        chunk.data = self.data
+        chunk.data = bytes(self.data)
 
 
 def payloads(
@@ -100,18 +101,19 @@ def payloads(
 ) -> Iterator[ChunkPayload]:
     """Slice a contiguous 1-D CPU tensor into chunks, converted to ``dtype`` on the way.
 
-    Each chunk's bytes are copied once, from the (converted) tensor into a ``bytes`` object.
+    The chunks are views of the tensor's memory (or of its converted copy): nothing is copied
+    until a message is written, so the caller must not change ``flat`` before then.
     """
     target = wire_dtype(dtype)
     tag = DTypeValue(dtype or ps_pb2.DTYPE_FLOAT32)
     wire = flat if flat.dtype == target else flat.to(target)
     width = _WIDTHS[target]
     per_chunk = max(1, chunk_bytes // width)
-    data = wire.view(torch.uint8).numpy() if wire.numel() else None
+    data = wire.view(torch.uint8).numpy().data if wire.numel() else None
     for start in range(0, wire.numel(), per_chunk):
         stop = min(start + per_chunk, wire.numel())
         assert data is not None
-        yield ChunkPayload(start, tag, data[start * width : stop * width].tobytes())
+        yield ChunkPayload(start, tag, data[start * width : stop * width])
 
 
 def encode(

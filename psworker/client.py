@@ -17,7 +17,7 @@ from typing import TypeVar
 import grpc
 import torch
 
-from psproto import codec
+from psproto import codec, wire
 from psproto.layout import Layout, ShardRange
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 
@@ -33,6 +33,38 @@ class ServerMismatchError(RuntimeError):
     """The shards the client reached do not agree with the model it holds."""
 
 
+_SERVICE = "/psproto.v1.ParameterServer/"
+
+
+def _serialize(message: ps_pb2.PushRequest | ps_pb2.InitRequest | bytes) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def _parse_push_pull(data: bytes) -> ps_pb2.PushResponse | wire.PulledChunk:
+    field, body = wire.split_push_pull_response(data)
+    return ps_pb2.PushResponse.FromString(bytes(body)) if field == 1 else wire.parse_pull_response(body)
+
+
+class DataPath:
+    """The bulk RPCs with hand-written (de)serialisers: chunks go out and come in without extra copies."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.init = channel.stream_unary(
+            _SERVICE + "Init", request_serializer=_serialize, response_deserializer=ps_pb2.InitResponse.FromString
+        )
+        self.pull = channel.unary_stream(
+            _SERVICE + "Pull",
+            request_serializer=ps_pb2.PullRequest.SerializeToString,
+            response_deserializer=wire.parse_pull_response,
+        )
+        self.push = channel.stream_unary(
+            _SERVICE + "Push", request_serializer=_serialize, response_deserializer=ps_pb2.PushResponse.FromString
+        )
+        self.push_pull = channel.stream_stream(
+            _SERVICE + "PushPull", request_serializer=_serialize, response_deserializer=_parse_push_pull
+        )
+
+
 @dataclass(frozen=True)
 class ShardSession:
     address: str
@@ -41,6 +73,7 @@ class ShardSession:
     worker_id: int
     range: ShardRange
     join: ps_pb2.JoinResponse
+    data: DataPath
 
 
 @dataclass(frozen=True)
@@ -102,7 +135,7 @@ class PSClient:
                 f"{reply.shard_offset + reply.shard_length}) but the layout puts shard {index} at "
                 f"[{expected.offset}, {expected.end}); list the servers in shard order"
             )
-        return ShardSession(address, stub, channel, reply.worker_id, expected, reply)
+        return ShardSession(address, stub, channel, reply.worker_id, expected, reply, DataPath(channel))
 
     @property
     def rule(self) -> ps_pb2.RuleInfo:
@@ -125,16 +158,14 @@ class PSClient:
         return all(bool(r) for r in results)
 
     def _init_shard(self, session: ShardSession, flat: torch.Tensor) -> bool:
-        def requests() -> Iterator[ps_pb2.InitRequest]:
+        def requests() -> Iterator[ps_pb2.InitRequest | bytes]:
             yield ps_pb2.InitRequest(
                 header=ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash)
             )
             for payload in codec.payloads(flat[session.range.offset : session.range.end]):
-                message = ps_pb2.InitRequest()
-                payload.fill(message.chunk)
-                yield message
+                yield wire.chunk_in(2, payload.offset, payload.dtype, payload.data)
 
-        reply: ps_pb2.InitResponse = session.stub.Init(requests(), timeout=self.rpc_timeout)
+        reply: ps_pb2.InitResponse = session.data.init(requests(), timeout=self.rpc_timeout)
         return reply.applied
 
     def pull(self, out: torch.Tensor, reserve: bool = False) -> int:
@@ -152,12 +183,12 @@ class PSClient:
 
     def _pull_shard(self, session: ShardSession, out: torch.Tensor, reserve: bool = False) -> int:
         request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype, reserve=reserve)
-        clock = self._receive_params(session.stub.Pull(request, timeout=self.rpc_timeout), session, out)
+        clock = self._receive_params(session.data.pull(request, timeout=self.rpc_timeout), session, out)
         self.pulled_clocks[session.range.index] = clock
         return clock
 
     @staticmethod
-    def _receive_params(messages: Iterable[ps_pb2.PullResponse], session: ShardSession, out: torch.Tensor) -> int:
+    def _receive_params(messages: Iterable[wire.PulledChunk], session: ShardSession, out: torch.Tensor) -> int:
         assembler = codec.Assembler(out[session.range.offset : session.range.end])
         clock = -1
         for message in messages:
@@ -201,21 +232,21 @@ class PSClient:
         )
         requests = self._push_requests(header, flat[session.range.offset : session.range.end])
         if pull_into is None:
-            reply: ps_pb2.PushResponse = session.stub.Push(requests, timeout=self.rpc_timeout)
+            reply: ps_pb2.PushResponse = session.data.push(requests, timeout=self.rpc_timeout)
             return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry))
-        stream = session.stub.PushPull(requests, timeout=self.rpc_timeout)
-        replies = iter(stream)
-        ack = next(replies).ack
-        params = (message.params for message in replies)
+        replies = iter(session.data.push_pull(requests, timeout=self.rpc_timeout))
+        first = next(replies)
+        if not isinstance(first, ps_pb2.PushResponse):
+            raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
+        params = (message for message in replies if isinstance(message, wire.PulledChunk))
         self.pulled_clocks[session.range.index] = self._receive_params(params, session, pull_into)
-        return PushResult(ack.clock, ack.staleness, ack.duplicate, dict(ack.telemetry))
+        return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry))
 
-    def _push_requests(self, header: ps_pb2.PushHeader, flat: torch.Tensor) -> Iterator[ps_pb2.PushRequest]:
+    def _push_requests(self, header: ps_pb2.PushHeader, flat: torch.Tensor) -> Iterator[ps_pb2.PushRequest | bytes]:
         yield ps_pb2.PushRequest(header=header)
+        # Chunks go out as wire bytes written straight from the tensor (psproto.wire).
         for payload in codec.payloads(flat, self.wire_dtype):
-            message = ps_pb2.PushRequest()
-            payload.fill(message.chunk)
-            yield message
+            yield wire.chunk_in(2, payload.offset, payload.dtype, payload.data)
 
     # -- housekeeping -----------------------------------------------------------------
 

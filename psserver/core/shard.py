@@ -323,13 +323,15 @@ class Shard:
             assembler = codec.Assembler(torch.empty(self.params.numel()))
             return PendingPush(worker, push_id, base_clock, payload, dict(metadata), assembler)
 
-    def add_chunk(self, pending: PendingPush, chunk: ps_pb2.Chunk) -> None:
+    def add_chunk(self, pending: PendingPush, chunk: codec.ChunkLike) -> None:
         """Decode one chunk of a push (outside the lock); a replayed push ignores its chunks."""
         pending.bytes_received += len(chunk.data)
         if pending.assembler is not None:
             self.decode_chunk(pending.assembler, chunk, pending.worker)
 
-    def decode_chunk(self, assembler: codec.Assembler, chunk: ps_pb2.Chunk, worker: WorkerRecord | None = None) -> None:
+    def decode_chunk(
+        self, assembler: codec.Assembler, chunk: codec.ChunkLike, worker: WorkerRecord | None = None
+    ) -> None:
         try:
             assembler.add(chunk)
         except codec.CodecError as error:

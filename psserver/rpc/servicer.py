@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from psproto import wire
 from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
 from psserver.core.errors import ErrorKind, ShardError
@@ -47,6 +48,30 @@ def _guarded(items: Iterator[Any], context: grpc.ServicerContext) -> Iterator[An
         yield from items
     except ShardError as error:
         context.abort(STATUS_CODES[error.kind], error.message)
+
+
+# Chunk messages arrive parsed by psproto.wire (a view of the received bytes, no copy); headers
+# and anything unusual go through the generated parser.
+PushMessage = ps_pb2.PushRequest | wire.ChunkView | wire.Malformed
+InitMessage = ps_pb2.InitRequest | wire.ChunkView | wire.Malformed
+
+
+def _parse_push_request(data: bytes) -> PushMessage:
+    return wire.parse_chunk_request(data) or ps_pb2.PushRequest.FromString(data)
+
+
+def _parse_init_request(data: bytes) -> InitMessage:
+    return wire.parse_chunk_request(data) or ps_pb2.InitRequest.FromString(data)
+
+
+def _chunk_of(message: PushMessage | InitMessage, stream: str) -> wire.ChunkView | ps_pb2.Chunk:
+    if isinstance(message, wire.ChunkView):
+        return message
+    if isinstance(message, wire.Malformed):
+        raise ShardError(ErrorKind.BAD_REQUEST, f"a malformed chunk message in the {stream} stream: {message.reason}")
+    if message.WhichOneof("body") != "chunk":
+        raise ShardError(ErrorKind.BAD_REQUEST, f"a {stream} stream carries one header, then only chunks")
+    return message.chunk
 
 
 def _rule_info(shard: Shard) -> ps_pb2.RuleInfo:
@@ -92,13 +117,13 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
             servicer.Join, ps_pb2.JoinRequest.FromString, ps_pb2.JoinResponse.SerializeToString
         ),
         "Init": grpc.stream_unary_rpc_method_handler(
-            servicer.Init, ps_pb2.InitRequest.FromString, ps_pb2.InitResponse.SerializeToString
+            servicer.Init, _parse_init_request, ps_pb2.InitResponse.SerializeToString
         ),
         "Pull": grpc.unary_stream_rpc_method_handler(servicer.Pull, ps_pb2.PullRequest.FromString, None),
         "Push": grpc.stream_unary_rpc_method_handler(
-            servicer.Push, ps_pb2.PushRequest.FromString, ps_pb2.PushResponse.SerializeToString
+            servicer.Push, _parse_push_request, ps_pb2.PushResponse.SerializeToString
         ),
-        "PushPull": grpc.stream_stream_rpc_method_handler(servicer.PushPull, ps_pb2.PushRequest.FromString, None),
+        "PushPull": grpc.stream_stream_rpc_method_handler(servicer.PushPull, _parse_push_request, None),
         "Heartbeat": grpc.unary_unary_rpc_method_handler(
             servicer.Heartbeat, ps_pb2.HeartbeatRequest.FromString, ps_pb2.HeartbeatResponse.SerializeToString
         ),
@@ -152,17 +177,13 @@ class ParameterServerServicer:
         )
 
     @_translate_errors
-    def Init(
-        self, request_iterator: Iterator[ps_pb2.InitRequest], context: grpc.ServicerContext
-    ) -> ps_pb2.InitResponse:
+    def Init(self, request_iterator: Iterator[InitMessage], context: grpc.ServicerContext) -> ps_pb2.InitResponse:
         first = next(request_iterator, None)
-        if first is None or first.WhichOneof("body") != "header":
+        if not isinstance(first, ps_pb2.InitRequest) or first.WhichOneof("body") != "header":
             raise ShardError(ErrorKind.BAD_REQUEST, "an Init stream must start with an InitHeader")
         assembler = self.shard.begin_upload(first.header.worker_id, first.header.layout_hash)
         for message in request_iterator:
-            if message.WhichOneof("body") != "chunk":
-                raise ShardError(ErrorKind.BAD_REQUEST, "an Init stream carries one header, then only chunks")
-            self.shard.decode_chunk(assembler, message.chunk)
+            self.shard.decode_chunk(assembler, _chunk_of(message, "Init"))
         applied, clock = self.shard.finish_upload(assembler)
         return ps_pb2.InitResponse(applied=applied, clock=clock)
 
@@ -172,9 +193,9 @@ class ParameterServerServicer:
         result = self.shard.pull(request.worker_id, request.wire_dtype, reserve=request.reserve)
         return iter(self.serialized.get("pull", result))
 
-    def _receive_push(self, request_iterator: Iterator[ps_pb2.PushRequest]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
+    def _receive_push(self, request_iterator: Iterator[PushMessage]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
         first = next(request_iterator, None)
-        if first is None or first.WhichOneof("body") != "header":
+        if not isinstance(first, ps_pb2.PushRequest) or first.WhichOneof("body") != "header":
             raise ShardError(ErrorKind.BAD_REQUEST, "a Push stream must start with a PushHeader")
         header = first.header
         pending: PendingPush = self.shard.begin_push(
@@ -186,15 +207,11 @@ class ParameterServerServicer:
             dict(header.metadata),
         )
         for message in request_iterator:
-            if message.WhichOneof("body") != "chunk":
-                raise ShardError(ErrorKind.BAD_REQUEST, "a Push stream carries one header, then only chunks")
-            self.shard.add_chunk(pending, message.chunk)
+            self.shard.add_chunk(pending, _chunk_of(message, "Push"))
         return header, self.shard.commit_push(pending)
 
     @_translate_errors
-    def Push(
-        self, request_iterator: Iterator[ps_pb2.PushRequest], context: grpc.ServicerContext
-    ) -> ps_pb2.PushResponse:
+    def Push(self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
         _, outcome = self._receive_push(request_iterator)
         return _push_response(outcome)
 

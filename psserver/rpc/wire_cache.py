@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import threading
 
-from psproto import codec
+from psproto import wire
 from psproto.v1 import ps_pb2
 from psserver.core.shard import PullResult
 
 # Serialised forms of the latest clock only; a pull of an older clock is served from the
 # shard's payloads and cached until the clock moves on.
 _KINDS = ("pull", "push_pull")
-
-
-def _pull_response(clock: int, total: int, payload: codec.ChunkPayload) -> ps_pb2.PullResponse:
-    message = ps_pb2.PullResponse(clock=clock, total_length=total)
-    payload.fill(message.chunk)
-    return message
 
 
 class SerializedPulls:
@@ -36,18 +30,9 @@ class SerializedPulls:
             cached = self._entries.get(key)
         if cached is not None:
             return cached
-        if kind == "pull":
-            serialized = [
-                _pull_response(result.clock, result.total_length, p).SerializeToString() for p in result.chunks
-            ]
-        else:
-            serialized = []
-            for payload in result.chunks:
-                reply = ps_pb2.PushPullResponse()
-                reply.params.clock = result.clock
-                reply.params.total_length = result.total_length
-                payload.fill(reply.params.chunk)
-                serialized.append(reply.SerializeToString())
+        # One copy per message, from the shard's parameter copy straight into the reply bytes.
+        build = wire.pull_response if kind == "pull" else wire.push_pull_params
+        serialized = [build(result.clock, result.total_length, p.offset, p.dtype, p.data) for p in result.chunks]
         with self._lock:
             newest = max((k[1] for k in self._entries), default=-1)
             if result.clock >= newest:

@@ -1,0 +1,104 @@
+"""The hand-written wire shapes must be exactly what the generated code writes and reads."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from psproto import wire
+from psproto.v1 import ps_pb2
+
+offsets = st.integers(min_value=0, max_value=2**40)
+dtypes = st.sampled_from([0, 1, 2, 3, 200])
+payloads = st.binary(max_size=300)
+
+
+def _chunk(offset: int, dtype: int, data: bytes) -> ps_pb2.Chunk:
+    chunk = ps_pb2.Chunk(offset=offset, data=data)
+    chunk.dtype = dtype  # type: ignore[assignment]
+    return chunk
+
+
+@given(offsets, dtypes, payloads)
+def test_push_and_init_chunks_match_the_generated_code(offset: int, dtype: int, data: bytes) -> None:
+    push = ps_pb2.PushRequest()
+    push.chunk.CopyFrom(_chunk(offset, dtype, data))
+    assert wire.chunk_in(2, offset, dtype, memoryview(data)) == push.SerializeToString()
+    init = ps_pb2.InitRequest()
+    init.chunk.CopyFrom(_chunk(offset, dtype, data))
+    assert wire.chunk_in(2, offset, dtype, data) == init.SerializeToString()
+
+
+@given(st.integers(0, 2**40), st.integers(0, 2**40), offsets, dtypes, payloads)
+def test_pull_replies_match_the_generated_code(clock: int, total: int, offset: int, dtype: int, data: bytes) -> None:
+    reply = ps_pb2.PullResponse(clock=clock, total_length=total)
+    reply.chunk.CopyFrom(_chunk(offset, dtype, data))
+    assert wire.pull_response(clock, total, offset, dtype, data) == reply.SerializeToString()
+    both = ps_pb2.PushPullResponse()
+    both.params.CopyFrom(reply)
+    assert wire.push_pull_params(clock, total, offset, dtype, data) == both.SerializeToString()
+
+
+@given(offsets, dtypes, payloads)
+def test_parse_chunk_reads_what_the_generated_code_writes(offset: int, dtype: int, data: bytes) -> None:
+    encoded = _chunk(offset, dtype, data).SerializeToString()
+    view = wire.parse_chunk(memoryview(encoded))
+    assert (view.offset, view.dtype, bytes(view.data)) == (offset, dtype, data)
+
+
+def test_parse_chunk_skips_unknown_fields_and_refuses_truncation() -> None:
+    encoded = _chunk(5, 1, b"abcd").SerializeToString() + b"\x20\x07"  # field 4, varint 7
+    assert bytes(wire.parse_chunk(memoryview(encoded)).data) == b"abcd"
+    with pytest.raises(wire.WireError):
+        wire.parse_chunk(memoryview(_chunk(5, 1, b"abcd").SerializeToString()[:-1]))
+    with pytest.raises(wire.WireError):
+        wire.parse_chunk(memoryview(b"\x08\xff"))
+
+
+@given(st.binary(max_size=64))
+def test_random_bytes_never_crash_the_parser(data: bytes) -> None:
+    with contextlib.suppress(wire.WireError):
+        wire.parse_chunk(memoryview(data))
+    assert wire.parse_chunk_request(data) is None or isinstance(
+        wire.parse_chunk_request(data), (wire.ChunkView, wire.Malformed)
+    )
+
+
+@given(offsets, dtypes, payloads)
+def test_chunk_requests_parse_without_copying(offset: int, dtype: int, data: bytes) -> None:
+    request = ps_pb2.PushRequest()
+    request.chunk.CopyFrom(_chunk(offset, dtype, data))
+    view = wire.parse_chunk_request(request.SerializeToString())
+    assert isinstance(view, wire.ChunkView)
+    assert (view.offset, view.dtype, bytes(view.data)) == (offset, dtype, data)
+
+
+def test_headers_and_garbage_are_told_apart() -> None:
+    header = ps_pb2.PushRequest(header=ps_pb2.PushHeader(worker_id=3, push_id=1)).SerializeToString()
+    assert wire.parse_chunk_request(header) is None
+    assert wire.parse_chunk_request(b"") is None
+    assert isinstance(wire.parse_chunk_request(b"\x12\x09\x08"), wire.Malformed)
+
+
+@given(st.integers(0, 2**40), st.integers(0, 2**40), offsets, dtypes, payloads)
+def test_pull_replies_parse_without_copying(clock: int, total: int, offset: int, dtype: int, data: bytes) -> None:
+    reply = ps_pb2.PullResponse(clock=clock, total_length=total)
+    reply.chunk.CopyFrom(_chunk(offset, dtype, data))
+    parsed = wire.parse_pull_response(reply.SerializeToString())
+    assert (parsed.clock, parsed.total_length, parsed.chunk.offset, parsed.chunk.dtype) == (clock, total, offset, dtype)
+    assert bytes(parsed.chunk.data) == data
+    both = ps_pb2.PushPullResponse()
+    both.params.CopyFrom(reply)
+    field, body = wire.split_push_pull_response(both.SerializeToString())
+    assert field == 2 and wire.parse_pull_response(body) == parsed
+
+
+def test_push_pull_ack_is_split_out() -> None:
+    ack = ps_pb2.PushPullResponse(ack=ps_pb2.PushResponse(clock=7, staleness=2)).SerializeToString()
+    field, body = wire.split_push_pull_response(ack)
+    assert field == 1 and ps_pb2.PushResponse.FromString(bytes(body)).staleness == 2
+    with pytest.raises(wire.WireError):
+        wire.split_push_pull_response(b"")
