@@ -16,6 +16,7 @@ from rich.table import Table
 from psproto import codec
 from psworker.launcher import ClusterConfig, ClusterError, run_cluster
 from psworker.procedures import ProcedureError
+from psworker.sim_cli import simulate_command
 from psworker.tasks import TaskError, load_task
 from psworker.train import TrainConfig, train
 
@@ -216,6 +217,8 @@ def cluster(
     )
     sys.stdout.flush()
 
+
+main.add_command(simulate_command)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,109 @@
+"""``psworker simulate``: a virtual heterogeneous cluster in one process (see :mod:`psworker.simulate`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from psworker.simulate import SimConfig, SimulationError, SpeedModel, simulate
+
+
+@click.command("simulate")
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--speeds",
+    default="1:1:2:4",
+    show_default=True,
+    help="constant, ratios such as 1:1:2:4 (cycled over workers), exp or exp:1:1:2:4, or profile:LOG_DIR",
+)
+@click.option("--step-seconds", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--rule", default="asgd", show_default=True, help="update rule (see `psserver rules`)")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None)
+@click.option("--rule-opt", "rule_opts", multiple=True, metavar="KEY=VALUE")
+@click.option("--consistency", default="async", show_default=True, type=click.Choice(["async", "ssp", "bsp"]))
+@click.option("--ssp-bound", default=3, show_default=True, type=click.IntRange(min=0))
+@click.option(
+    "--delay",
+    type=click.IntRange(min=0),
+    default=None,
+    help="constant-delay mode: every gradient applied exactly D updates late (D + 1 workers)",
+)
+@click.option("--task", default="digits", show_default=True, help="digits, digits-mlp or module:function")
+@click.option("--steps", default=1000, show_default=True, type=click.IntRange(min=1), help="gradients, all workers")
+@click.option("--updates", type=click.IntRange(min=1), default=None, help="also stop at this server clock")
+@click.option("--eval-every", default=100, show_default=True, type=click.IntRange(min=1), help="in steps")
+@click.option("--target-accuracy", type=click.FloatRange(0, 1), default=None)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
+def simulate_command(
+    workers: int,
+    speeds: str,
+    step_seconds: float,
+    rule: str,
+    lr: float | None,
+    rule_opts: tuple[str, ...],
+    consistency: str,
+    ssp_bound: int,
+    delay: int | None,
+    task: str,
+    steps: int,
+    updates: int | None,
+    eval_every: int,
+    target_accuracy: float | None,
+    seed: int,
+    json_path: Path | None,
+    torch_threads: int,
+) -> None:
+    """Simulate WORKERS workers of different speeds in virtual time with the server's own rules."""
+    from psserver.cli import parse_rule
+
+    spec = parse_rule(rule, lr, rule_opts)
+    torch.set_num_threads(torch_threads)
+    try:
+        config = SimConfig(
+            rule=rule,
+            options=spec.options.as_strings(),
+            workers=workers,
+            speeds=SpeedModel.parse(speeds, step_seconds),
+            consistency=consistency,
+            ssp_bound=ssp_bound,
+            delay=delay,
+            task=task,
+            steps=steps,
+            max_updates=updates,
+            eval_every=eval_every,
+            seed=seed,
+            target_accuracy=target_accuracy,
+        )
+        result = simulate(config)
+    except SimulationError as error:
+        raise click.UsageError(str(error)) from None
+    console = Console()
+    table = Table("worker", "slowdown", "steps", "pushes", "staleness mean", "staleness max")
+    for w in result.workers:
+        table.add_row(
+            f"sim-{w.rank}",
+            f"{w.slowdown:g}×",
+            str(w.steps),
+            str(w.pushes),
+            f"{w.mean_staleness:.2f}",
+            str(w.max_staleness),
+        )
+    console.print(table)
+    telemetry = ", ".join(f"{k} {v:.3g}" for k, v in result.telemetry.items())
+    console.print(
+        f"{'DIVERGED; ' if result.diverged else ''}test accuracy [bold]{result.test_accuracy:.4f}[/] "
+        f"(loss {result.test_loss:.4f}) after {result.clock} updates, {result.samples} samples, "
+        f"{result.virtual_s:.1f} virtual s ({result.wall_s:.1f} s wall); mean staleness "
+        f"{result.mean_staleness:.2f}" + (f"; {telemetry}" if telemetry else "")
+    )
+    if result.time_to_target_s is not None:
+        console.print(f"reached {target_accuracy} at {result.time_to_target_s:.1f} virtual s")
+    if json_path is not None:
+        json_path.write_text(json.dumps(result.to_json(), indent=1))
