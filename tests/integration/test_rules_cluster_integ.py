@@ -17,24 +17,25 @@ pytestmark = pytest.mark.integration
 
 # rule -> (lr, rule options, updates, extra server arguments)
 CONFIGS: dict[str, tuple[float, tuple[str, ...], int, tuple[str, ...]]] = {
-    "asgd": (0.1, (), 400, ()),
-    "momentum": (0.03, ("momentum=0.7",), 400, ()),
-    "sa": (0.2, (), 400, ()),
-    "dynsgd": (0.05, ("window=4",), 300, ()),
-    "downpour": (0.05, ("window=4",), 300, ()),
-    "dc-asgd": (0.1, (), 400, ()),
-    "gap-aware": (0.2, (), 400, ()),
-    "adaptive-braking": (0.02, (), 400, ()),
-    "ormo": (0.02, (), 400, ()),
-    "ormo-da": (0.02, (), 400, ()),
-    "easgd": (0.05, ("window=4",), 300, ()),
-    "eamsgd": (0.02, ("window=4",), 300, ()),
-    "agn": (0.002, ("window=4",), 300, ()),
-    "gem": (0.05, (), 400, ()),
+    "asgd": (0.1, (), 600, ()),
+    "momentum": (0.03, ("momentum=0.7",), 600, ()),
+    "sa": (0.2, (), 600, ()),
+    "dynsgd": (0.05, ("window=4",), 400, ()),
+    "downpour": (0.05, ("window=4",), 400, ()),
+    "dc-asgd": (0.1, (), 600, ()),
+    "gap-aware": (0.2, (), 600, ()),
+    "adaptive-braking": (0.02, (), 600, ()),
+    "ormo": (0.02, (), 600, ()),
+    "ormo-da": (0.02, (), 600, ()),
+    "easgd": (0.05, ("window=4",), 500, ()),
+    "eamsgd": (0.02, ("window=4",), 400, ()),
+    "agn": (0.002, ("window=4",), 400, ()),
+    "gem": (0.05, (), 600, ()),
 }
 CONSISTENCY = {
-    "bsp": ("asgd", 0.1, 200, ("--consistency", "bsp")),
-    "ssp": ("asgd", 0.1, 400, ("--consistency", "ssp", "--ssp-bound", "2")),
+    # BSP averages one gradient per worker, so its rate is larger.
+    "bsp": ("asgd", 0.3, 300, ("--consistency", "bsp")),
+    "ssp": ("asgd", 0.1, 600, ("--consistency", "ssp", "--ssp-bound", "2")),
 }
 
 
