@@ -20,6 +20,10 @@ class ErrorKind(enum.Enum):
     NOT_INITIALIZED = "not_initialized"
     FUTURE_CLOCK = "future_clock"
     BAD_REQUEST = "bad_request"
+    # A configured limit (workers, parameters) would be exceeded.
+    LIMIT_REACHED = "limit_reached"
+    # An admin request for checkpoints on a server started without --checkpoint-dir.
+    CHECKPOINTS_OFF = "checkpoints_off"
 
     @property
     def reason(self) -> str:

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 
@@ -28,7 +28,7 @@ from psserver.core.observer import NullObserver, ShardObserver
 from psserver.core.rules import PayloadKind, PushContext, RuleSpec, Telemetry, UpdateRule
 from psserver.core.rules.options import RuleOptions
 from psserver.core.snapshots import SnapshotStore
-from psserver.core.workers import PushOutcome, WorkerRecord
+from psserver.core.workers import PushMemory, PushOutcome, WorkerRecord
 
 # How often a waiting request wakes to re-check leases and its own deadline.
 WAIT_SLICE_S = 0.2
@@ -45,6 +45,20 @@ class ShardConfig:
     snapshot_memory_bytes: int = 2 * 1024**3
     # A GEM atomic reservation lapses after this long if its holder never pushes.
     reservation_seconds: float = 10.0
+    # Joined workers and observers at once; a Join past it is refused (RESOURCE_EXHAUSTED).
+    max_workers: int = 1024
+    # Elements one shard may hold; a first Join whose layout needs more is refused.
+    max_parameters: int = 2**31
+
+
+# Version of the dictionary ``Shard.state_dict`` returns (and checkpoints hold).
+STATE_FORMAT = 1
+# Push-id memories kept for names no joined worker uses (re-joining workers find theirs).
+IDLE_MEMORIES_KEPT = 4096
+
+
+class StateError(ValueError):
+    """A saved state that does not fit this shard (another rule, shard or format)."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +133,19 @@ class Shard:
         self._bsp: BspRound | None = None
         self._reserved_by: int | None = None
         self._reserved_until = 0.0
+        # Push-id memory per worker name, shared by every record of that name that resumed it.
+        self._memories: dict[str, PushMemory] = {}
+        # Called (lock held) with the state after every ``capture_every``-th update (checkpoints).
+        self.capture_every = 0
+        self.on_capture: Callable[[dict[str, Any]], None] | None = None
 
     # -- membership -------------------------------------------------------------------
 
-    def join(self, name: str, device: str, observer: bool, layout: Layout, layout_hash: str) -> JoinResult:
+    def join(
+        self, name: str, device: str, observer: bool, layout: Layout, layout_hash: str, resume: bool = False
+    ) -> JoinResult:
+        """Register a worker. With ``resume`` a worker of the same name continues: it keeps that
+        name's push-id memory (retried pushes stay exactly-once) and replaces a record left behind."""
         if layout_hash and layout_hash != layout.hash:
             self._refuse(
                 ErrorKind.LAYOUT_MISMATCH,
@@ -146,7 +169,22 @@ class Shard:
                     f"sent layout {layout.hash[:12]} ({len(layout.specs)} tensors, {layout.total_length} "
                     "parameters). Use the same model on every worker",
                 )
-            worker = WorkerRecord(next(self._ids), name, device, observer, last_seen=self._now())
+            previous = [w.worker_id for w in self.workers.values() if resume and w.name == name]
+            if len(self.workers) - len(previous) >= self.config.max_workers:
+                self._refuse(
+                    ErrorKind.LIMIT_REACHED,
+                    f"this shard already has {len(self.workers)} joined workers and observers, its limit "
+                    "(--max-workers); raise the limit or stop some workers",
+                )
+            for worker_id in previous:
+                self._remove(worker_id, evicted=False)
+            memory = self._memories.get(name) if resume else None
+            if memory is None:
+                memory = PushMemory()
+                self._memories.pop(name, None)
+                self._memories[name] = memory
+                self._forget_idle_memories()
+            worker = WorkerRecord(next(self._ids), name, device, observer, last_seen=self._now(), memory=memory)
             # A newcomer starts level with the slowest live worker so SSP neither stalls nor rushes it.
             worker.ssp_clock = min((w.ssp_clock for w in self._live_workers()), default=0)
             self.workers[worker.worker_id] = worker
@@ -154,12 +192,24 @@ class Shard:
             assert self.layout is not None
             return JoinResult(worker, self.layout, self.clock, self.initialized)
 
+    def _forget_idle_memories(self) -> None:
+        in_use = {w.name for w in self.workers.values()}
+        idle = [name for name in self._memories if name not in in_use]
+        for name in idle[: max(0, len(idle) - IDLE_MEMORIES_KEPT)]:
+            del self._memories[name]
+
     def _adopt_layout(self, layout: Layout) -> None:
         try:
             shard = layout.shard(self.config.shard_index)
             segments = layout.segments(self.config.shard_index)
         except LayoutError as error:
             self._refuse(ErrorKind.LAYOUT_MISMATCH, str(error))
+        if shard.length > self.config.max_parameters:
+            self._refuse(
+                ErrorKind.LIMIT_REACHED,
+                f"the layout puts {shard.length} parameters on shard {self.config.shard_index}, more than its "
+                f"limit of {self.config.max_parameters} (--max-parameters); use more shards or raise the limit",
+            )
         self.layout = layout
         self.params = torch.zeros(shard.length)
         self._segments = segments
@@ -363,6 +413,7 @@ class Shard:
             worker.record_push(pending.push_id, outcome)
             self.observer.push_applied(worker, outcome)
             worker.ssp_clock += 1
+            self._maybe_capture()
             self._changed.notify_all()
             return outcome
 
@@ -388,6 +439,11 @@ class Shard:
         outcome = PushOutcome(self.clock, staleness, {"staleness": float(staleness), **telemetry})
         self.observer.update_applied(apply_seconds, self.clock)
         return outcome
+
+    def _maybe_capture(self) -> None:
+        """After an update and its push ids are recorded: hand the state to ``on_capture`` when due."""
+        if self.capture_every and self.on_capture is not None and self.clock % self.capture_every == 0:
+            self.on_capture(self._state_locked())
 
     def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush) -> PushOutcome:
         """Add this worker's update to the round and wait until the round's mean is applied."""
@@ -429,6 +485,7 @@ class Shard:
             contributor.ssp_clock += 1
             self.observer.push_applied(contributor, outcome)
         self._bsp = BspRound(current.total.zero_(), number=current.number + 1)
+        self._maybe_capture()
         self._changed.notify_all()
 
     def _replay(self, worker: WorkerRecord, previous: PushOutcome) -> PushOutcome:
@@ -517,6 +574,110 @@ class Shard:
             self.rejected[kind.reason] = self.rejected.get(kind.reason, 0) + 1
             self.observer.rejected(kind.reason, worker)
         raise ShardError(kind, message)
+
+    # -- saved state (checkpoints) -----------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """A consistent copy of everything needed to resume: parameters, rule state, clocks,
+        workers and their push-id memories. Plain values and tensors only (``torch.load`` with
+        ``weights_only=True`` reads it). A BSP round still collecting is not included: its
+        pushes were not acknowledged, so their workers retry them."""
+        with self._lock:
+            return self._state_locked()
+
+    def _state_locked(self) -> dict[str, Any]:
+        rule_state = {k: v.detach().clone() for k, v in self.rule.state_tensors().items()} if self.rule else {}
+        return {
+            "format": STATE_FORMAT,
+            "shard_index": self.config.shard_index,
+            "num_shards": self.config.num_shards,
+            "rule": self.config.rule.rule.name,
+            "rule_options": dict(self.config.rule.options.as_strings()),
+            "layout": [[name, list(shape)] for name, shape in self.layout.specs] if self.layout else None,
+            "initialized": self.initialized,
+            "clock": self.clock,
+            "applied_pushes": self.applied_pushes,
+            "evictions": self.evictions,
+            "params": self.params.clone(),
+            "rule_state": rule_state,
+            "workers": [w.to_state() for w in self.workers.values()],
+            "memories": {name: memory.to_state() for name, memory in self._memories.items()},
+            "id_counter": next(self._ids),
+            "written_at": time.time(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned, into a shard that has seen no worker yet.
+
+        Raises ``StateError`` (nothing changed) when the state belongs to another rule, shard
+        index, shard count or format, or its tensors do not fit its layout."""
+        try:
+            self._load_state(state)
+        except (KeyError, TypeError, ValueError, RuntimeError, LayoutError) as error:
+            if isinstance(error, StateError):
+                raise
+            raise StateError(f"the saved state is incomplete or damaged: {error!r}") from None
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("format") != STATE_FORMAT:
+            raise StateError(f"saved state format {state.get('format')!r}; this server reads format {STATE_FORMAT}")
+        ours = (self.config.rule.rule.name, self.config.shard_index, self.config.num_shards)
+        theirs = (state["rule"], state["shard_index"], state["num_shards"])
+        if ours != theirs:
+            raise StateError(
+                f"the saved state is of rule {theirs[0]}, shard {theirs[1]} of {theirs[2]}; this server runs rule "
+                f"{ours[0]}, shard {ours[1]} of {ours[2]}. Start it with the same --rule, --shard-index and "
+                "--num-shards, or use another --checkpoint-dir"
+            )
+        with self._lock:
+            if self.layout is not None or self.workers:
+                raise StateError("state can only be restored into a shard no worker has joined yet")
+            layout = None
+            if state["layout"] is not None:
+                layout = Layout.from_named_shapes(
+                    ((str(name), tuple(int(d) for d in shape)) for name, shape in state["layout"]),
+                    self.config.num_shards,
+                )
+            params: torch.Tensor = state["params"]
+            if layout is not None:
+                expected = layout.shard(self.config.shard_index).length
+                if params.shape != (expected,) or params.dtype != torch.float32:
+                    raise StateError(f"saved parameters {tuple(params.shape)} do not fit the layout ({expected},)")
+                try:
+                    self._adopt_layout(layout)
+                except ShardError as error:
+                    raise StateError(error.message) from None
+                assert self.rule is not None
+                saved_rule: dict[str, torch.Tensor] = state["rule_state"]
+                for name, tensor in self.rule.state_tensors().items():
+                    saved = saved_rule.get(name)
+                    if saved is None or saved.shape != tensor.shape:
+                        self.layout, self.rule, self.params = None, None, torch.empty(0)
+                        raise StateError(
+                            f"the saved state of rule {state['rule']} has no {name!r} of shape {tuple(tensor.shape)} "
+                            "(was it saved with other rule options?)"
+                        )
+                for name, tensor in self.rule.state_tensors().items():
+                    tensor.copy_(saved_rule[name])
+                self.params.copy_(params)
+            now = self._now()
+            memories = {str(name): PushMemory.from_state(m) for name, m in state["memories"].items()}
+            workers = {}
+            for saved_worker in state["workers"]:
+                name = str(saved_worker["name"])
+                memory = memories.setdefault(name, PushMemory())
+                record = WorkerRecord.from_state(saved_worker, memory, now)
+                workers[record.worker_id] = record
+            self._memories = memories
+            self.workers = workers
+            self.initialized = bool(state["initialized"]) and layout is not None
+            self.clock = int(state["clock"])
+            self.applied_pushes = int(state["applied_pushes"])
+            self.evictions = int(state["evictions"])
+            self._ids = itertools.count(max(int(state["id_counter"]), max(workers, default=0) + 1))
+            self._pull_cache = {}
+            for record in workers.values():
+                self.observer.worker_joined(record)
 
     def uptime_seconds(self) -> float:
         return self._now() - self.started

@@ -1,10 +1,16 @@
-"""What the shard remembers about each worker: pulls, pushes, staleness, push ids."""
+"""What the shard remembers about each worker: pulls, pushes, staleness, push ids.
+
+A worker's push-id memory belongs to its *name*, not to its worker id: a worker that re-joins
+(after an eviction, a network failure or a server restart from a checkpoint) with the same
+name and ``resume`` keeps it, so a push it retries is still recognised and never applied twice.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 # Results of this many recent pushes are remembered per worker to answer retries.
 RECENT_PUSHES_KEPT = 1024
@@ -18,6 +24,43 @@ class PushOutcome:
     staleness: int
     telemetry: dict[str, float]
     duplicate: bool = False
+
+
+@dataclass
+class PushMemory:
+    """Which push ids of one worker name were applied, and what the recent ones produced."""
+
+    # Push ids at or below the watermark were applied (or are too old to be retried).
+    watermark: int = -1
+    recent: OrderedDict[int, PushOutcome] = field(default_factory=OrderedDict)
+
+    def previous_outcome(self, push_id: int) -> PushOutcome | None:
+        if push_id in self.recent:
+            return self.recent[push_id]
+        if push_id <= self.watermark:
+            return PushOutcome(clock=-1, staleness=0, telemetry={})
+        return None
+
+    def record(self, push_id: int, outcome: PushOutcome) -> None:
+        self.recent[push_id] = outcome
+        while len(self.recent) > RECENT_PUSHES_KEPT:
+            oldest, _ = self.recent.popitem(last=False)
+            self.watermark = max(self.watermark, oldest)
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain values (for checkpoints): the watermark and the recent outcomes."""
+        return {
+            "watermark": self.watermark,
+            "recent": [[pid, o.clock, o.staleness, dict(o.telemetry)] for pid, o in self.recent.items()],
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> PushMemory:
+        memory = cls(int(state["watermark"]))
+        for pid, clock, staleness, telemetry in state["recent"]:
+            values = {str(k): float(v) for k, v in telemetry.items()}
+            memory.recent[int(pid)] = PushOutcome(int(clock), int(staleness), values)
+        return memory
 
 
 @dataclass
@@ -40,17 +83,19 @@ class WorkerRecord:
     last_staleness: int = 0
     stats: dict[str, float] = field(default_factory=dict)
     last_telemetry: dict[str, float] = field(default_factory=dict)
-    # Push ids at or below the watermark were applied (or are too old to be retried).
-    push_id_watermark: int = -1
-    recent_pushes: OrderedDict[int, PushOutcome] = field(default_factory=OrderedDict)
+    memory: PushMemory = field(default_factory=PushMemory)
+
+    @property
+    def push_id_watermark(self) -> int:
+        return self.memory.watermark
+
+    @property
+    def recent_pushes(self) -> OrderedDict[int, PushOutcome]:
+        return self.memory.recent
 
     def previous_outcome(self, push_id: int) -> PushOutcome | None:
         """The outcome of an already applied push id, or None if it is new."""
-        if push_id in self.recent_pushes:
-            return self.recent_pushes[push_id]
-        if push_id <= self.push_id_watermark:
-            return PushOutcome(clock=-1, staleness=0, telemetry={})
-        return None
+        return self.memory.previous_outcome(push_id)
 
     def record_push(self, push_id: int, outcome: PushOutcome) -> None:
         self.pushes += 1
@@ -58,11 +103,38 @@ class WorkerRecord:
         self.max_staleness = max(self.max_staleness, outcome.staleness)
         self.last_staleness = outcome.staleness
         self.last_telemetry = outcome.telemetry
-        self.recent_pushes[push_id] = outcome
-        while len(self.recent_pushes) > RECENT_PUSHES_KEPT:
-            oldest, _ = self.recent_pushes.popitem(last=False)
-            self.push_id_watermark = max(self.push_id_watermark, oldest)
+        self.memory.record(push_id, outcome)
 
     @property
     def mean_staleness(self) -> float:
         return self.staleness_sum / self.pushes if self.pushes else 0.0
+
+    # Counters and identity kept in checkpoints (the push-id memory is saved per name).
+    _SAVED = (
+        "worker_id",
+        "name",
+        "device",
+        "observer",
+        "ssp_clock",
+        "pulled_clock",
+        "pulls",
+        "pushes",
+        "duplicate_pushes",
+        "staleness_sum",
+        "max_staleness",
+        "last_staleness",
+        "stats",
+        "last_telemetry",
+    )
+
+    def to_state(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in self._SAVED}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], memory: PushMemory, now: float) -> WorkerRecord:
+        record = cls(int(state["worker_id"]), str(state["name"]), str(state["device"]), bool(state["observer"]))
+        for key in cls._SAVED[4:]:
+            setattr(record, key, state[key])
+        record.memory = memory
+        record.last_seen = now
+        return record

@@ -17,4 +17,6 @@ STATUS_CODES: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.NOT_INITIALIZED: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorKind.FUTURE_CLOCK: grpc.StatusCode.OUT_OF_RANGE,
     ErrorKind.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.LIMIT_REACHED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.CHECKPOINTS_OFF: grpc.StatusCode.FAILED_PRECONDITION,
 }

@@ -1,0 +1,173 @@
+"""Checkpoints: what a shard saves comes back exactly, retried pushes stay exactly-once, bad files are refused."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from psproto import codec
+from psproto.layout import Layout
+from psserver.core import checkpoint
+from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.rules import PayloadKind, RuleSpec
+from psserver.core.shard import Shard, ShardConfig, StateError
+from psserver.core.workers import PushOutcome
+
+LAYOUT = Layout.from_named_shapes([("w", (2, 3)), ("b", (2,))])
+GRADIENT = int(PayloadKind.GRADIENT)
+
+
+def make_shard(rule: str = "momentum", **config: object) -> Shard:
+    return Shard(ShardConfig(RuleSpec.parse(rule, {"lr": "0.5"}), **config))  # type: ignore[arg-type]
+
+
+def push(shard: Shard, worker_id: int, push_id: int, base_clock: int, values: torch.Tensor) -> PushOutcome:
+    pending = shard.begin_push(worker_id, push_id, base_clock, GRADIENT, LAYOUT.hash, {})
+    for chunk in codec.encode(values):
+        shard.add_chunk(pending, chunk)
+    return shard.commit_push(pending)
+
+
+def trained_shard() -> Shard:
+    shard = make_shard()
+    worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash)
+    assembler = shard.begin_upload(worker, LAYOUT.hash)
+    for chunk in codec.encode(torch.arange(8, dtype=torch.float32)):
+        shard.decode_chunk(assembler, chunk)
+    shard.finish_upload(assembler)
+    for push_id in range(1, 4):
+        push(shard, worker, push_id, shard.clock, torch.ones(8) * push_id)
+    return shard
+
+
+def test_state_round_trips_parameters_rule_state_clocks_and_workers(tmp_path: Path) -> None:
+    shard = trained_shard()
+    written = checkpoint.write_checkpoint(tmp_path, shard.state_dict(), keep=3)
+    restored = make_shard()
+    assert checkpoint.restore(restored, tmp_path) == written.path
+    assert torch.equal(restored.params, shard.params)
+    assert restored.rule is not None and shard.rule is not None
+    assert torch.equal(restored.rule.state_tensors()["velocity"], shard.rule.state_tensors()["velocity"])
+    assert (restored.clock, restored.applied_pushes, restored.initialized) == (3, 3, True)
+    assert sorted(w.name for w in restored.worker_snapshot()) == ["a", "b"]
+    # Worker ids survive, so a worker that kept its id goes on without re-joining.
+    outcome = push(restored, 1, 4, restored.clock, torch.ones(8))
+    assert outcome.clock == 4 and not outcome.duplicate
+    # New workers never reuse a saved id.
+    assert restored.join("c", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id > 2
+
+
+def test_a_push_retried_after_a_restore_is_applied_once(tmp_path: Path) -> None:
+    shard = trained_shard()
+    checkpoint.write_checkpoint(tmp_path, shard.state_dict(), keep=3)
+    restored = make_shard()
+    checkpoint.restore(restored, tmp_path)
+    before = restored.params.clone()
+    # The worker re-joins with the same name (its id is unknown to it, say) and retries push 3.
+    worker = restored.join("a", "cpu", False, LAYOUT, LAYOUT.hash, resume=True).worker.worker_id
+    outcome = push(restored, worker, 3, 2, torch.ones(8))
+    assert outcome.duplicate
+    assert torch.equal(restored.params, before)
+    assert restored.clock == 3
+
+
+def test_resume_keeps_the_push_memory_and_replaces_the_old_record() -> None:
+    shard = trained_shard()
+    again = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash, resume=True).worker
+    assert 1 not in {w.worker_id for w in shard.worker_snapshot()}
+    assert push(shard, again.worker_id, 2, shard.clock, torch.ones(8)).duplicate
+    # Without resume the name starts afresh: push ids count from the new client.
+    fresh = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker
+    assert not push(shard, fresh.worker_id, 2, shard.clock, torch.ones(8)).duplicate
+
+
+def test_every_nth_update_is_captured_with_its_push_id(tmp_path: Path) -> None:
+    shard = trained_shard()
+    writer = checkpoint.Checkpointer(shard, tmp_path, keep=2, every_updates=2)
+    writer.start()
+    try:
+        for push_id in range(4, 10):
+            push(shard, 1, push_id, shard.clock, torch.ones(8))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and [c for _, c, _ in checkpoint.list_checkpoints(tmp_path)][-1:] != [8]:
+            time.sleep(0.05)
+    finally:
+        writer.stop()
+    files = checkpoint.list_checkpoints(tmp_path)
+    # Captures the writer had no time for are replaced by newer ones; every one is at a multiple of 2.
+    clocks = [clock for _, clock, _ in files]
+    assert clocks[-1] == 8 and len(clocks) <= 2 and all(c % 2 == 0 for c in clocks)
+    state = checkpoint.read_checkpoint(files[-1][2])
+    recent = [pid for pid, *_ in state["memories"]["a"]["recent"]]
+    assert recent[-1] == 8  # update 8 was push 8: its id is in the same checkpoint
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_time_based_checkpoints_only_when_the_clock_moved(tmp_path: Path) -> None:
+    shard = trained_shard()
+    writer = checkpoint.Checkpointer(shard, tmp_path, keep=5, every_seconds=0.1)
+    writer.start()
+    try:
+        time.sleep(0.3)
+        assert not checkpoint.list_checkpoints(tmp_path)  # nothing moved since start (or the restore)
+        push(shard, 1, 4, shard.clock, torch.ones(8))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not checkpoint.list_checkpoints(tmp_path):
+            time.sleep(0.05)
+        time.sleep(0.5)
+    finally:
+        writer.stop()
+    assert len(checkpoint.list_checkpoints(tmp_path)) == 1
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path) -> None:
+    shard = trained_shard()
+    first = checkpoint.write_checkpoint(tmp_path, shard.state_dict(), keep=3)
+    push(shard, 1, 4, shard.clock, torch.ones(8))
+    second = checkpoint.write_checkpoint(tmp_path, shard.state_dict(), keep=3)
+    second.path.write_bytes(second.path.read_bytes()[:100])
+    (tmp_path / ".ckpt-00000009-clock-9.pt.tmp-1").write_bytes(b"half")
+    restored = make_shard()
+    assert checkpoint.restore(restored, tmp_path) == first.path
+    assert restored.clock == 3
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_only_damaged_checkpoints_refuse_to_start(tmp_path: Path) -> None:
+    (tmp_path / "ckpt-00000001-clock-5.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(checkpoint.CheckpointError, match="none can be read"):
+        checkpoint.restore(make_shard(), tmp_path)
+
+
+def test_a_checkpoint_of_another_rule_or_shard_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    checkpoint.write_checkpoint(tmp_path, trained_shard().state_dict(), keep=3)
+    for other in (make_shard("asgd"), make_shard(shard_index=1, num_shards=2)):
+        with pytest.raises(StateError, match="same --rule"):
+            checkpoint.restore(other, tmp_path)
+        assert other.layout is None and other.clock == 0 and not other.workers
+
+
+def test_an_empty_directory_restores_nothing(tmp_path: Path) -> None:
+    shard = make_shard()
+    assert checkpoint.restore(shard, tmp_path / "missing") is None
+    assert shard.clock == 0
+
+
+def test_limits_on_workers_and_parameters() -> None:
+    shard = make_shard(max_workers=2)
+    shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash)
+    shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash)
+    with pytest.raises(ShardError) as caught:
+        shard.join("c", "cpu", False, LAYOUT, LAYOUT.hash)
+    assert caught.value.kind is ErrorKind.LIMIT_REACHED and "--max-workers" in caught.value.message
+    # A worker re-joining under its own name is not a new one.
+    shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash, resume=True)
+    small = make_shard(max_parameters=4)
+    with pytest.raises(ShardError) as caught:
+        small.join("a", "cpu", False, LAYOUT, LAYOUT.hash)
+    assert caught.value.kind is ErrorKind.LIMIT_REACHED and "--max-parameters" in caught.value.message
+    assert small.layout is None and not small.workers
