@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import click
 import grpc
@@ -14,12 +18,27 @@ from rich.console import Console
 from rich.table import Table
 
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.core import checkpoint
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import Shard, ShardConfig, StateError
 from psserver.metrics import DEFAULT_METRICS_PORT, ShardMetrics, serve_metrics
 from psserver.rpc.latency import LatencyInterceptor
-from psserver.rpc.server import serve_until_signalled, start_reaper, start_server, stop_on_signals
+from psserver.rpc.security import (
+    AuthInterceptor,
+    ClientTls,
+    SecurityConfigError,
+    ServerTls,
+    bearer_metadata,
+    read_token_file,
+)
+from psserver.rpc.server import (
+    ServerLimits,
+    serve_until_signalled,
+    start_reaper,
+    start_server,
+    stop_on_signals,
+)
 from psserver.sharding import shard_index_from_hostname as shard_index_from_ordinal
 from psserver.top import run_top
 
@@ -44,6 +63,63 @@ def parse_rule(name: str, lr: float | None, pairs: tuple[str, ...]) -> RuleSpec:
     except RuleOptionError as error:
         hint = "--rule" if name not in RULES else "--rule-opt"
         raise click.BadParameter(f"{error} (see `psserver rules`)", param_hint=hint) from None
+
+
+_EVERY = re.compile(r"^\s*(\d+)\s*(s|sec|seconds?|u|updates?)?\s*$")
+
+
+def parse_checkpoint_every(text: str) -> tuple[int, float]:
+    """``500`` (updates), ``30s`` (seconds) or both, comma-separated: (updates, seconds)."""
+    updates, seconds = 0, 0.0
+    for part in text.split(","):
+        match = _EVERY.match(part)
+        if not match or int(match.group(1)) == 0:
+            raise click.BadParameter(
+                f"{text!r}: give a positive number of updates (500), seconds (30s), or both (500,30s)",
+                param_hint="--checkpoint-every",
+            )
+        if (match.group(2) or "u").startswith("s"):
+            seconds = float(match.group(1))
+        else:
+            updates = int(match.group(1))
+    return updates, seconds
+
+
+def _path_option(flag: str, help_text: str) -> Callable[[Any], Any]:
+    return click.option(
+        flag, type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path), default=None, help=help_text
+    )
+
+
+def client_security_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--tls-ca, --tls-cert, --tls-key, --auth-token-file for commands that call a server."""
+    for option in reversed(
+        (
+            _path_option("--tls-ca", "CA certificate that signed the server's certificate (turns TLS on)"),
+            _path_option("--tls-cert", "this client's certificate, for a server that requires mutual TLS"),
+            _path_option("--tls-key", "the private key of --tls-cert"),
+            _path_option("--auth-token-file", "file holding the server's bearer token"),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def open_channel(
+    server: str, tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None, auth_token_file: Path | None
+) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
+    """A channel to ``server`` with the given TLS files, and the metadata carrying the token."""
+    try:
+        if tls_ca is None and (tls_cert or tls_key):
+            raise SecurityConfigError("--tls-cert/--tls-key need --tls-ca (the CA that signed the server)")
+        token = read_token_file(auth_token_file) if auth_token_file else None
+        if tls_ca is not None:
+            channel = grpc.secure_channel(server, ClientTls(tls_ca, tls_cert, tls_key).credentials())
+        else:
+            channel = grpc.insecure_channel(server)
+    except SecurityConfigError as error:
+        raise click.UsageError(str(error)) from None
+    return channel, bearer_metadata(token)
 
 
 @click.group()
@@ -99,6 +175,50 @@ def main() -> None:
 @click.option(
     "--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
 )
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="write checkpoints here, and restore the newest one on start",
+)
+@click.option(
+    "--checkpoint-every",
+    default="1000",
+    show_default=True,
+    help="updates (500), seconds (30s), or both (500,30s) between checkpoints",
+)
+@click.option("--checkpoint-keep", default=3, show_default=True, type=click.IntRange(min=1), help="checkpoints kept")
+@_path_option("--tls-cert", "PEM certificate chain of this server (turns TLS on; needs --tls-key)")
+@_path_option("--tls-key", "PEM private key of --tls-cert")
+@_path_option("--tls-client-ca", "require client certificates signed by this CA (mutual TLS; needs --tls-cert)")
+@_path_option("--auth-token-file", "require 'authorization: Bearer <token>' on every RPC but health")
+@click.option(
+    "--max-message-mb", default=64, show_default=True, type=click.IntRange(1, 2047), help="largest gRPC message"
+)
+@click.option(
+    "--max-concurrent-rpcs",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="RPCs in progress or queued at once; more are refused with RESOURCE_EXHAUSTED",
+)
+@click.option(
+    "--max-streams-per-connection", default=256, show_default=True, type=click.IntRange(min=1), help="per client"
+)
+@click.option(
+    "--max-workers",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="workers and observers joined at once; more Joins are refused with RESOURCE_EXHAUSTED",
+)
+@click.option(
+    "--max-parameters",
+    default=2**31,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="parameters this shard may hold; a larger model's Join is refused with RESOURCE_EXHAUSTED",
+)
 def serve(
     host: str,
     port: int,
@@ -118,9 +238,36 @@ def serve(
     metrics_port: int | None,
     no_metrics: bool,
     log_level: str,
+    checkpoint_dir: Path | None,
+    checkpoint_every: str,
+    checkpoint_keep: int,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_client_ca: Path | None,
+    auth_token_file: Path | None,
+    max_message_mb: int,
+    max_concurrent_rpcs: int,
+    max_streams_per_connection: int,
+    max_workers: int,
+    max_parameters: int,
 ) -> None:
     """Serve one shard of a model's parameters over gRPC until SIGTERM."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("psserver")
+    every_updates, every_seconds = parse_checkpoint_every(checkpoint_every)
+    if (tls_cert is None) != (tls_key is None):
+        raise click.BadParameter("give both --tls-cert and --tls-key, or neither", param_hint="--tls-cert/--tls-key")
+    if tls_client_ca is not None and tls_cert is None:
+        raise click.BadParameter(
+            "mutual TLS needs the server's own --tls-cert and --tls-key", param_hint="--tls-client-ca"
+        )
+    tls = ServerTls(tls_cert, tls_key, tls_client_ca) if tls_cert is not None and tls_key is not None else None
+    try:
+        token = read_token_file(auth_token_file) if auth_token_file is not None else None
+        if tls is not None:
+            tls.credentials()  # fail now, with the flag's name, rather than at bind time
+    except SecurityConfigError as error:
+        raise click.UsageError(str(error)) from None
     if shard_index_from_hostname:
         hostname = os.environ.get("HOSTNAME") or socket.gethostname()
         try:
@@ -143,9 +290,24 @@ def serve(
             lease_seconds=lease_seconds,
             consistency=Consistency(ConsistencyModel(consistency), ssp_bound),
             snapshot_memory_bytes=snapshot_memory_mb * 1024 * 1024,
+            max_workers=max_workers,
+            max_parameters=max_parameters,
         ),
         observer=metrics,
     )
+    checkpointer = None
+    if checkpoint_dir is not None:
+        try:
+            restored = checkpoint.restore(shard, checkpoint_dir, metrics)
+        except (checkpoint.CheckpointError, StateError) as error:
+            raise click.BadParameter(str(error), param_hint="--checkpoint-dir") from None
+        if restored is not None:
+            log.info(
+                "restored checkpoint %s: clock %d, %d worker(s)", restored, shard.clock, len(shard.worker_snapshot())
+            )
+        checkpointer = checkpoint.Checkpointer(
+            shard, checkpoint_dir, checkpoint_keep, every_updates, every_seconds, observer=metrics
+        )
     metrics_server = None
     if metrics is not None:
         scrape_port = DEFAULT_METRICS_PORT + shard_index if metrics_port is None else metrics_port
@@ -156,24 +318,51 @@ def serve(
                 f"cannot serve metrics on {host}:{scrape_port}: {error} (choose --metrics-port, or --no-metrics)"
             ) from None
         logging.getLogger("psserver").info("Prometheus metrics at http://%s:%d/metrics", host, metrics_server.port)
+    interceptors: list[LatencyInterceptor | AuthInterceptor] = []
+    if metrics is not None:
+        interceptors.append(LatencyInterceptor(metrics))
+    if token is not None:
+        refused = metrics.rejected if metrics is not None else None
+        interceptors.append(
+            AuthInterceptor(token, (lambda _method: refused("unauthenticated", None)) if refused else None)
+        )
+    limits = ServerLimits(max_message_mb * 1024 * 1024, max_concurrent_rpcs, max_streams_per_connection)
     try:
-        interceptors = [LatencyInterceptor(metrics)] if metrics is not None else []
-        running = start_server(shard, f"{host}:{port}", max_workers=threads, interceptors=interceptors)
+        running = start_server(
+            shard,
+            f"{host}:{port}",
+            max_workers=threads,
+            interceptors=interceptors,
+            tls=tls,
+            limits=limits,
+            checkpointer=checkpointer,
+        )
     except (OSError, RuntimeError) as error:
         raise click.ClickException(f"cannot listen on {host}:{port}: {error}") from None
+    if checkpointer is not None:
+        checkpointer.start()
     stop = stop_on_signals()
     options = ", ".join(f"{k}={v}" for k, v in spec.options.as_strings().items())
     # The launcher and tests read the bound port from this line.
     click.echo(
         f"psserver listening on {host}:{running.port} rule={spec.rule.name} ({options}) "
         f"consistency={consistency} shard={shard_index}/{num_shards} pid={os.getpid()} "
-        f"metrics={metrics_server.port if metrics_server else 'off'}",
+        f"metrics={metrics_server.port if metrics_server else 'off'} tls={_tls_mode(tls)} "
+        f"auth={'token' if token else 'off'} clock={shard.clock}",
         err=False,
     )
     sys.stdout.flush()
     reaper = start_reaper(shard, max(0.05, lease_seconds / 4))
     serve_until_signalled(running, drain_seconds, stop)
     reaper.set()
+    if checkpointer is not None:
+        # Every push has finished or was cancelled: the last checkpoint holds all acknowledged ones.
+        checkpointer.stop()
+        try:
+            written = checkpointer.write_now()
+            log.info("final checkpoint %s (clock %d)", written.path, written.clock)
+        except checkpoint.CheckpointError as error:
+            log.error("final checkpoint failed: %s", error)
     if metrics_server is not None:
         metrics_server.close()
     # Every RPC has finished or been cancelled by now. Skipping interpreter teardown avoids a
@@ -183,6 +372,12 @@ def serve(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _tls_mode(tls: ServerTls | None) -> str:
+    if tls is None:
+        return "off"
+    return "mutual" if tls.client_ca is not None else "on"
 
 
 @main.command()
@@ -206,12 +401,21 @@ def rules() -> None:
 @main.command()
 @click.option("--server", required=True, help="HOST:PORT of a shard")
 @click.option("--timeout", default=5.0, show_default=True, type=float)
-def status(server: str, timeout: float) -> None:
+@client_security_options
+def status(
+    server: str,
+    timeout: float,
+    tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    auth_token_file: Path | None,
+) -> None:
     """Show a running shard's clock, rule and workers."""
-    with grpc.insecure_channel(server) as channel:
+    channel, metadata = open_channel(server, tls_ca, tls_cert, tls_key, auth_token_file)
+    with channel:
         try:
             reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
-                ps_pb2.StatusRequest(), timeout=timeout
+                ps_pb2.StatusRequest(), timeout=timeout, metadata=metadata
             )
         except grpc.RpcError as error:
             raise click.ClickException(f"{server}: {error.code().name}: {error.details()}") from None
@@ -232,6 +436,30 @@ def status(server: str, timeout: float) -> None:
             f"{w.seconds_since_seen:.1f}",
         )
     console.print(table)
+
+
+@main.command("checkpoint")
+@click.option("--server", required=True, help="HOST:PORT of a shard")
+@click.option("--timeout", default=120.0, show_default=True, type=float)
+@client_security_options
+def checkpoint_command(
+    server: str,
+    timeout: float,
+    tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    auth_token_file: Path | None,
+) -> None:
+    """Make a running shard write a checkpoint now; prints the file and its clock."""
+    channel, metadata = open_channel(server, tls_ca, tls_cert, tls_key, auth_token_file)
+    with channel:
+        try:
+            reply: ps_pb2.CheckpointResponse = ps_pb2_grpc.ParameterServerStub(channel).Checkpoint(
+                ps_pb2.CheckpointRequest(), timeout=timeout, metadata=metadata
+            )
+        except grpc.RpcError as error:
+            raise click.ClickException(f"{server}: {error.code().name}: {error.details()}") from None
+    click.echo(f"{reply.path} clock={reply.clock}")
 
 
 @main.command()

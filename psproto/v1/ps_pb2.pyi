@@ -176,6 +176,7 @@ class JoinRequest(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     LAYOUT_FIELD_NUMBER: _builtins.int
     LAYOUT_HASH_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     worker_name: _builtins.str
     """Human-readable, unique per running worker (metric labels use it)."""
     device: _builtins.str
@@ -183,6 +184,12 @@ class JoinRequest(_message.Message):
     role: Global___Role.ValueType
     layout_hash: _builtins.str
     """Hex SHA-256 of the layout, as computed by psproto.layout (see docs/protocol.md)."""
+    resume: _builtins.bool
+    """True when this worker joined before under the same name and continues (after an eviction,
+    a lost connection or a server restart): it keeps that name's push-id memory, so a push it
+    retries is not applied twice, and a record it left behind is replaced. A new worker
+    process sends false and numbers its pushes above any id it could have used before.
+    """
     @_builtins.property
     def layout(self) -> Global___Layout: ...
     def __init__(
@@ -193,10 +200,11 @@ class JoinRequest(_message.Message):
         role: Global___Role.ValueType = ...,
         layout: Global___Layout | None = ...,
         layout_hash: _builtins.str = ...,
+        resume: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "layout", b"layout", "layout_hash", b"layout_hash", "role", b"role", "worker_name", b"worker_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "layout", b"layout", "layout_hash", b"layout_hash", "resume", b"resume", "role", b"role", "worker_name", b"worker_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -922,3 +930,42 @@ class StatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015
+
+@_typing.final
+class CheckpointRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointRequest: _TypeAlias = CheckpointRequest  # noqa: Y015
+
+@_typing.final
+class CheckpointResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    CLOCK_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """The file written, on the server's filesystem."""
+    clock: _builtins.int
+    """The clock the checkpoint holds."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        clock: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clock", b"clock", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointResponse: _TypeAlias = CheckpointResponse  # noqa: Y015

@@ -74,6 +74,11 @@ class ParameterServerStub:
                 request_serializer=psproto_dot_v1_dot_ps__pb2.StatusRequest.SerializeToString,
                 response_deserializer=psproto_dot_v1_dot_ps__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Checkpoint = channel.unary_unary(
+                '/psproto.v1.ParameterServer/Checkpoint',
+                request_serializer=psproto_dot_v1_dot_ps__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=psproto_dot_v1_dot_ps__pb2.CheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -127,6 +132,13 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Checkpoint(self, request, context):
+        """Admin: write a checkpoint now (FAILED_PRECONDITION without --checkpoint-dir).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +181,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=psproto_dot_v1_dot_ps__pb2.StatusRequest.FromString,
                     response_serializer=psproto_dot_v1_dot_ps__pb2.StatusResponse.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=psproto_dot_v1_dot_ps__pb2.CheckpointRequest.FromString,
+                    response_serializer=psproto_dot_v1_dot_ps__pb2.CheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +404,33 @@ class ParameterServer:
             '/psproto.v1.ParameterServer/Status',
             psproto_dot_v1_dot_ps__pb2.StatusRequest.SerializeToString,
             psproto_dot_v1_dot_ps__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psproto.v1.ParameterServer/Checkpoint',
+            psproto_dot_v1_dot_ps__pb2.CheckpointRequest.SerializeToString,
+            psproto_dot_v1_dot_ps__pb2.CheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

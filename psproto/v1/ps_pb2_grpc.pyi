@@ -45,6 +45,8 @@ class ParameterServerStub:
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_ps_pb2.HeartbeatRequest, _ps_pb2.HeartbeatResponse]
     Leave: _grpc.UnaryUnaryMultiCallable[_ps_pb2.LeaveRequest, _ps_pb2.LeaveResponse]
     Status: _grpc.UnaryUnaryMultiCallable[_ps_pb2.StatusRequest, _ps_pb2.StatusResponse]
+    Checkpoint: _grpc.UnaryUnaryMultiCallable[_ps_pb2.CheckpointRequest, _ps_pb2.CheckpointResponse]
+    """Admin: write a checkpoint now (FAILED_PRECONDITION without --checkpoint-dir)."""
 
 @_typing.type_check_only
 class ParameterServerAsyncStub(ParameterServerStub):
@@ -57,6 +59,8 @@ class ParameterServerAsyncStub(ParameterServerStub):
     Heartbeat: _aio.UnaryUnaryMultiCallable[_ps_pb2.HeartbeatRequest, _ps_pb2.HeartbeatResponse]  # type: ignore[assignment]
     Leave: _aio.UnaryUnaryMultiCallable[_ps_pb2.LeaveRequest, _ps_pb2.LeaveResponse]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_ps_pb2.StatusRequest, _ps_pb2.StatusResponse]  # type: ignore[assignment]
+    Checkpoint: _aio.UnaryUnaryMultiCallable[_ps_pb2.CheckpointRequest, _ps_pb2.CheckpointResponse]  # type: ignore[assignment]
+    """Admin: write a checkpoint now (FAILED_PRECONDITION without --checkpoint-dir)."""
 
 class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -114,5 +118,13 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request: _ps_pb2.StatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.StatusResponse, _abc.Awaitable[_ps_pb2.StatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Checkpoint(
+        self,
+        request: _ps_pb2.CheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.CheckpointResponse, _abc.Awaitable[_ps_pb2.CheckpointResponse]]:
+        """Admin: write a checkpoint now (FAILED_PRECONDITION without --checkpoint-dir)."""
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

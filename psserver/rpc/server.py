@@ -9,20 +9,39 @@ from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from psproto.v1 import ps_pb2
+from psserver.core.checkpoint import Checkpointer
 from psserver.core.shard import Shard
-from psserver.rpc.latency import LatencyInterceptor
+from psserver.rpc.security import ServerTls
 from psserver.rpc.servicer import ParameterServerServicer, add_to_server
+
+if TYPE_CHECKING:
+    _Interceptor = grpc.ServerInterceptor[Any, Any]
+else:
+    _Interceptor = grpc.ServerInterceptor
 
 _LOGGER = logging.getLogger(__name__)
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 # Large enough for chunks of a few MiB plus headers; clients never need more.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Transport limits; past each, gRPC refuses with RESOURCE_EXHAUSTED (or, for streams, queues)."""
+
+    # Largest message received or sent (a chunk plus its header).
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    # RPCs in progress or queued at once over all connections; more are refused.
+    max_concurrent_rpcs: int | None = 1024
+    # Concurrent streams on one HTTP/2 connection (one client); more wait for a free one.
+    max_streams_per_connection: int = 256
 
 
 @dataclass
@@ -43,22 +62,40 @@ class RunningServer:
 
 
 def start_server(
-    shard: Shard, address: str, max_workers: int = 32, interceptors: Sequence[LatencyInterceptor] = ()
+    shard: Shard,
+    address: str,
+    max_workers: int = 32,
+    interceptors: Sequence[_Interceptor] = (),
+    tls: ServerTls | None = None,
+    limits: ServerLimits | None = None,
+    checkpointer: Checkpointer | None = None,
 ) -> RunningServer:
-    """Start serving ``shard`` on ``address`` (``host:port``; port 0 picks a free one)."""
+    """Start serving ``shard`` on ``address`` (``host:port``; port 0 picks a free one).
+
+    With ``tls`` the port speaks only TLS (mutual TLS when it names a client CA). Interceptors
+    run in order, the first outermost (e.g. latency, then the bearer-token check)."""
+    limits = limits or ServerLimits()
     options = [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", limits.max_message_bytes),
+        ("grpc.max_send_message_length", limits.max_message_bytes),
+        ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
         ("grpc.so_reuseport", 0),
     ]
+    credentials = tls.credentials() if tls is not None else None
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers), options=options, interceptors=list(interceptors)
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=options,
+        interceptors=list(interceptors),
+        maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )
-    add_to_server(ParameterServerServicer(shard), server)
+    add_to_server(ParameterServerServicer(shard, checkpointer), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(address)
+    if credentials is not None:
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind {address}: the port is in use or the address is not local")
     server.start()

@@ -12,10 +12,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from psproto import wire
 from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
+from psserver.core.checkpoint import Checkpointer, CheckpointError
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind
 from psserver.core.shard import PendingPush, Shard
@@ -32,6 +34,8 @@ def _translate_errors(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: ParameterServerServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
+            if isinstance(request, wire.Malformed):
+                raise ShardError(ErrorKind.BAD_REQUEST, f"the request could not be parsed: {request.reason}")
             result = method(self, request, context)
             if isinstance(result, Iterator):
                 # Server-streaming: errors surface while iterating.
@@ -57,11 +61,28 @@ InitMessage = ps_pb2.InitRequest | wire.ChunkView | wire.Malformed
 
 
 def _parse_push_request(data: bytes) -> PushMessage:
-    return wire.parse_chunk_request(data) or ps_pb2.PushRequest.FromString(data)
+    return wire.parse_chunk_request(data) or _tolerant(ps_pb2.PushRequest.FromString)(data)
 
 
 def _parse_init_request(data: bytes) -> InitMessage:
-    return wire.parse_chunk_request(data) or ps_pb2.InitRequest.FromString(data)
+    return wire.parse_chunk_request(data) or _tolerant(ps_pb2.InitRequest.FromString)(data)
+
+
+MessageT = TypeVar("MessageT")
+
+
+def _tolerant(parse: Callable[[bytes], MessageT]) -> Callable[[bytes], MessageT | wire.Malformed]:
+    """A deserializer that turns bytes that are not the message into ``wire.Malformed``.
+
+    The handler then answers INVALID_ARGUMENT saying so, instead of gRPC's generic INTERNAL."""
+
+    def parsed(data: bytes) -> MessageT | wire.Malformed:
+        try:
+            return parse(data)
+        except (DecodeError, ValueError, RuntimeError) as error:
+            return wire.Malformed(f"{len(data)} bytes are not a valid message ({error})")
+
+    return parsed
 
 
 def _chunk_of(message: PushMessage | InitMessage, stream: str) -> wire.ChunkView | ps_pb2.Chunk:
@@ -114,24 +135,31 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
     """Register the service like the generated helper, but Pull and PushPull send pre-serialised bytes."""
     handlers = {
         "Join": grpc.unary_unary_rpc_method_handler(
-            servicer.Join, ps_pb2.JoinRequest.FromString, ps_pb2.JoinResponse.SerializeToString
+            servicer.Join, _tolerant(ps_pb2.JoinRequest.FromString), ps_pb2.JoinResponse.SerializeToString
         ),
         "Init": grpc.stream_unary_rpc_method_handler(
             servicer.Init, _parse_init_request, ps_pb2.InitResponse.SerializeToString
         ),
-        "Pull": grpc.unary_stream_rpc_method_handler(servicer.Pull, ps_pb2.PullRequest.FromString, None),
+        "Pull": grpc.unary_stream_rpc_method_handler(servicer.Pull, _tolerant(ps_pb2.PullRequest.FromString), None),
         "Push": grpc.stream_unary_rpc_method_handler(
             servicer.Push, _parse_push_request, ps_pb2.PushResponse.SerializeToString
         ),
         "PushPull": grpc.stream_stream_rpc_method_handler(servicer.PushPull, _parse_push_request, None),
         "Heartbeat": grpc.unary_unary_rpc_method_handler(
-            servicer.Heartbeat, ps_pb2.HeartbeatRequest.FromString, ps_pb2.HeartbeatResponse.SerializeToString
+            servicer.Heartbeat,
+            _tolerant(ps_pb2.HeartbeatRequest.FromString),
+            ps_pb2.HeartbeatResponse.SerializeToString,
         ),
         "Leave": grpc.unary_unary_rpc_method_handler(
-            servicer.Leave, ps_pb2.LeaveRequest.FromString, ps_pb2.LeaveResponse.SerializeToString
+            servicer.Leave, _tolerant(ps_pb2.LeaveRequest.FromString), ps_pb2.LeaveResponse.SerializeToString
         ),
         "Status": grpc.unary_unary_rpc_method_handler(
-            servicer.Status, ps_pb2.StatusRequest.FromString, ps_pb2.StatusResponse.SerializeToString
+            servicer.Status, _tolerant(ps_pb2.StatusRequest.FromString), ps_pb2.StatusResponse.SerializeToString
+        ),
+        "Checkpoint": grpc.unary_unary_rpc_method_handler(
+            servicer.Checkpoint,
+            _tolerant(ps_pb2.CheckpointRequest.FromString),
+            ps_pb2.CheckpointResponse.SerializeToString,
         ),
     }
     service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
@@ -143,8 +171,9 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
 class ParameterServerServicer:
     """psproto.v1.ParameterServer; registered by ``add_to_server``."""
 
-    def __init__(self, shard: Shard) -> None:
+    def __init__(self, shard: Shard, checkpointer: Checkpointer | None = None) -> None:
         self.shard = shard
+        self.checkpointer = checkpointer
         self.serialized = SerializedPulls()
 
     @_translate_errors
@@ -161,6 +190,7 @@ class ParameterServerServicer:
             request.role == ps_pb2.ROLE_OBSERVER,
             layout,
             request.layout_hash,
+            resume=request.resume,
         )
         shard_range = result.layout.shard(self.shard.config.shard_index)
         return ps_pb2.JoinResponse(
@@ -253,3 +283,15 @@ class ParameterServerServicer:
             rejected=dict(shard.rejected),
             uptime_seconds=shard.uptime_seconds(),
         )
+
+    @_translate_errors
+    def Checkpoint(self, request: ps_pb2.CheckpointRequest, context: grpc.ServicerContext) -> ps_pb2.CheckpointResponse:
+        if self.checkpointer is None:
+            raise ShardError(
+                ErrorKind.CHECKPOINTS_OFF, "this server writes no checkpoints; start it with --checkpoint-dir DIR"
+            )
+        try:
+            written = self.checkpointer.write_now()
+        except CheckpointError as error:
+            context.abort(grpc.StatusCode.INTERNAL, str(error))
+        return ps_pb2.CheckpointResponse(path=str(written.path), clock=written.clock)
