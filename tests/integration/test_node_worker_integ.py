@@ -1,0 +1,122 @@
+"""A Node.js worker (examples/node-worker, @grpc/grpc-js, written against ps.proto only) and a Python
+worker train one model together on a live two-shard server: the protocol is language-agnostic."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from psproto.layout import Layout
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psworker.client import PSClient
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_WORKER = ROOT / "examples" / "node-worker"
+NODE = shutil.which("node")
+FEATURES = 8
+NODE_STEPS = 150
+PYTHON_STEPS = 150
+
+needs_node = pytest.mark.skipif(NODE is None, reason="node (Node.js) is not installed")
+
+
+def require_node_modules() -> None:
+    if not (NODE_WORKER / "node_modules" / "@grpc" / "grpc-js").is_dir():
+        pytest.fail("examples/node-worker/node_modules is missing: run `npm ci` there (`make test` does)")
+
+
+def layout(num_shards: int) -> Layout:
+    # The Node worker's model: logistic regression, `w: [1, F]` then `b: [1]`.
+    return Layout.from_named_shapes([("w", (1, FEATURES)), ("b", (1,))], num_shards)
+
+
+def python_worker(addresses: list[str], steps: int, losses: list[float], errors: list[BaseException]) -> None:
+    """The same task as the Node worker (y = [w*·x + b* > 0]), its gradient computed with torch."""
+    try:
+        generator = torch.Generator().manual_seed(42)
+        true_w = torch.tensor([(1.0 if j % 2 == 0 else -1.0) * (1 + j / FEATURES) for j in range(FEATURES)])
+        x = torch.randn(2048, FEATURES, generator=generator)
+        y = (x @ true_w + 0.25 > 0).float()
+        params = torch.zeros(FEATURES + 1)
+        with PSClient(addresses, layout(len(addresses)), name="python-worker") as client:
+            if not client.initialized:
+                client.init(params)
+            for step in range(steps):
+                client.pull(params)
+                w, b = params[:FEATURES].clone().requires_grad_(), params[FEATURES:].clone().requires_grad_()
+                batch = slice((step * 32) % 2016, (step * 32) % 2016 + 32)
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(x[batch] @ w + b, y[batch])
+                loss.backward()
+                assert w.grad is not None and b.grad is not None
+                client.push(torch.cat([w.grad, b.grad]))
+                losses.append(loss.item())
+    except BaseException as error:  # reported by the test thread
+        errors.append(error)
+
+
+def test_node_unit_tests() -> None:
+    if NODE is None:
+        pytest.skip("node (Node.js) is not installed")
+    require_node_modules()
+    result = subprocess.run([NODE, "--test", "test/"], cwd=NODE_WORKER, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_node
+def test_node_and_python_workers_train_one_model(
+    start_psserver: Callable[..., str], stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub]
+) -> None:
+    require_node_modules()
+    addresses = [start_psserver("asgd", 0.5, shard_index=index, num_shards=2) for index in range(2)]
+
+    losses: list[float] = []
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=python_worker, args=(addresses, PYTHON_STEPS, losses, errors))
+    command = [NODE, "worker.js", "--name", "node-worker", "--steps", str(NODE_STEPS), "--log-every", "10"]
+    for address in addresses:
+        command += ["--server", address]
+    node = subprocess.Popen(command, cwd=NODE_WORKER, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    thread.start()
+    try:
+        stdout, stderr = node.communicate(timeout=180)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        thread.join(180)
+    assert node.returncode == 0, f"node worker failed:\n{stderr}\n{stdout}"
+    assert not errors, f"python worker failed: {errors[0]!r}"
+
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    joined = [e for e in events if e["event"] == "joined"]
+    assert [e["shard"] for e in joined] == [0, 1]
+    assert {e["rule"] for e in joined} == {"asgd"}
+    step_losses = [e["loss"] for e in events if e["event"] == "step"]
+    done = next(e for e in events if e["event"] == "done")
+    # The Node worker's evaluation loss falls: steadily across its log and by half overall.
+    assert len(step_losses) == NODE_STEPS // 10 + 1
+    assert step_losses[-1] < step_losses[0] * 0.5, step_losses
+    assert done["final_loss"] < done["first_loss"] * 0.5
+    later_halves = step_losses[len(step_losses) // 2 :]
+    assert max(later_halves) < step_losses[0], step_losses
+    assert done["pushes"] == NODE_STEPS
+    # The Python worker, on the same model, learned too.
+    assert len(losses) == PYTHON_STEPS
+    assert sum(losses[-20:]) / 20 < sum(losses[:5]) / 5
+
+    # Every push of both workers was applied once by each shard (ASGD: one update per push).
+    for address in addresses:
+        status = stub_for(address).Status(ps_pb2.StatusRequest(), timeout=10)
+        assert status.clock == NODE_STEPS + PYTHON_STEPS, address
+        assert status.applied_pushes == NODE_STEPS + PYTHON_STEPS
+        assert status.layout_hash == layout(2).hash
+        assert dict(status.rejected) == {} or sum(status.rejected.values()) == 0

