@@ -23,6 +23,7 @@ from urllib.request import urlopen
 
 import grpc
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,3 +204,34 @@ def test_image_psserver_answers_grpc_health_check(image_root: Path) -> None:
         timeout=60,
     )
     assert failed.returncode == 1, failed.stdout + failed.stderr
+
+
+def test_compose_stack_is_consistent() -> None:
+    """docker/compose.yaml: 2 shards, workers that list both, Prometheus scraping both, Grafana provisioned."""
+    compose_file = ROOT / "docker" / "compose.yaml"
+    compose = yaml.safe_load(compose_file.read_text())
+    services = compose["services"]
+    assert {"psserver-0", "psserver-1", "psworker", "prometheus", "grafana"} <= set(services)
+    metrics_targets = []
+    for index in range(2):
+        shard = services[f"psserver-{index}"]
+        command = shard["command"]
+        assert f"--shard-index {index} --num-shards 2" in command
+        assert (compose_file.parent / shard["build"]["context"] / shard["build"]["dockerfile"]).is_file()
+        assert shard["healthcheck"]["test"] == ["CMD", "python", "/opt/hetps/healthcheck.py"]
+        metrics_port = re.search(r"--metrics-port (\d+)", command)
+        assert metrics_port
+        metrics_targets.append(f"psserver-{index}:{metrics_port.group(1)}")
+    worker = services["psworker"]
+    assert "--server psserver-0:50051 --server psserver-1:50051" in worker["command"]
+    assert {name: dep["condition"] for name, dep in worker["depends_on"].items()} == {
+        "psserver-0": "service_healthy",
+        "psserver-1": "service_healthy",
+    }
+    prometheus_config = yaml.safe_load((ROOT / "docker" / "prometheus" / "prometheus.yml").read_text())
+    targets = prometheus_config["scrape_configs"][0]["static_configs"][0]["targets"]
+    assert targets == metrics_targets
+    for service in ("prometheus", "grafana"):
+        for volume in services[service]["volumes"]:
+            source = volume.split(":")[0]
+            assert (compose_file.parent / source).exists(), f"{service} mounts {source}, which does not exist"

@@ -120,3 +120,22 @@ def test_node_and_python_workers_train_one_model(
         assert status.applied_pushes == NODE_STEPS + PYTHON_STEPS
         assert status.layout_hash == layout(2).hash
         assert dict(status.rejected) == {} or sum(status.rejected.values()) == 0
+
+
+@needs_node
+def test_node_worker_sends_the_bearer_token(start_psserver: Callable[..., str], tmp_path: Path) -> None:
+    require_node_modules()
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    address = start_psserver("asgd", 0.5, extra_args=("--auth-token-file", str(token)))
+    base = [NODE, "worker.js", "--server", address, "--steps", "3", "--log-every", "1"]
+
+    refused = subprocess.run(base, cwd=NODE_WORKER, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert "UNAUTHENTICATED" in refused.stderr
+
+    accepted = subprocess.run(
+        [*base, "--auth-token-file", str(token)], cwd=NODE_WORKER, capture_output=True, text=True, timeout=60
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    assert '"event":"done"' in accepted.stdout
