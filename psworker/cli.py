@@ -14,6 +14,11 @@ from rich.console import Console
 from rich.table import Table
 
 from psproto import codec
+from psserver.cli import client_security_options
+from psserver.rpc.security import ClientTls, SecurityConfigError, read_token_file
+from psworker.binding import ModelBinding
+from psworker.client import PSClient
+from psworker.export import ExportError, named_tensors, save_state_dict, state_dict_from_checkpoints
 from psworker.launcher import ClusterConfig, ClusterError, run_cluster
 from psworker.procedures import ProcedureError
 from psworker.sim_cli import simulate_command
@@ -33,6 +38,22 @@ def _parse_slowdowns(text: str) -> list[float]:
     if not values or any(v < 1.0 for v in values):
         raise click.BadParameter("every slowdown must be >= 1 (1 = full speed)", param_hint="--slowdowns")
     return values
+
+
+def _client_security(
+    tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None, auth_token_file: Path | None
+) -> tuple[ClientTls | None, str | None]:
+    """Validated TLS files and token from the flags; a usage error (exit 2) says what to fix."""
+    try:
+        if tls_ca is None and (tls_cert is not None or tls_key is not None):
+            raise SecurityConfigError("--tls-cert/--tls-key need --tls-ca (the CA that signed the server)")
+        tls = ClientTls(tls_ca, tls_cert, tls_key) if tls_ca is not None else None
+        if tls is not None:
+            tls.credentials()
+        token = read_token_file(auth_token_file) if auth_token_file is not None else None
+    except SecurityConfigError as error:
+        raise click.UsageError(str(error)) from None
+    return tls, token
 
 
 @click.group()
@@ -71,6 +92,14 @@ def main() -> None:
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSON-lines log")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--retry-seconds",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="keep retrying (with backoff) a server that is down or unreachable this long before giving up",
+)
+@client_security_options
 def train_command(
     servers: tuple[str, ...],
     task: str,
@@ -85,9 +114,15 @@ def train_command(
     log_file: Path | None,
     progress: bool,
     torch_threads: int,
+    retry_seconds: float,
+    tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    auth_token_file: Path | None,
 ) -> None:
     """Train a task against a running server."""
     torch.set_num_threads(torch_threads)
+    tls, token = _client_security(tls_ca, tls_cert, tls_key, auth_token_file)
     if max_steps is None and until_clock is None:
         until_clock = 1000
     try:
@@ -107,6 +142,9 @@ def train_command(
         wire_dtype,
         log_file,
         progress,
+        tls=tls,
+        auth_token=token,
+        retry_seconds=retry_seconds,
     )
     try:
         summary = train(config, loaded)
@@ -216,6 +254,65 @@ def cluster(
         f"{report.clock} updates in {report.wall_seconds:.1f} s"
     )
     sys.stdout.flush()
+
+
+@main.command("export")
+@click.option(
+    "--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="FILE.safetensors or FILE.pt"
+)
+@click.option(
+    "--checkpoint",
+    "checkpoints",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="a shard's checkpoint file or --checkpoint-dir (its newest); one per shard",
+)
+@click.option("--server", "servers", multiple=True, help="HOST:PORT of a running shard; one per shard, in order")
+@click.option("--task", default=None, help="with --server: the task whose model the server trains")
+@client_security_options
+def export_command(
+    out: Path,
+    checkpoints: tuple[Path, ...],
+    servers: tuple[str, ...],
+    task: str | None,
+    tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    auth_token_file: Path | None,
+) -> None:
+    """Write the trained model as a state dict (safetensors or PyTorch) that loads into the module.
+
+    From checkpoints (no model code needed) or from running shards (pulled as an observer).
+    """
+    if bool(checkpoints) == bool(servers):
+        raise click.UsageError("give either --checkpoint (one per shard) or --server (one per shard) with --task")
+    if checkpoints:
+        try:
+            tensors = state_dict_from_checkpoints(checkpoints)
+        except ExportError as error:
+            raise click.BadParameter(str(error), param_hint="--checkpoint") from None
+    else:
+        if task is None:
+            raise click.UsageError("--server needs --task: the model's layout comes from the task")
+        try:
+            model = load_task(task).build_model()
+        except TaskError as error:
+            raise click.BadParameter(str(error), param_hint="--task") from None
+        tls, token = _client_security(tls_ca, tls_cert, tls_key, auth_token_file)
+        binding = ModelBinding(model, num_shards=len(servers))
+        try:
+            with PSClient(
+                list(servers), binding.layout, name="export", observer=True, tls=tls, auth_token=token
+            ) as client:
+                client.pull(binding.params)
+                clock = client.clock
+        except grpc.RpcError as error:
+            raise click.ClickException(f"server refused: {error.code().name}: {error.details()}") from None
+        tensors = named_tensors(binding.layout, binding.params)
+        click.echo(f"pulled clock {clock}")
+    kind = save_state_dict(tensors, out)
+    total = sum(t.numel() for t in tensors.values())
+    click.echo(f"wrote {out} ({kind}, {len(tensors)} tensors, {total} parameters)")
 
 
 main.add_command(simulate_command)

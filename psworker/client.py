@@ -2,16 +2,26 @@
 
 The client fans each pull and push out to all shards concurrently; each shard reads and
 writes its own slice of the caller's flat buffer, so no model-sized temporary is made.
+
+It rides through network failures and server restarts: a call that fails with UNAVAILABLE
+(or runs past its deadline) is retried with exponential backoff, a push with the same push
+id (the server applies a push id at most once); a shard that no longer knows the worker
+(it was evicted, or the server restarted without its record) is joined again with
+``resume``, which keeps the worker's push-id memory on the server. When a restarted shard
+is behind the clocks this client already saw, the rollback is recorded in ``rollbacks``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import logging
+import random
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
@@ -20,13 +30,54 @@ import torch
 from psproto import codec, wire
 from psproto.layout import Layout, ShardRange
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.rpc.security import ClientTls, bearer_metadata
 
 ResultT = TypeVar("ResultT")
+_LOGGER = logging.getLogger(__name__)
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff for calls that failed because the server could not be reached."""
+
+    # Give up when a call has been failing for this long (then the last error is raised).
+    give_up_seconds: float = 300.0
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+    multiplier: float = 2.0
+    # Status codes that mean "try again": the server is down, restarting, or the network dropped.
+    retry_codes: frozenset[grpc.StatusCode] = frozenset(
+        {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+    )
+
+
+NO_RETRY = RetryPolicy(give_up_seconds=0.0)
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """A shard came back (restored from a checkpoint) at an earlier clock than this client had seen."""
+
+    shard: int
+    seen_clock: int
+    clock: int
+
+    @property
+    def lost_updates(self) -> int:
+        return self.seen_clock - self.clock
+
+
+@dataclass
+class ClientStats:
+    retries: int = 0
+    rejoins: int = 0
+    duplicate_acks: int = 0
+    rollbacks: list[Rollback] = field(default_factory=list)
 
 
 class ServerMismatchError(RuntimeError):
@@ -65,7 +116,7 @@ class DataPath:
         )
 
 
-@dataclass(frozen=True)
+@dataclass
 class ShardSession:
     address: str
     stub: ps_pb2_grpc.ParameterServerStub
@@ -97,6 +148,10 @@ class PSClient:
         observer: bool = False,
         connect_timeout: float = 30.0,
         rpc_timeout: float = 120.0,
+        tls: ClientTls | None = None,
+        auth_token: str | None = None,
+        retry: RetryPolicy | None = None,
+        reinit: Callable[[], torch.Tensor] | None = None,
     ) -> None:
         addresses = [servers] if isinstance(servers, str) else list(servers)
         if len(addresses) != layout.num_shards:
@@ -105,28 +160,63 @@ class PSClient:
             raise ValueError(f"wire dtype {wire_dtype!r} is not one of {', '.join(codec.WIRE_DTYPE_NAMES)}")
         self.layout = layout
         self.name = name or f"{socket.gethostname()}-{id(self):x}"
+        self.device = device
+        self.observer = observer
         self.wire_dtype = codec.WIRE_DTYPE_NAMES[wire_dtype]
         self.rpc_timeout = rpc_timeout
-        self._push_ids = itertools.count(1)
+        self.connect_timeout = connect_timeout
+        self.retry = retry or RetryPolicy()
+        # Called for the current parameters when a shard came back empty (restarted without a checkpoint).
+        self.reinit = reinit
+        self.stats = ClientStats()
+        self._credentials = tls.credentials() if tls is not None else None
+        self._metadata = bearer_metadata(auth_token)
+        # Push ids grow across processes too: a restarted worker starts above any id it used before,
+        # so a server that remembers its name never mistakes a new push for a retried one.
+        self._next_push_id = time.time_ns() // 1000
+        self._push_id_lock = threading.Lock()
+        self._session_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(addresses)), thread_name_prefix="psclient")
-        self.sessions = [
-            self._join(index, address, device, observer, connect_timeout) for index, address in enumerate(addresses)
-        ]
+        self.sessions: list[ShardSession] = []
+        try:
+            for index, address in enumerate(addresses):
+                self.sessions.append(self._join(index, address, self._channel(address), connect_timeout))
+        except BaseException:
+            for session in self.sessions:
+                session.channel.close()
+            self._pool.shutdown(wait=False)
+            raise
         self.pulled_clocks = [s.join.clock for s in self.sessions]
+        # The highest clock each shard has shown this client (pull or push); a lower one means a rollback.
+        self.seen_clocks = [s.join.clock for s in self.sessions]
 
     # -- membership -------------------------------------------------------------------
 
-    def _join(self, index: int, address: str, device: str, observer: bool, timeout: float) -> ShardSession:
-        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def _channel(self, address: str) -> grpc.Channel:
+        if self._credentials is not None:
+            return grpc.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+    def _join(
+        self, index: int, address: str, channel: grpc.Channel, timeout: float, resume: bool = False
+    ) -> ShardSession:
         stub = ps_pb2_grpc.ParameterServerStub(channel)
         request = ps_pb2.JoinRequest(
             worker_name=self.name,
-            device=device,
-            role=ps_pb2.ROLE_OBSERVER if observer else ps_pb2.ROLE_WORKER,
+            device=self.device,
+            role=ps_pb2.ROLE_OBSERVER if self.observer else ps_pb2.ROLE_WORKER,
             layout=self.layout.to_proto(),
             layout_hash=self.layout.hash,
+            resume=resume,
         )
-        reply: ps_pb2.JoinResponse = stub.Join(request, timeout=timeout, wait_for_ready=True)
+        try:
+            reply: ps_pb2.JoinResponse = stub.Join(
+                request, timeout=timeout, wait_for_ready=True, metadata=self._metadata
+            )
+        except grpc.RpcError:
+            if not resume:
+                channel.close()
+            raise
         expected = self.layout.shard(index)
         if reply.shard_index != index or (reply.shard_offset, reply.shard_length) != (expected.offset, expected.length):
             channel.close()
@@ -137,6 +227,83 @@ class PSClient:
             )
         return ShardSession(address, stub, channel, reply.worker_id, expected, reply, DataPath(channel))
 
+    def _rejoin(self, index: int, stale: ShardSession) -> ShardSession:
+        """Join shard ``index`` again (same name, push-id memory kept); Init it if it came back empty."""
+        with self._session_lock:
+            current = self.sessions[index]
+            if current is not stale:
+                return current  # another thread already re-joined
+            session = self._join(index, current.address, current.channel, self.connect_timeout, resume=True)
+            self.stats.rejoins += 1
+            _LOGGER.warning(
+                "%s: re-joined shard %d at %s as worker %d (clock %d)",
+                self.name,
+                index,
+                session.address,
+                session.worker_id,
+                session.join.clock,
+            )
+            if not session.join.initialized and not self.observer:
+                if self.reinit is None:
+                    raise ServerMismatchError(
+                        f"shard {index} at {session.address} came back without parameters (restarted without a "
+                        "checkpoint) and this client has none to upload; give PSClient a reinit callable"
+                    )
+                self._init_shard(session, self.reinit())
+            self.sessions[index] = session
+            self._observe_clock(index, session.join.clock)
+            return session
+
+    def _observe_clock(self, index: int, clock: int) -> None:
+        seen = self.seen_clocks[index]
+        if clock < seen:
+            rollback = Rollback(index, seen, clock)
+            self.stats.rollbacks.append(rollback)
+            _LOGGER.warning(
+                "%s: shard %d is back at clock %d after %d: %d update(s) were lost",
+                self.name,
+                index,
+                clock,
+                seen,
+                rollback.lost_updates,
+            )
+            self.seen_clocks[index] = clock
+        else:
+            self.seen_clocks[index] = max(seen, clock)
+
+    def _call(self, index: int, call: Callable[[ShardSession], ResultT]) -> ResultT:
+        """Run ``call`` on shard ``index``, retrying with backoff and re-joining as needed."""
+        policy = self.retry
+        deadline = time.monotonic() + policy.give_up_seconds
+        backoff = policy.initial_backoff
+        while True:
+            session = self.sessions[index]
+            try:
+                return call(session)
+            except grpc.RpcError as error:
+                code = error.code()
+                if time.monotonic() >= deadline:
+                    raise
+                details = error.details() or ""
+                if code == grpc.StatusCode.NOT_FOUND and ("not joined" in details or "evicted" in details):
+                    try:
+                        self._rejoin(index, session)
+                    except grpc.RpcError as join_error:
+                        if join_error.code() not in policy.retry_codes:
+                            raise
+                    else:
+                        continue
+                elif code not in policy.retry_codes:
+                    raise
+                self.stats.retries += 1
+                _LOGGER.info("%s: shard %d: %s (%s); retrying", self.name, index, code.name, error.details())
+            time.sleep(min(backoff, max(0.0, deadline - time.monotonic())) * random.uniform(0.5, 1.0))
+            backoff = min(policy.max_backoff, backoff * policy.multiplier)
+
+    @property
+    def rollbacks(self) -> list[Rollback]:
+        return self.stats.rollbacks
+
     @property
     def rule(self) -> ps_pb2.RuleInfo:
         return self.sessions[0].join.rule
@@ -146,8 +313,11 @@ class PSClient:
         return all(s.join.initialized for s in self.sessions)
 
     def _fan_out(self, call: Callable[..., ResultT], *args: object) -> list[ResultT]:
-        """Run ``call(session, *args)`` for every shard concurrently; re-raises the first error."""
-        futures = [self._pool.submit(call, session, *args) for session in self.sessions]
+        """Run ``call(session, *args)`` for every shard concurrently, each with retries; re-raises the first error."""
+        futures = [
+            self._pool.submit(self._call, index, lambda session, call=call: call(session, *args))
+            for index in range(len(self.sessions))
+        ]
         return [f.result() for f in futures]
 
     # -- parameters -------------------------------------------------------------------
@@ -165,7 +335,7 @@ class PSClient:
             for payload in codec.payloads(flat[session.range.offset : session.range.end]):
                 yield wire.chunk_in(2, payload.offset, payload.dtype, payload.data)
 
-        reply: ps_pb2.InitResponse = session.data.init(requests(), timeout=self.rpc_timeout)
+        reply: ps_pb2.InitResponse = session.data.init(requests(), timeout=self.rpc_timeout, metadata=self._metadata)
         return reply.applied
 
     def pull(self, out: torch.Tensor, reserve: bool = False) -> int:
@@ -183,8 +353,10 @@ class PSClient:
 
     def _pull_shard(self, session: ShardSession, out: torch.Tensor, reserve: bool = False) -> int:
         request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype, reserve=reserve)
-        clock = self._receive_params(session.data.pull(request, timeout=self.rpc_timeout), session, out)
+        messages = session.data.pull(request, timeout=self.rpc_timeout, metadata=self._metadata)
+        clock = self._receive_params(messages, session, out)
         self.pulled_clocks[session.range.index] = clock
+        self._observe_clock(session.range.index, clock)
         return clock
 
     @staticmethod
@@ -208,7 +380,9 @@ class PSClient:
 
         With ``pull_into`` the new parameters come back in the same round trip (PushPull).
         """
-        push_id = next(self._push_ids)
+        with self._push_id_lock:
+            push_id = self._next_push_id
+            self._next_push_id += 1
         results = self._fan_out(self._push_shard, flat, push_id, kind, dict(metadata or {}), pull_into)
         return [r for r in results if isinstance(r, PushResult)]
 
@@ -221,25 +395,58 @@ class PSClient:
         metadata: dict[str, float],
         pull_into: torch.Tensor | None,
     ) -> PushResult:
+        index = session.range.index
+        base_clock = self.pulled_clocks[index]
+        seen = self.seen_clocks[index]
         header = ps_pb2.PushHeader(
             worker_id=session.worker_id,
             push_id=push_id,
-            base_clock=self.pulled_clocks[session.range.index],
+            base_clock=base_clock,
             kind=kind,
             layout_hash=self.layout.hash,
             metadata=metadata,
             pull_dtype=self.wire_dtype,
         )
+        try:
+            result = self._send_push(session, header, flat, pull_into)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.OUT_OF_RANGE or "ahead of the shard's clock" not in (
+                error.details() or ""
+            ):
+                raise
+            # The shard restarted from a checkpoint older than the parameters this update was computed
+            # on: send it against the shard's clock now (its true base is gone).
+            clock = session.stub.Heartbeat(
+                ps_pb2.HeartbeatRequest(worker_id=session.worker_id), timeout=self.rpc_timeout, metadata=self._metadata
+            ).clock
+            self._observe_clock(index, clock)
+            header.base_clock = min(base_clock, clock)
+            result = self._send_push(session, header, flat, pull_into)
+        if result.duplicate:
+            self.stats.duplicate_acks += 1
+        if not result.duplicate or result.clock >= seen:
+            self._observe_clock(index, result.clock)
+        return result
+
+    def _send_push(
+        self,
+        session: ShardSession,
+        header: ps_pb2.PushHeader,
+        flat: torch.Tensor,
+        pull_into: torch.Tensor | None,
+    ) -> PushResult:
         requests = self._push_requests(header, flat[session.range.offset : session.range.end])
         if pull_into is None:
-            reply: ps_pb2.PushResponse = session.data.push(requests, timeout=self.rpc_timeout)
+            reply: ps_pb2.PushResponse = session.data.push(requests, timeout=self.rpc_timeout, metadata=self._metadata)
             return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry))
-        replies = iter(session.data.push_pull(requests, timeout=self.rpc_timeout))
+        replies = iter(session.data.push_pull(requests, timeout=self.rpc_timeout, metadata=self._metadata))
         first = next(replies)
         if not isinstance(first, ps_pb2.PushResponse):
             raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
         params = (message for message in replies if isinstance(message, wire.PulledChunk))
-        self.pulled_clocks[session.range.index] = self._receive_params(params, session, pull_into)
+        clock = self._receive_params(params, session, pull_into)
+        self.pulled_clocks[session.range.index] = clock
+        self._observe_clock(session.range.index, clock)
         return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry))
 
     def _push_requests(self, header: ps_pb2.PushHeader, flat: torch.Tensor) -> Iterator[ps_pb2.PushRequest | bytes]:
@@ -251,13 +458,31 @@ class PSClient:
     # -- housekeeping -----------------------------------------------------------------
 
     def heartbeat(self, stats: Mapping[str, float]) -> None:
-        for session in self.sessions:
-            session.stub.Heartbeat(
-                ps_pb2.HeartbeatRequest(worker_id=session.worker_id, stats=dict(stats)), timeout=self.rpc_timeout
+        def beat(session: ShardSession) -> None:
+            reply: ps_pb2.HeartbeatResponse = session.stub.Heartbeat(
+                ps_pb2.HeartbeatRequest(worker_id=session.worker_id, stats=dict(stats)),
+                timeout=self.rpc_timeout,
+                metadata=self._metadata,
             )
+            self._observe_clock(session.range.index, reply.clock)
+
+        for index in range(len(self.sessions)):
+            self._call(index, beat)
 
     def status(self) -> list[ps_pb2.StatusResponse]:
-        return [s.stub.Status(ps_pb2.StatusRequest(), timeout=self.rpc_timeout) for s in self.sessions]
+        return [
+            self._call(
+                i, lambda s: s.stub.Status(ps_pb2.StatusRequest(), timeout=self.rpc_timeout, metadata=self._metadata)
+            )
+            for i in range(len(self.sessions))
+        ]
+
+    def checkpoint(self) -> list[ps_pb2.CheckpointResponse]:
+        """Ask every shard to write a checkpoint now (admin)."""
+        return [
+            s.stub.Checkpoint(ps_pb2.CheckpointRequest(), timeout=self.rpc_timeout, metadata=self._metadata)
+            for s in self.sessions
+        ]
 
     def close(self, leave: bool = True) -> None:
         """Leave every shard (best effort) and close the channels."""
@@ -265,7 +490,9 @@ class PSClient:
             if leave:
                 # The server may already be gone; leaving is a courtesy.
                 with contextlib.suppress(grpc.RpcError):
-                    session.stub.Leave(ps_pb2.LeaveRequest(worker_id=session.worker_id), timeout=5.0)
+                    session.stub.Leave(
+                        ps_pb2.LeaveRequest(worker_id=session.worker_id), timeout=5.0, metadata=self._metadata
+                    )
             session.channel.close()
         self._pool.shutdown(wait=False)
 

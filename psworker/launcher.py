@@ -85,8 +85,11 @@ def start_server(
     shard_index: int = 0,
     num_shards: int = 1,
     extra_args: Sequence[str] = (),
+    log_name: str | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
-    """Start ``psserver serve`` on a free loopback port; returns the process and its address."""
+    """Start ``psserver serve`` on a free loopback port; returns the process and its address.
+
+    Its log goes to ``log_dir/server-<shard>.log`` (or ``log_dir/<log_name>``, e.g. for a restart)."""
     command = [
         *_python(),
         "psserver",
@@ -112,7 +115,7 @@ def start_server(
     for opt in rule_opts:
         command += ["--rule-opt", opt]
     command += list(extra_args)
-    log = (log_dir / f"server-{shard_index}.log").open("w")
+    log = (log_dir / (log_name or f"server-{shard_index}.log")).open("w")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     assert process.stdout is not None

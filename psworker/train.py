@@ -13,8 +13,9 @@ from typing import IO, Any
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from psserver.rpc.security import ClientTls
 from psworker.binding import ModelBinding
-from psworker.client import PSClient
+from psworker.client import PSClient, RetryPolicy
 from psworker.procedures import build_procedure
 from psworker.tasks import Task, evaluate, load_task
 
@@ -34,6 +35,10 @@ class TrainConfig:
     log_file: Path | None = None
     progress: bool = True
     heartbeat_seconds: float = 5.0
+    tls: ClientTls | None = None
+    auth_token: str | None = None
+    # How long a call may keep failing (server down, network gone) before training gives up.
+    retry_seconds: float = 300.0
 
 
 @dataclass
@@ -49,6 +54,11 @@ class TrainSummary:
     test_loss: float
     final_clock: int
     telemetry: dict[str, float] = field(default_factory=dict)
+    # Calls retried, shards re-joined, and (shard, clock seen, clock after restart) per rollback.
+    retries: int = 0
+    rejoins: int = 0
+    duplicate_acks: int = 0
+    rollbacks: list[list[int]] = field(default_factory=list)
 
 
 def pick_device(requested: str) -> torch.device:
@@ -105,7 +115,16 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
 
     with ExitStack() as stack:
         client = PSClient(
-            config.servers, binding.layout, name=config.name, device=str(device), wire_dtype=config.wire_dtype
+            config.servers,
+            binding.layout,
+            name=config.name,
+            device=str(device),
+            wire_dtype=config.wire_dtype,
+            tls=config.tls,
+            auth_token=config.auth_token,
+            retry=RetryPolicy(give_up_seconds=config.retry_seconds),
+            # A shard that restarted without a checkpoint is re-initialised from this worker's model.
+            reinit=binding.gather_params,
         )
         stack.callback(client.close)
         log_stream = stack.enter_context(config.log_file.open("a")) if config.log_file else None
@@ -151,6 +170,7 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
 
         steps = pushes = staleness_sum = max_staleness = 0
         clock = client.clock
+        rollbacks_logged = 0
         telemetry: dict[str, float] = {}
         last_heartbeat = time.monotonic()
         total = config.max_steps if config.max_steps is not None else config.until_clock
@@ -170,6 +190,16 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
                     max_staleness = max(max_staleness, outcome.staleness)
                     telemetry = outcome.telemetry
                     clock = client.clock
+                for rollback in client.rollbacks[rollbacks_logged:]:
+                    log.write(
+                        "rollback",
+                        step=steps,
+                        shard=rollback.shard,
+                        seen_clock=rollback.seen_clock,
+                        clock=rollback.clock,
+                        lost_updates=rollback.lost_updates,
+                    )
+                rollbacks_logged = len(client.rollbacks)
                 if time.monotonic() - last_heartbeat >= config.heartbeat_seconds:
                     client.heartbeat(
                         {
@@ -211,6 +241,10 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             test_loss=test_loss,
             final_clock=client.clock,
             telemetry=telemetry,
+            retries=client.stats.retries,
+            rejoins=client.stats.rejoins,
+            duplicate_acks=client.stats.duplicate_acks,
+            rollbacks=[[r.shard, r.seen_clock, r.clock] for r in client.rollbacks],
         )
         log.write("done", **asdict(summary))
         return summary

@@ -96,6 +96,8 @@ class BspRound:
 
     total: torch.Tensor
     contributors: dict[int, int] = field(default_factory=dict)  # worker id -> push id
+    # Whose push-id memory each contribution belongs to (a re-joined worker has a new id, same memory).
+    owners: dict[int, PushMemory] = field(default_factory=dict)
     kind: PayloadKind = PayloadKind.GRADIENT
     number: int = 0
 
@@ -451,6 +453,24 @@ class Shard:
         if self._bsp is None:
             self._bsp = BspRound(torch.zeros(self.params.numel()), kind=pending.kind)
         current = self._bsp
+        retried = [
+            wid
+            for wid, pid in current.contributors.items()
+            if pid == pending.push_id and current.owners.get(wid) is worker.memory
+        ]
+        if retried:
+            # A retried push (perhaps from the same worker re-joined under a new id) already in this
+            # round: wait for the round instead of adding it twice.
+            previous_id = retried[0]
+            if previous_id != worker.worker_id:
+                current.contributors[worker.worker_id] = current.contributors.pop(previous_id)
+                current.owners[worker.worker_id] = current.owners.pop(previous_id)
+            round_number = current.number
+            self._maybe_finish_bsp_round()
+            self._wait_until(worker, lambda: self._bsp is None or self._bsp.number != round_number)
+            outcome = worker.previous_outcome(pending.push_id)
+            assert outcome is not None
+            return self._replay_locked(worker, outcome)
         if worker.worker_id in current.contributors:
             self._refuse(
                 ErrorKind.BAD_REQUEST,
@@ -461,6 +481,7 @@ class Shard:
             self._refuse(ErrorKind.BAD_REQUEST, f"this BSP round collects {current.kind.name} pushes only", worker)
         current.total.add_(pending.assembler.out)
         current.contributors[worker.worker_id] = pending.push_id
+        current.owners[worker.worker_id] = worker.memory
         round_number = current.number
         self._maybe_finish_bsp_round()
         self._wait_until(worker, lambda: self._bsp is None or self._bsp.number != round_number)
@@ -479,7 +500,13 @@ class Shard:
         current.total.div_(len(current.contributors))
         first = self.workers[next(iter(contributors))]
         outcome = self._apply(first, current.total, current.kind, self.clock, {"workers": float(len(contributors))})
-        for worker_id, push_id in contributors.items():
+        for worker_id, push_id in current.contributors.items():
+            if worker_id not in contributors:
+                # Gone since (left, evicted, re-joined): its push id is still remembered as applied.
+                owner = current.owners.get(worker_id)
+                if owner is not None:
+                    owner.record(push_id, outcome)
+                continue
             contributor = self.workers[worker_id]
             contributor.record_push(push_id, outcome)
             contributor.ssp_clock += 1
