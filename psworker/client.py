@@ -38,6 +38,10 @@ _LOGGER = logging.getLogger(__name__)
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # Reconnect soon after a server restart or a dropped connection (gRPC's default starts at 1 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 
@@ -180,7 +184,7 @@ class PSClient:
         self.sessions: list[ShardSession] = []
         try:
             for index, address in enumerate(addresses):
-                self.sessions.append(self._join(index, address, self._channel(address), connect_timeout))
+                self.sessions.append(self._first_join(index, address))
         except BaseException:
             for session in self.sessions:
                 session.channel.close()
@@ -197,8 +201,32 @@ class PSClient:
             return grpc.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
         return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
+    def _first_join(self, index: int, address: str) -> ShardSession:
+        """Join with retries; a retry resumes, replacing a record an unanswered attempt may have left."""
+        channel = self._channel(address)
+        deadline = time.monotonic() + max(self.connect_timeout, self.retry.give_up_seconds)
+        backoff = self.retry.initial_backoff
+        resume = False
+        while True:
+            try:
+                return self._join(index, address, channel, self.connect_timeout, resume=resume, close_on_error=False)
+            except grpc.RpcError as error:
+                if error.code() not in self.retry.retry_codes or time.monotonic() >= deadline:
+                    channel.close()
+                    raise
+                self.stats.retries += 1
+            resume = True
+            time.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff = min(self.retry.max_backoff, backoff * self.retry.multiplier)
+
     def _join(
-        self, index: int, address: str, channel: grpc.Channel, timeout: float, resume: bool = False
+        self,
+        index: int,
+        address: str,
+        channel: grpc.Channel,
+        timeout: float,
+        resume: bool = False,
+        close_on_error: bool = False,
     ) -> ShardSession:
         stub = ps_pb2_grpc.ParameterServerStub(channel)
         request = ps_pb2.JoinRequest(
@@ -214,7 +242,7 @@ class PSClient:
                 request, timeout=timeout, wait_for_ready=True, metadata=self._metadata
             )
         except grpc.RpcError:
-            if not resume:
+            if close_on_error:
                 channel.close()
             raise
         expected = self.layout.shard(index)
@@ -397,7 +425,6 @@ class PSClient:
     ) -> PushResult:
         index = session.range.index
         base_clock = self.pulled_clocks[index]
-        seen = self.seen_clocks[index]
         header = ps_pb2.PushHeader(
             worker_id=session.worker_id,
             push_id=push_id,
@@ -424,8 +451,9 @@ class PSClient:
             result = self._send_push(session, header, flat, pull_into)
         if result.duplicate:
             self.stats.duplicate_acks += 1
-        if not result.duplicate or result.clock >= seen:
-            self._observe_clock(index, result.clock)
+        # An acknowledgement only raises the clock seen: with PushPull the parameters that came back
+        # may already be newer, and a rollback shows in the next pull (or heartbeat) anyway.
+        self.seen_clocks[index] = max(self.seen_clocks[index], result.clock)
         return result
 
     def _send_push(

@@ -11,6 +11,7 @@ variable over the shard lock; waiters re-check leases so an evicted worker never
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +30,8 @@ from psserver.core.rules import PayloadKind, PushContext, RuleSpec, Telemetry, U
 from psserver.core.rules.options import RuleOptions
 from psserver.core.snapshots import SnapshotStore
 from psserver.core.workers import PushMemory, PushOutcome, WorkerRecord
+
+_LOGGER = logging.getLogger(__name__)
 
 # How often a waiting request wakes to re-check leases and its own deadline.
 WAIT_SLICE_S = 0.2
@@ -241,6 +244,12 @@ class Shard:
         for worker in expired:
             self._remove(worker.worker_id, evicted=True)
             self.evictions += 1
+            _LOGGER.warning(
+                "evicted worker %s (%s): silent for more than %.1f s; it may join again",
+                worker.worker_id,
+                worker.name,
+                self.config.lease_seconds,
+            )
         return expired
 
     def _remove(self, worker_id: int, evicted: bool) -> None:

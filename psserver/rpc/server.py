@@ -109,14 +109,9 @@ def start_reaper(shard: Shard, interval_s: float) -> threading.Event:
     stop = threading.Event()
 
     def reap() -> None:
+        # The shard logs and counts each eviction.
         while not stop.wait(interval_s):
-            for worker in shard.evict_expired():
-                _LOGGER.warning(
-                    "evicted worker %s (%s): silent for more than %.0f s",
-                    worker.worker_id,
-                    worker.name,
-                    shard.config.lease_seconds,
-                )
+            shard.evict_expired()
 
     threading.Thread(target=reap, name="lease-reaper", daemon=True).start()
     return stop
