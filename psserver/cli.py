@@ -322,10 +322,8 @@ def serve(
     if metrics is not None:
         interceptors.append(LatencyInterceptor(metrics))
     if token is not None:
-        refused = metrics.rejected if metrics is not None else None
-        interceptors.append(
-            AuthInterceptor(token, (lambda _method: refused("unauthenticated", None)) if refused else None)
-        )
+        # Counted in Status and the metrics like the shard's own refusals.
+        interceptors.append(AuthInterceptor(token, lambda _method: shard.count_rejected("unauthenticated")))
     limits = ServerLimits(max_message_mb * 1024 * 1024, max_concurrent_rpcs, max_streams_per_connection)
     try:
         running = start_server(

@@ -606,10 +606,14 @@ class Shard:
         return worker
 
     def _refuse(self, kind: ErrorKind, message: str, worker: WorkerRecord | None = None) -> NoReturn:
-        with self._rejected_lock:
-            self.rejected[kind.reason] = self.rejected.get(kind.reason, 0) + 1
-            self.observer.rejected(kind.reason, worker)
+        self.count_rejected(kind.reason, worker)
         raise ShardError(kind, message)
+
+    def count_rejected(self, reason: str, worker: WorkerRecord | None = None) -> None:
+        """Count a refused request (Status and metrics), also ones refused before the shard (auth)."""
+        with self._rejected_lock:
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            self.observer.rejected(reason, worker)
 
     # -- saved state (checkpoints) -----------------------------------------------------
 

@@ -43,13 +43,16 @@ def read_token_file(path: Path, flag: str = "--auth-token-file") -> str:
     return token
 
 
-def _read(path: Path, flag: str) -> bytes:
+def _read(path: Path, flag: str, marker: str = "CERTIFICATE") -> bytes:
+    """A PEM file's bytes; refuses one without a ``-----BEGIN ... <marker>-----`` block."""
     try:
         data = path.read_bytes()
     except OSError as error:
         raise SecurityConfigError(f"{flag}: cannot read {path}: {error}") from None
-    if b"-----BEGIN" not in data:
-        raise SecurityConfigError(f"{flag}: {path} is not a PEM file")
+    blocks = [line for line in data.splitlines() if line.startswith(b"-----BEGIN ")]
+    if not any(line.rstrip(b"-").endswith(marker.encode()) for line in blocks):
+        kind = "private key" if marker == "PRIVATE KEY" else "certificate"
+        raise SecurityConfigError(f"{flag}: {path} is not a PEM {kind} (no '-----BEGIN ... {marker}-----' block)")
     return data
 
 
@@ -63,7 +66,7 @@ class ServerTls:
 
     def credentials(self) -> grpc.ServerCredentials:
         chain = _read(self.cert, "--tls-cert")
-        key = _read(self.key, "--tls-key")
+        key = _read(self.key, "--tls-key", "PRIVATE KEY")
         client_ca = _read(self.client_ca, "--tls-client-ca") if self.client_ca else None
         try:
             return grpc.ssl_server_credentials(
@@ -86,7 +89,7 @@ class ClientTls:
             raise SecurityConfigError("--tls-cert and --tls-key go together: give both for mutual TLS, or neither")
         return grpc.ssl_channel_credentials(
             root_certificates=_read(self.ca, "--tls-ca"),
-            private_key=_read(self.key, "--tls-key") if self.key else None,
+            private_key=_read(self.key, "--tls-key", "PRIVATE KEY") if self.key else None,
             certificate_chain=_read(self.cert, "--tls-cert") if self.cert else None,
         )
 
