@@ -345,8 +345,8 @@ def serve(
     click.echo(
         f"psserver listening on {host}:{running.port} rule={spec.rule.name} ({options}) "
         f"consistency={consistency} shard={shard_index}/{num_shards} pid={os.getpid()} "
-        f"metrics={metrics_server.port if metrics_server else 'off'} tls={_tls_mode(tls)} "
-        f"auth={'token' if token else 'off'} clock={shard.clock}",
+        f"tls={_tls_mode(tls)} auth={'token' if token else 'off'} clock={shard.clock} "
+        f"metrics={metrics_server.port if metrics_server else 'off'}",
         err=False,
     )
     sys.stdout.flush()
