@@ -26,12 +26,6 @@ OVERLAYS = ("demo", "gpu")
 KUBERNETES_VERSION = "1.37.0"
 # Custom resources the schema set cannot know; checked by hand below.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
-# Flags the manifests pass that `psworker train` is gaining (the worker side of TLS and the
-# token); once it has them, the test below checks them like every other flag.
-PENDING_FLAGS: dict[str, set[str]] = {
-    "serve": set(),
-    "train": {"--auth-token-file", "--tls-ca", "--tls-cert", "--tls-key"},
-}
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (`make test` installs it)"
@@ -274,5 +268,5 @@ def test_manifests_pass_only_flags_the_commands_have(overlay: str) -> None:
     for name, script, group in _scripts(overlay):
         command = "psserver serve" if name == "serve" else "psworker train"
         used = _flags(script, command)
-        unknown = used - _known(group, name) - PENDING_FLAGS[name]
+        unknown = used - _known(group, name)
         assert not unknown, f"{overlay}: `{command}` has no option {sorted(unknown)}"
