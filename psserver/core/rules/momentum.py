@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from psserver.core.rules._kernels import momentum_step
 from psserver.core.rules.base import PushContext, Telemetry, UpdateRule, register
 from psserver.core.rules.options import RuleOptions, option
 
@@ -31,8 +32,8 @@ class Momentum(UpdateRule[MomentumOptions]):
         self.velocity = torch.zeros(length)
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
-        self.velocity.mul_(self.options.momentum).add_(update)
-        params.add_(self.velocity, alpha=-self.options.lr)
+        # One pass through torch's fused SGD kernel (dampening 0), op by op where it cannot run.
+        momentum_step(params, self.velocity, update, momentum=self.options.momentum, lr=self.options.lr)
         return {"scale": 1.0}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

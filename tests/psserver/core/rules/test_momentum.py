@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from psserver.core.rules import PayloadKind, PushContext, RuleSpec, _kernels
 from tests.psserver.core.rules.conftest import INITIAL, Cluster
 
 G1 = torch.tensor([1.0, 2.0, -1.0, 0.5, 0.0, 4.0])
@@ -27,3 +29,24 @@ def test_three_pushes_from_two_workers() -> None:
     torch.testing.assert_close(cluster.params, expected)
     torch.testing.assert_close(cluster.shard.rule.state_tensors()["velocity"], v3)  # type: ignore[union-attr]
     assert stale.staleness == 2
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("mu", [0.9, 0.0])
+def test_matches_the_formula_on_random_data(fused: bool, mu: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused kernel (and its op-by-op fallback) is v ← μ v + g ; θ ← θ − η v to float32 rounding."""
+    if not fused:
+        monkeypatch.setattr(_kernels, "_FUSED_SGD", None)
+    length, lr = 1000, 0.05
+    generator = torch.Generator().manual_seed(3)
+    rule = RuleSpec.parse("momentum", {"lr": str(lr), "momentum": str(mu)}).build(length)
+    params = torch.randn(length, generator=generator)
+    theta, velocity = params.double(), torch.zeros(length, dtype=torch.float64)
+    for staleness in (0, 3, 1, 7):
+        gradient = torch.randn(length, generator=generator)
+        ctx = PushContext(1, staleness, PayloadKind.GRADIENT, ((0, length),))
+        assert rule.apply(params, gradient.clone(), ctx) == {"scale": 1.0}
+        velocity = mu * velocity + gradient.double()
+        theta = theta - lr * velocity
+    torch.testing.assert_close(params, theta.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rule.state_tensors()["velocity"], velocity.float(), rtol=1e-5, atol=1e-6)
