@@ -17,6 +17,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from psproto import codec
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core import checkpoint
 from psserver.core.consistency import Consistency, ConsistencyModel
@@ -292,6 +293,8 @@ def serve(
             snapshot_memory_bytes=snapshot_memory_mb * 1024 * 1024,
             max_workers=max_workers,
             max_parameters=max_parameters,
+            # Pulled chunks plus their headers must fit under --max-message-mb, or Pull fails.
+            chunk_bytes=min(codec.DEFAULT_CHUNK_BYTES, max_message_mb * 1024 * 1024 // 2),
         ),
         observer=metrics,
     )
