@@ -220,6 +220,13 @@ def main() -> None:
     type=click.IntRange(min=1),
     help="parameters this shard may hold; a larger model's Join is refused with RESOURCE_EXHAUSTED",
 )
+@click.option(
+    "--receive-buffers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="pushes decoded at once, each into a buffer of the shard's size; more wait (bounds memory)",
+)
 def serve(
     host: str,
     port: int,
@@ -251,6 +258,7 @@ def serve(
     max_streams_per_connection: int,
     max_workers: int,
     max_parameters: int,
+    receive_buffers: int,
 ) -> None:
     """Serve one shard of a model's parameters over gRPC until SIGTERM."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -293,6 +301,7 @@ def serve(
             snapshot_memory_bytes=snapshot_memory_mb * 1024 * 1024,
             max_workers=max_workers,
             max_parameters=max_parameters,
+            receive_buffers=receive_buffers,
             # Pulled chunks plus their headers must fit under --max-message-mb, or Pull fails.
             chunk_bytes=min(codec.DEFAULT_CHUNK_BYTES, max_message_mb * 1024 * 1024 // 2),
         ),

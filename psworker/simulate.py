@@ -298,9 +298,12 @@ class SimClient:
         pending = self.shard.begin_push(
             self.worker_id, self._push_ids, self.clock, int(kind), self.layout.hash, dict(metadata or {})
         )
-        for chunk in codec.encode(flat):
-            self.shard.add_chunk(pending, chunk)
-        outcome = self.shard.commit_push(pending)
+        try:
+            for chunk in codec.encode(flat):
+                self.shard.add_chunk(pending, chunk)
+            outcome = self.shard.commit_push(pending)
+        finally:
+            self.shard.discard_push(pending)
         if pull_into is not None:
             self.pull(pull_into)
         return [PushResult(outcome.clock, outcome.staleness, outcome.duplicate, outcome.telemetry)]

@@ -2,7 +2,9 @@
 
 The shard validates every request completely before it changes anything: uploads are
 decoded into scratch buffers outside the lock, checked (coverage, dtype, finiteness), and
-only then applied under the lock. Serialising a pull happens outside the lock too.
+only then applied under the lock. A pull is serialised once per clock: straight from the
+parameters under the lock (one copy, the same cost as cloning them), or outside the lock
+from the snapshot a rule keeps anyway.
 
 Waiting (SSP's bound, BSP's barrier, a GEM commit reservation) happens on one condition
 variable over the shard lock; waiters re-check leases so an evicted worker never stalls them.
@@ -10,19 +12,22 @@ variable over the shard lock; waiters re-check leases so an evicted worker never
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import torch
 
-from psproto import codec
+from psproto import codec, wire
 from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
+from psserver.core.buffers import ReceiveBuffers
 from psserver.core.consistency import Consistency, ConsistencyModel, bsp_round_complete, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.observer import NullObserver, ShardObserver
@@ -52,6 +57,14 @@ class ShardConfig:
     max_workers: int = 1024
     # Elements one shard may hold; a first Join whose layout needs more is refused.
     max_parameters: int = 2**31
+    # Pushes decoded at once, each into a buffer of the shard's size; more wait for a free one.
+    receive_buffers: int = 2
+    # How long a push waits for a receive buffer before it is refused (RESOURCE_EXHAUSTED).
+    receive_wait_seconds: float = 120.0
+    # Serialised parameter versions being sent at once (asynchronous training). At the limit a
+    # pull gets the newest version already being sent instead of a newer one: the reply carries
+    # that version's clock, so the worker's next push counts the extra staleness.
+    pull_versions: int = 2
 
 
 # Version of the dictionary ``Shard.state_dict`` returns (and checkpoints hold).
@@ -72,24 +85,49 @@ class JoinResult:
     initialized: bool
 
 
-@dataclass(frozen=True)
+class PullForm(enum.Enum):
+    """How a pull hands out the parameters."""
+
+    PAYLOADS = "payloads"  # chunk views of a private copy, for callers in this process
+    PULL_RESPONSE = "pull"  # serialised PullResponse messages
+    PUSH_PULL_RESPONSE = "push_pull"  # serialised PushPullResponse messages carrying params
+
+
+_MESSAGE_BUILDERS: dict[PullForm, Callable[[int, int, int, int, memoryview], bytes]] = {
+    PullForm.PULL_RESPONSE: wire.pull_response,
+    PullForm.PUSH_PULL_RESPONSE: wire.push_pull_params,
+}
+
+
+@dataclass(frozen=True, eq=False)  # identity: results are tracked while being sent
 class PullResult:
     clock: int
     total_length: int
-    chunks: list[codec.ChunkPayload]
+    # PullForm.PAYLOADS fills ``chunks``; the serialised forms fill ``messages``.
+    chunks: list[codec.ChunkPayload] = field(default_factory=list)
+    messages: list[bytes] = field(default_factory=list)
+    data_bytes: int = 0
+    wire_dtype: int = ps_pb2.DTYPE_FLOAT32
+    form: PullForm = PullForm.PAYLOADS
 
 
 @dataclass
 class PendingPush:
-    """A push whose header passed validation; its chunks are decoded by ``assembler``."""
+    """A push whose header passed validation.
+
+    Its chunks are decoded by ``assembler`` into a receive buffer taken at the first chunk and
+    given back once the update is applied (or the push fails: ``Shard.discard_push``). A
+    retried push id comes back with ``replay`` set and its chunks are ignored.
+    """
 
     worker: WorkerRecord
     push_id: int
     base_clock: int
     kind: PayloadKind
     metadata: dict[str, float]
-    assembler: codec.Assembler | None
     replay: PushOutcome | None = None
+    assembler: codec.Assembler | None = None
+    buffers: ReceiveBuffers | None = None
     bytes_received: int = 0
 
 
@@ -132,10 +170,13 @@ class Shard:
         self.rejected: dict[str, int] = {}
         self.started = self._now()
         self._segments: tuple[tuple[int, int], ...] = ()
-        # Serialised parameters of the latest clock, shared by every worker pulling it.
-        self._pull_cache: dict[tuple[int, int], list[codec.ChunkPayload]] = {}
+        # The parameters of the latest clock in each requested form, shared by every worker pulling it.
+        self._pull_cache: dict[tuple[int, int, PullForm], PullResult] = {}
+        # Serialised pulls still referenced (being sent); the transport holds each until sent.
+        self._live_pulls: weakref.WeakSet[PullResult] = weakref.WeakSet()
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
         self._bsp: BspRound | None = None
+        self._receive: ReceiveBuffers | None = None
         self._reserved_by: int | None = None
         self._reserved_until = 0.0
         # Push-id memory per worker name, shared by every record of that name that resumed it.
@@ -295,8 +336,10 @@ class Shard:
             self.initialized = True
             return True, self.clock
 
-    def pull(self, worker_id: int, wire_dtype: int, reserve: bool = False) -> PullResult:
-        """The parameters and their clock, serialised once per clock and dtype.
+    def pull(
+        self, worker_id: int, wire_dtype: int, reserve: bool = False, form: PullForm = PullForm.PAYLOADS
+    ) -> PullResult:
+        """The parameters and their clock in ``form``, made once per clock, dtype and form.
 
         Under SSP the pull waits while the worker is too far ahead. With ``reserve`` (GEM's
         atomic mode) no other worker's push is applied until this worker's next push.
@@ -311,29 +354,71 @@ class Shard:
                 self._wait_until(worker, lambda: self._reservation_holder() in (None, worker.worker_id))
                 self._reserved_by = worker.worker_id
                 self._reserved_until = self._now() + self.config.reservation_seconds
+            assert self.rule is not None
             clock = self.clock
+            key = (clock, wire_dtype, form)
+            # Older versions live on only while being sent.
+            self._pull_cache = {k: v for k, v in self._pull_cache.items() if k[0] == clock}
+            result = self._pull_cache.get(key) or self._version_in_flight(wire_dtype, form)
+            if result is not None:
+                clock = result.clock
             worker.pulled_clock = clock
             worker.pulls += 1
             worker.last_seen = self._now()
-            assert self.rule is not None
             self.rule.on_pull(worker_id)
             self.snapshots.retain_only(w.pulled_clock for w in self.workers.values())
-            cached = self._pull_cache.get((clock, wire_dtype))
-            if cached is not None:
-                self.observer.pulled(worker, clock, sum(len(c.data) for c in cached))
-                return PullResult(clock, self.params.numel(), cached)
-            copy = self.snapshots.get(clock)
-            if copy is None:
-                copy = self.params.clone()
-                if self.rule.needs_snapshot:
-                    self.snapshots.keep(clock, copy)
-        chunks = list(codec.payloads(copy, wire_dtype, self.config.chunk_bytes))
+            if result is None:
+                source = self.snapshots.get(clock)
+                if source is None and self.rule.needs_snapshot:
+                    source = self.params.clone()
+                    self.snapshots.keep(clock, source)
+                if source is None and form is PullForm.PAYLOADS:
+                    source = self.params.clone()  # payload views need memory nobody changes
+                elif source is None:
+                    # The messages are the copy: serialising here costs what a clone would.
+                    result = self._encode_pull(self.params, clock, wire_dtype, form)
+                    self._cache_pull(key, result)
+            if result is not None:
+                self.observer.pulled(worker, clock, result.data_bytes)
+                return result
+        assert source is not None  # a snapshot or a private copy: nobody changes it
+        result = self._encode_pull(source, clock, wire_dtype, form)
         with self._lock:
-            self.observer.pulled(worker, clock, sum(len(c.data) for c in chunks))
+            self.observer.pulled(worker, clock, result.data_bytes)
             if clock == self.clock:
-                self._pull_cache = {k: v for k, v in self._pull_cache.items() if k[0] == clock}
-                self._pull_cache[(clock, wire_dtype)] = chunks
-        return PullResult(clock, copy.numel(), chunks)
+                self._cache_pull(key, result)
+            else:
+                self._live_pulls.add(result)
+        return result
+
+    def _version_in_flight(self, wire_dtype: int, form: PullForm) -> PullResult | None:
+        """The newest serialised version still being sent, when ``pull_versions`` are (lock held)."""
+        if form is PullForm.PAYLOADS or self.config.consistency.model is not ConsistencyModel.ASYNC:
+            return None
+        live = [r for r in list(self._live_pulls) if r.wire_dtype == wire_dtype and r.form is form]
+        if len({r.clock for r in live}) < self.config.pull_versions:
+            return None
+        newest = max(live, key=lambda r: r.clock)
+        assert self.rule is not None
+        if self.rule.needs_snapshot and self.snapshots.get(newest.clock) is None:
+            return None
+        return newest
+
+    def _encode_pull(self, source: torch.Tensor, clock: int, wire_dtype: int, form: PullForm) -> PullResult:
+        payloads = list(codec.payloads(source, wire_dtype, self.config.chunk_bytes))
+        data_bytes = sum(len(p.data) for p in payloads)
+        total = source.numel()
+        if form is PullForm.PAYLOADS:
+            return PullResult(clock, total, chunks=payloads, data_bytes=data_bytes)
+        build = _MESSAGE_BUILDERS[form]
+        messages = [build(clock, total, p.offset, p.dtype, p.data) for p in payloads]
+        return PullResult(clock, total, messages=messages, data_bytes=data_bytes, wire_dtype=wire_dtype, form=form)
+
+    def _cache_pull(self, key: tuple[int, int, PullForm], result: PullResult) -> None:
+        """Keep ``result`` for its clock; forms of older clocks are dropped (lock held)."""
+        self._live_pulls.add(result)
+        self._pull_cache = {k: v for k, v in self._pull_cache.items() if k[0] == key[0]}
+        self._pull_cache[key] = result
 
     def begin_push(
         self,
@@ -379,16 +464,39 @@ class Shard:
                 )
             worker.last_seen = self._now()
             previous = worker.previous_outcome(push_id)
-            if previous is not None:
-                return PendingPush(worker, push_id, base_clock, payload, dict(metadata), None, previous)
-            assembler = codec.Assembler(torch.empty(self.params.numel()))
-            return PendingPush(worker, push_id, base_clock, payload, dict(metadata), assembler)
+            if self._receive is None or self._receive.length != self.params.numel():
+                self._receive = ReceiveBuffers(self.params.numel(), self.config.receive_buffers)
+            return PendingPush(worker, push_id, base_clock, payload, dict(metadata), previous, buffers=self._receive)
 
     def add_chunk(self, pending: PendingPush, chunk: codec.ChunkLike) -> None:
         """Decode one chunk of a push (outside the lock); a replayed push ignores its chunks."""
         pending.bytes_received += len(chunk.data)
-        if pending.assembler is not None:
-            self.decode_chunk(pending.assembler, chunk, pending.worker)
+        if pending.replay is None:
+            self.decode_chunk(self._assembler(pending), chunk, pending.worker)
+
+    def _assembler(self, pending: PendingPush) -> codec.Assembler:
+        """The push's assembler, over a receive buffer taken now if it has none yet (lock not held)."""
+        if pending.assembler is None:
+            assert pending.buffers is not None
+            # The holder of a GEM reservation never queues behind pushes that wait for it.
+            holder = self._reserved_by == pending.worker.worker_id
+            try:
+                buffer = pending.buffers.acquire(self.config.receive_wait_seconds, bypass_limit=holder)
+            except TimeoutError:
+                self._refuse(
+                    ErrorKind.LIMIT_REACHED,
+                    f"no receive buffer came free within {self.config.receive_wait_seconds:.0f} s: "
+                    f"{pending.buffers.limit} pushes are being received (--receive-buffers); retry, or raise it",
+                    pending.worker,
+                )
+            pending.assembler = codec.Assembler(buffer)
+        return pending.assembler
+
+    def discard_push(self, pending: PendingPush) -> None:
+        """Give back a push's receive buffer; safe to call more than once, and after a commit."""
+        if pending.assembler is not None and pending.buffers is not None:
+            pending.buffers.release(pending.assembler.out)
+            pending.assembler = None
 
     def decode_chunk(
         self, assembler: codec.Assembler, chunk: codec.ChunkLike, worker: WorkerRecord | None = None
@@ -408,8 +516,13 @@ class Shard:
             self.observer.bytes_received(pending.worker, pending.bytes_received)
         if pending.replay is not None:
             return self._replay(pending.worker, pending.replay)
-        assert pending.assembler is not None
-        self._check_complete(pending.assembler, pending.worker)
+        try:
+            return self._commit_decoded(pending, self._assembler(pending))
+        finally:
+            self.discard_push(pending)
+
+    def _commit_decoded(self, pending: PendingPush, assembler: codec.Assembler) -> PushOutcome:
+        self._check_complete(assembler, pending.worker)
         with self._lock:
             worker = self._worker(pending.worker.worker_id)
             previous = worker.previous_outcome(pending.push_id)
@@ -420,7 +533,7 @@ class Shard:
             self._wait_until(worker, lambda: self._reservation_holder() in (None, worker.worker_id))
             if self._reserved_by == worker.worker_id:
                 self._reserved_by = None
-            outcome = self._apply(worker, pending.assembler.out, pending.kind, pending.base_clock, pending.metadata)
+            outcome = self._apply(worker, assembler.out, pending.kind, pending.base_clock, pending.metadata)
             worker.record_push(pending.push_id, outcome)
             self.observer.push_applied(worker, outcome)
             worker.ssp_clock += 1
@@ -475,6 +588,7 @@ class Shard:
                 current.contributors[worker.worker_id] = current.contributors.pop(previous_id)
                 current.owners[worker.worker_id] = current.owners.pop(previous_id)
             round_number = current.number
+            self.discard_push(pending)
             self._maybe_finish_bsp_round()
             self._wait_until(worker, lambda: self._bsp is None or self._bsp.number != round_number)
             outcome = worker.previous_outcome(pending.push_id)
@@ -489,6 +603,8 @@ class Shard:
         if pending.kind is not current.kind:
             self._refuse(ErrorKind.BAD_REQUEST, f"this BSP round collects {current.kind.name} pushes only", worker)
         current.total.add_(pending.assembler.out)
+        # Given back before the barrier: waiting contributors must not hold every buffer.
+        self.discard_push(pending)
         current.contributors[worker.worker_id] = pending.push_id
         current.owners[worker.worker_id] = worker.memory
         round_number = current.number

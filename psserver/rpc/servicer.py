@@ -20,10 +20,9 @@ from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer, CheckpointError
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind
-from psserver.core.shard import PendingPush, Shard
+from psserver.core.shard import PendingPush, PullForm, PullResult, Shard
 from psserver.core.workers import PushOutcome, WorkerRecord
 from psserver.rpc.status_codes import STATUS_CODES
-from psserver.rpc.wire_cache import SerializedPulls
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -168,13 +167,19 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
+def _send(result: PullResult, first: bytes | None = None) -> Iterator[bytes]:
+    """The reply stream; it holds ``result`` until sent, so the shard counts it as a version in flight."""
+    if first is not None:
+        yield first
+    yield from result.messages
+
+
 class ParameterServerServicer:
     """psproto.v1.ParameterServer; registered by ``add_to_server``."""
 
     def __init__(self, shard: Shard, checkpointer: Checkpointer | None = None) -> None:
         self.shard = shard
         self.checkpointer = checkpointer
-        self.serialized = SerializedPulls()
 
     @_translate_errors
     def Join(self, request: ps_pb2.JoinRequest, context: grpc.ServicerContext) -> ps_pb2.JoinResponse:
@@ -220,8 +225,10 @@ class ParameterServerServicer:
     @_translate_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Yields already serialised PullResponse messages (registered with an identity serializer)."""
-        result = self.shard.pull(request.worker_id, request.wire_dtype, reserve=request.reserve)
-        return iter(self.serialized.get("pull", result))
+        result = self.shard.pull(
+            request.worker_id, request.wire_dtype, reserve=request.reserve, form=PullForm.PULL_RESPONSE
+        )
+        return _send(result)
 
     def _receive_push(self, request_iterator: Iterator[PushMessage]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
         first = next(request_iterator, None)
@@ -236,9 +243,13 @@ class ParameterServerServicer:
             header.layout_hash,
             dict(header.metadata),
         )
-        for message in request_iterator:
-            self.shard.add_chunk(pending, _chunk_of(message, "Push"))
-        return header, self.shard.commit_push(pending)
+        try:
+            for message in request_iterator:
+                self.shard.add_chunk(pending, _chunk_of(message, "Push"))
+            return header, self.shard.commit_push(pending)
+        finally:
+            # A refused chunk or a broken stream must not keep its receive buffer.
+            self.shard.discard_push(pending)
 
     @_translate_errors
     def Push(self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
@@ -251,9 +262,9 @@ class ParameterServerServicer:
     ) -> Iterator[bytes]:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
         header, outcome = self._receive_push(request_iterator)
-        result = self.shard.pull(header.worker_id, header.pull_dtype)
+        result = self.shard.pull(header.worker_id, header.pull_dtype, form=PullForm.PUSH_PULL_RESPONSE)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
-        return iter([ack, *self.serialized.get("push_pull", result)])
+        return _send(result, ack)
 
     @_translate_errors
     def Heartbeat(self, request: ps_pb2.HeartbeatRequest, context: grpc.ServicerContext) -> ps_pb2.HeartbeatResponse:

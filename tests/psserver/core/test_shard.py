@@ -12,7 +12,7 @@ from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PullForm, Shard, ShardConfig
 from psserver.core.workers import PushOutcome
 
 LAYOUT = Layout.from_named_shapes([("w", (2, 3)), ("b", (2,))])
@@ -214,6 +214,35 @@ def test_pull_cache_is_shared_per_clock(shard: Shard) -> None:
     assert third.clock == 1
 
 
+@pytest.mark.parametrize("rule", ["asgd", "gap-aware"])
+@pytest.mark.parametrize("dtype", [ps_pb2.DTYPE_FLOAT32, ps_pb2.DTYPE_BFLOAT16])
+def test_serialised_pulls_parse_to_the_parameters_and_are_shared_per_clock(rule: str, dtype: int) -> None:
+    shard = make_shard(rule)
+    first = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    second = shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    upload(shard, first, torch.arange(8, dtype=torch.float32))
+    push(shard, first, 1, 0, torch.ones(8))
+    expected = torch.arange(8, dtype=torch.float32) - 0.5
+    for form, message_type in (
+        (PullForm.PULL_RESPONSE, ps_pb2.PullResponse),
+        (PullForm.PUSH_PULL_RESPONSE, ps_pb2.PushPullResponse),
+    ):
+        result = shard.pull(first, dtype, form=form)
+        assert shard.pull(second, dtype, form=form).messages is result.messages
+        out = torch.empty(8)
+        assembler = codec.Assembler(out)
+        for data in result.messages:
+            message = message_type.FromString(data)
+            response = message if isinstance(message, ps_pb2.PullResponse) else message.params
+            assert (response.clock, response.total_length) == (1, 8)
+            assembler.add(response.chunk)
+        assembler.finish()
+        torch.testing.assert_close(out, expected.to(codec.wire_dtype(dtype)).float())
+        assert result.data_bytes == 8 * (4 if dtype == ps_pb2.DTYPE_FLOAT32 else 2)
+    push(shard, second, 1, 1, torch.ones(8))
+    assert shard.pull(first, dtype, form=PullForm.PULL_RESPONSE).messages is not result.messages
+
+
 def test_old_push_ids_beyond_the_remembered_window_are_still_duplicates() -> None:
     from psserver.core import workers
 
@@ -222,3 +251,21 @@ def test_old_push_ids_beyond_the_remembered_window_are_still_duplicates() -> Non
         record.record_push(push_id, PushOutcome(push_id, 0, {}))
     assert record.previous_outcome(1) is not None
     assert record.previous_outcome(workers.RECENT_PUSHES_KEPT + 10) is None
+
+
+def test_at_the_version_limit_a_pull_gets_the_newest_version_being_sent() -> None:
+    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), pull_versions=1))
+    first = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    second = shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    upload(shard, first, torch.zeros(8))
+    being_sent = shard.pull(first, ps_pb2.DTYPE_FLOAT32, form=PullForm.PUSH_PULL_RESPONSE)
+    push(shard, second, 1, 0, torch.ones(8))
+    coalesced = shard.pull(second, ps_pb2.DTYPE_FLOAT32, form=PullForm.PUSH_PULL_RESPONSE)
+    assert coalesced is being_sent and coalesced.clock == 0
+    assert shard.workers[second].pulled_clock == 0
+    assert push(shard, second, 2, coalesced.clock, torch.ones(8)).staleness == 1
+    del being_sent, coalesced  # sent: no version is in flight any more
+    fresh = shard.pull(second, ps_pb2.DTYPE_FLOAT32, form=PullForm.PUSH_PULL_RESPONSE)
+    assert fresh.clock == 2 and shard.workers[second].pulled_clock == 2
+    # In-process pulls always see the latest clock.
+    assert shard.pull(first, ps_pb2.DTYPE_FLOAT32).clock == 2
