@@ -84,6 +84,32 @@ def aggregate(exp: Experiment, runs: dict[int, dict[int, dict[str, Any]]]) -> Ag
     return agg
 
 
+SERIES_MARKERS = ("o", "s", "^", "D", "v", "P")
+SERIES_LINES = ("-", "--", ":", "-.")
+
+
+def series_styles(series: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Matplotlib styles that keep every series apart.
+
+    Up to ten series each get a colour of their own. Beyond that the default palette would
+    repeat, so a label "METHOD VARIANT" (e.g. "AGN λ=5") takes its colour from the method and
+    its line style and marker from the variant.
+    """
+    palette = [f"C{index}" for index in range(10)]
+    if len(series) <= len(palette):
+        return {label: {"color": palette[index], "marker": "o", "linestyle": "-"} for index, label in enumerate(series)}
+    methods = list(dict.fromkeys(label.split(" ", 1)[0] for label in series))
+    variants = list(dict.fromkeys(label.partition(" ")[2] for label in series))
+    return {
+        label: {
+            "color": palette[methods.index(label.split(" ", 1)[0]) % len(palette)],
+            "marker": SERIES_MARKERS[variants.index(label.partition(" ")[2]) % len(SERIES_MARKERS)],
+            "linestyle": SERIES_LINES[variants.index(label.partition(" ")[2]) % len(SERIES_LINES)],
+        }
+        for label in series
+    }
+
+
 def plot(exp: Experiment, agg: Aggregates, runs: dict[int, dict[int, dict[str, Any]]], path: Path) -> None:
     series = list(dict.fromkeys(p.series for p in exp.points))
     panels = 2 if exp.extra_plot or exp.metric == "time_to_target_s" else 1
@@ -108,11 +134,12 @@ def plot(exp: Experiment, agg: Aggregates, runs: dict[int, dict[int, dict[str, A
         curves.legend(fontsize=6, ncol=2)
         curves.grid(alpha=0.3)
     else:
+        styles = series_styles(series)
         for label in series:
             xs = sorted(x for s, x in agg if s == label)
             means = [_float(agg[(label, x)]["mean"]) for x in xs]
             stds = [_float(agg[(label, x)]["std"]) for x in xs]
-            ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=label, linewidth=1.2, markersize=4)
+            ax.errorbar(xs, means, yerr=stds, capsize=3, label=label, linewidth=1.2, markersize=4, **styles[label])
         ax.set_xlabel(exp.xlabel)
         ax.set_ylabel("final test accuracy (mean ± std over seeds)")
         if exp.log_x:

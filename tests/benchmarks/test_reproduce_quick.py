@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.reproduce import main
+from benchmarks.reproduce import main, series_styles
 
 
 def test_quick_reproduction_writes_json_plots_and_markdown(tmp_path: Path) -> None:
@@ -18,3 +18,14 @@ def test_quick_reproduction_writes_json_plots_and_markdown(tmp_path: Path) -> No
         assert (tmp_path / f"repro_{key}.png").read_bytes().startswith(b"\x89PNG")
     text = doc.read_text()
     assert "## Gap-Aware" in text and "**Verdict:" in text and "repro_ga.png" in text
+
+
+def test_every_series_of_a_crowded_plot_looks_different() -> None:
+    labels = [f"{method} λ={lam}" for lam in (1, 5, 10, 20) for method in ("AGN", "DynSGD", "EASGD")]
+    styles = series_styles(labels)
+    looks = {(s["color"], s["marker"], s["linestyle"]) for s in styles.values()}
+    assert len(looks) == len(labels)
+    assert len({styles[f"AGN λ={lam}"]["color"] for lam in (1, 5, 10, 20)}) == 1
+    assert len({styles[f"{method} λ=5"]["color"] for method in ("AGN", "DynSGD", "EASGD")}) == 3
+    few = series_styles(["ASGD", "SA", "GA"])
+    assert len({s["color"] for s in few.values()}) == 3
