@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from psserver.core.rules import _kernels
+from psserver.core.rules._kernels import momentum_step, split
 from psserver.core.rules.base import PushContext, Telemetry, UpdateRule, register
 from psserver.core.rules.options import RuleOptionError, RuleOptions, option
 
@@ -49,6 +51,11 @@ def _segment_lengths(segments: tuple[tuple[int, int], ...], length: int) -> list
     return [end - start for start, end in segments] or [length]
 
 
+def _mean(block_sums: list[torch.Tensor], length: int) -> float:
+    """The mean of a shard-long quantity from its per-block sums."""
+    return float(torch.stack(block_sums).double().sum()) / length if block_sums else 0.0
+
+
 @register
 class GapAware(UpdateRule[GapAwareOptions]):
     name = "gap-aware"
@@ -62,53 +69,114 @@ class GapAware(UpdateRule[GapAwareOptions]):
         self.momentum_buffer = torch.zeros(length if options.momentum > 0 else 0)
         # A tensor, not an int, so a checkpoint restores it with the other state.
         self.steps = torch.zeros((), dtype=torch.int64)
-        self._gap = torch.empty(length)
-        self._bound = torch.empty(length)
+        # Scratch for one cache block: the Gap of a block is worked out while the block is cached.
+        self._scratch = torch.empty(min(length, _kernels.BLOCK))
+        self._root = torch.empty(min(length, _kernels.BLOCK))
+        self._one = torch.ones(())
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
-        opts = self.options
-        gamma = opts.gamma
         self.steps.add_(1)
-        # The squared step is read before the push changes the buffer, as the reference does.
-        step = self.momentum_buffer if opts.momentum > 0 else update
-        self.step_average.mul_(gamma).addcmul_(step, step, value=1.0 - gamma)
-        if opts.weight_decay:
-            update.add_(params, alpha=opts.weight_decay)
         telemetry: Telemetry = {"scale": 1.0, "gap": 0.0}
+        stale = None
         if ctx.staleness > 0:
             stale = ctx.snapshot()
-            if stale is not None:
-                telemetry.update(self._penalise(params, update, stale, ctx.segments))
-            else:
+            if stale is None:
                 # An unknown gap is not a zero gap: leave it out of the gap statistics.
                 telemetry = {"scale": 1.0, "snapshot_missing": 1.0}
-        if opts.momentum > 0:
-            self.momentum_buffer.mul_(opts.momentum).add_(update)
-            params.add_(self.momentum_buffer, alpha=-opts.lr)
+        if stale is not None and self.options.per_tensor:
+            telemetry.update(self._apply_per_tensor(params, update, stale, ctx.segments))
         else:
-            params.add_(update, alpha=-opts.lr)
+            telemetry.update(self._apply_elementwise(params, update, stale))
         return telemetry
 
-    def _penalise(
-        self, params: torch.Tensor, update: torch.Tensor, stale: torch.Tensor, segments: tuple[tuple[int, int], ...]
-    ) -> Telemetry:
-        """Divide ``update`` by the Gap in place; returns the mean 1/G and the mean gap."""
+    def _bound_scalars(self) -> tuple[float, float]:
+        """C = η_max (sqrt(v / (1 − γ^k)) + ε) = (sqrt(v) + ε sqrt(1 − γ^k)) / c; returns (ε sqrt(1 − γ^k), c)."""
         opts = self.options
         eta_max = opts.eta_max or opts.lr
-        bias_correction = 1.0 - opts.gamma ** int(self.steps)
-        # C = η_max sqrt(v) / sqrt(1 − γ^k) + η_max ε, folded into two scalar passes.
-        bound = torch.sqrt(self.step_average, out=self._bound)
-        bound.mul_(eta_max / math.sqrt(bias_correction)).add_(eta_max * opts.epsilon)
-        ratio = torch.sub(params, stale, out=self._gap).abs_().div_(bound)
-        if opts.per_tensor:
-            views = torch.split(ratio, _segment_lengths(segments, self.length))
-            means = [float(view.mean()) if view.numel() else 0.0 for view in views]
-            for view, mean in zip(views, means, strict=True):
-                view.fill_(mean)
-        mean_gap = float(ratio.mean())
-        penalty = ratio.add_(1.0).reciprocal_()
-        update.mul_(penalty)
-        return {"scale": float(penalty.mean()), "gap": mean_gap}
+        root_correction = math.sqrt(1.0 - opts.gamma ** int(self.steps))
+        return opts.epsilon * root_correction, root_correction / eta_max
+
+    def _average_steps(self, average: torch.Tensor, step: torch.Tensor) -> None:
+        """v ← γ v + (1 − γ) q ⊙ q on one block."""
+        gamma = self.options.gamma
+        average.mul_(gamma).addcmul_(step, step, value=1.0 - gamma)
+
+    def _gap(
+        self, params: torch.Tensor, stale: torch.Tensor, average: torch.Tensor, bound: tuple[float, float]
+    ) -> torch.Tensor:
+        """G = 1 + |θ − θ_{b_w}| ⊘ C of one block, in the scratch buffer: five passes over the block."""
+        count = params.numel()
+        floor, inverse = bound
+        root = torch.sqrt(average, out=self._root[:count]).add_(floor)
+        distance = torch.sub(params, stale, out=self._scratch[:count]).abs_()
+        return torch.addcdiv(self._one, distance, root, value=inverse, out=distance)
+
+    def _apply_elementwise(self, params: torch.Tensor, update: torch.Tensor, stale: torch.Tensor | None) -> Telemetry:
+        """The whole push, one cache block at a time: every op of a block runs while it is cached."""
+        opts = self.options
+        bound = self._bound_scalars()
+        blocks = split(params)
+        none: list[torch.Tensor | None] = [None] * len(blocks)
+        buffers = split(self.momentum_buffer) if opts.momentum > 0 else none
+        snapshots = split(stale) if stale is not None else none
+        gap_sums: list[torch.Tensor] = []
+        penalty_sums: list[torch.Tensor] = []
+        for p, g, v, q, s in zip(blocks, split(update), split(self.step_average), buffers, snapshots, strict=True):
+            # The squared step is read before the push changes the buffer, as the reference does.
+            self._average_steps(v, q if q is not None else g)
+            if opts.weight_decay:
+                g.add_(p, alpha=opts.weight_decay)
+            if s is not None:
+                gap = self._gap(p, s, v, bound)
+                gap_sums.append(gap.sum())
+                penalty = gap.reciprocal_()
+                penalty_sums.append(penalty.sum())
+                g.mul_(penalty)
+            if q is not None:
+                momentum_step(p, q, g, momentum=opts.momentum, lr=opts.lr)
+            else:
+                p.add_(g, alpha=-opts.lr)
+        if stale is None:
+            return {}
+        # The mean gap is the mean G − 1: G is what the blocks sum, saving a pass.
+        return {"scale": _mean(penalty_sums, self.length), "gap": max(_mean(gap_sums, self.length) - 1.0, 0.0)}
+
+    def _apply_per_tensor(
+        self, params: torch.Tensor, update: torch.Tensor, stale: torch.Tensor, segments: tuple[tuple[int, int], ...]
+    ) -> Telemetry:
+        """One Gap per model tensor: a pass for the per-tensor mean ratios, then one for the steps."""
+        opts = self.options
+        momentum = opts.momentum > 0
+        bound = self._bound_scalars()
+        lengths = _segment_lengths(segments, self.length)
+        # The squared step is read before the push changes the buffer, as the reference does.
+        steps = self.momentum_buffer if momentum else update
+        tensors = (params, update, self.step_average, stale, steps)
+        means: list[float] = []
+        for pieces in zip(*(torch.split(t, lengths) for t in tensors), strict=True):
+            sums = []
+            for p, g, v, s, q in zip(*(split(t) for t in pieces), strict=True):
+                self._average_steps(v, q)
+                if opts.weight_decay:
+                    g.add_(p, alpha=opts.weight_decay)
+                sums.append(self._gap(p, s, v, bound).sum())
+            count = pieces[0].numel()
+            # The mean ratio is the mean G − 1.
+            means.append(max(float(torch.stack(sums).double().sum()) / count - 1.0, 0.0) if count else 0.0)
+        penalties = [1.0 / (1.0 + mean) for mean in means]
+        segments_out = zip(torch.split(params, lengths), torch.split(update, lengths), penalties, strict=True)
+        if momentum:
+            for (p, g, penalty), q in zip(segments_out, torch.split(self.momentum_buffer, lengths), strict=True):
+                # g̃ = g / G enters the buffer through the kernel's gradient scale.
+                momentum_step(p, q, g, momentum=opts.momentum, lr=opts.lr, gradient_scale=penalty)
+        else:
+            for p, g, penalty in segments_out:
+                p.add_(g.mul_(penalty), alpha=-opts.lr)
+        weights = [length / max(self.length, 1) for length in lengths]
+        return {
+            "scale": sum(w * penalty for w, penalty in zip(weights, penalties, strict=True)),
+            "gap": sum(w * mean for w, mean in zip(weights, means, strict=True)),
+        }
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         state = {"step_average": self.step_average, "steps": self.steps}
