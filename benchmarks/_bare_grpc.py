@@ -1,0 +1,170 @@
+"""The transport's ceiling: a bare gRPC service that only moves a step's bytes, with hetps's chunking.
+
+    python -m benchmarks._bare_grpc            # prints "bare grpc listening on 127.0.0.1:PORT"
+
+No protobuf and no parameter-server logic. ``Init`` (unary) hands the server a byte buffer
+under a key (invocation metadata ``key``); ``PushPull`` (client-streaming in,
+server-streaming out) sends one step: the client streams its update as raw chunks of at most
+``chunk_bytes``, the server copies each into the key's buffer at a running offset, then
+answers with that buffer in chunks of the same size. Each side makes exactly the one copy
+between the socket and its tensor that hetps's design allows (DESIGN.md, performance
+principles), so this is the least any server with that design can do on the wire. The
+client here converts to and from the wire dtype exactly like a hetps worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import torch
+
+from psproto.layout import Layout
+
+SERVICE = "hetps.bench.Bare"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+WIRE_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class _Store:
+    """Byte buffers by key; one step at a time per key."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, tuple[bytearray, int]] = {}
+        self._lock = threading.Lock()
+
+    def init(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        meta = dict(context.invocation_metadata())
+        key = str(meta["key"])
+        chunk_bytes = int(meta["chunk-bytes"])
+        with self._lock:
+            self._buffers[key] = (bytearray(request), chunk_bytes)
+        return b""
+
+    def push_pull(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        key = str(dict(context.invocation_metadata())["key"])
+        with self._lock:
+            buffer, chunk_bytes = self._buffers[key]
+        view = memoryview(buffer)
+        offset = 0
+        for chunk in requests:
+            # The one copy on the way in: socket bytes into the server's buffer.
+            view[offset : offset + len(chunk)] = chunk
+            offset += len(chunk)
+        if offset != len(buffer):
+            context.abort(grpc.StatusCode.DATA_LOSS, f"received {offset} bytes, expected {len(buffer)}")
+        for start in range(0, len(buffer), chunk_bytes):
+            # The one copy on the way out: the buffer into a reply message.
+            yield bytes(view[start : start + chunk_bytes])
+
+
+def start(address: str = "127.0.0.1:0", threads: int = 32) -> tuple[grpc.Server, int]:
+    store = _Store()
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Init": grpc.unary_unary_rpc_method_handler(store.init, _identity, _identity),
+            "PushPull": grpc.stream_stream_rpc_method_handler(store.push_pull, _identity, _identity),
+        },
+    )
+    server = grpc.server(ThreadPoolExecutor(max_workers=threads), options=[*OPTIONS, ("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port(address)
+    server.start()
+    return server, port
+
+
+class BareClient:
+    """A worker step over the bare service: one shard per server, fanned out like PSClient."""
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        layout: Layout,
+        key: str,
+        wire_dtype: str = "fp32",
+        chunk_bytes: int = 2 * 1024 * 1024,
+    ) -> None:
+        if len(servers) != layout.num_shards:
+            raise ValueError(f"{len(servers)} servers for {layout.num_shards} shards")
+        self.layout = layout
+        self.key = key
+        self.dtype = WIRE_TORCH_DTYPES[wire_dtype]
+        self.width = torch.empty((), dtype=self.dtype).element_size()
+        self.chunk_bytes = max(self.width, chunk_bytes - chunk_bytes % self.width)
+        self.channels = [grpc.insecure_channel(address, options=OPTIONS) for address in servers]
+        for channel in self.channels:
+            grpc.channel_ready_future(channel).result(timeout=30)
+        self._init = [
+            c.unary_unary(f"/{SERVICE}/Init", request_serializer=_identity, response_deserializer=_identity)
+            for c in self.channels
+        ]
+        self._push_pull = [
+            c.stream_stream(f"/{SERVICE}/PushPull", request_serializer=_identity, response_deserializer=_identity)
+            for c in self.channels
+        ]
+        self._metadata = (("key", key), ("chunk-bytes", str(self.chunk_bytes)))
+        self._pool = futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
+
+    def init(self, flat: torch.Tensor) -> None:
+        for index, call in enumerate(self._init):
+            shard = self.layout.shard(index)
+            wire = flat[shard.offset : shard.end].to(self.dtype)
+            call(wire.view(torch.uint8).numpy().tobytes(), metadata=self._metadata, timeout=120)
+
+    def step(self, update: torch.Tensor, out: torch.Tensor) -> None:
+        """Send ``update`` and receive the server's buffer into ``out`` (both flat fp32)."""
+        jobs = [self._pool.submit(self._step_shard, index, update, out) for index in range(len(self.channels))]
+        for job in jobs:
+            job.result()
+
+    def _step_shard(self, index: int, update: torch.Tensor, out: torch.Tensor) -> None:
+        shard = self.layout.shard(index)
+        source = update[shard.offset : shard.end]
+        wire = source if source.dtype == self.dtype else source.to(self.dtype)
+        data = wire.view(torch.uint8).numpy().data
+        chunk_bytes = self.chunk_bytes
+
+        def chunks() -> Iterator[bytes]:
+            for start in range(0, len(data), chunk_bytes):
+                yield bytes(data[start : start + chunk_bytes])
+
+        destination = out[shard.offset : shard.end]
+        position = 0
+        for reply in self._push_pull[index](chunks(), metadata=self._metadata, timeout=120):
+            count = len(reply) // self.width
+            destination[position : position + count].copy_(torch.frombuffer(reply, dtype=self.dtype))
+            position += count
+        if position != destination.numel():
+            raise RuntimeError(f"bare step returned {position} elements, expected {destination.numel()}")
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+        self._pool.shutdown(wait=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="bare gRPC byte mover (the benchmark's transport ceiling)")
+    parser.add_argument("--torch-threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.torch_threads)
+    server, port = start()
+    print(f"bare grpc listening on 127.0.0.1:{port}", flush=True)
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()

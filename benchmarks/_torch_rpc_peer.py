@@ -1,0 +1,107 @@
+"""The peer: a parameter server on ``torch.distributed.rpc`` (TensorPipe over TCP), PyTorch's tutorial pattern.
+
+    python -m benchmarks._torch_rpc_peer --torch-threads 1
+
+The server is rank 0 (``ps``) of a world of two; the benchmark process joins as rank 1
+(``worker``) and calls ``rpc_sync("ps", push_and_pull, args=(key, gradient))``, which applies
+``p -= lr * g`` to a flat fp32 tensor the server holds and returns the parameters. TensorPipe
+is restricted to its ``uv`` (TCP) transport and ``basic`` channel, so tensors cross loopback TCP
+like hetps's bytes do (the shared-memory and cross-memory-attach channels would not).
+
+The server prints ``peer rendezvous on 127.0.0.1:PORT`` before it waits for the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import warnings
+
+import torch
+from torch.distributed import rpc
+
+SERVER_NAME = "ps"
+WORKER_NAME = "worker"
+RPC_TIMEOUT_S = 300.0
+
+_LOCK = threading.Lock()
+# Keyed by model name; held by the imported module (which is what rpc resolves functions in).
+_PARAMS: dict[str, tuple[torch.Tensor, float]] = {}
+
+
+def backend_options(port: int) -> rpc.TensorPipeRpcBackendOptions:
+    return rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://127.0.0.1:{port}",
+        rpc_timeout=RPC_TIMEOUT_S,
+        num_worker_threads=16,
+        _transports=["uv"],
+        _channels=["basic"],
+    )
+
+
+def _init_rpc(name: str, rank: int, port: int) -> None:
+    with warnings.catch_warnings():
+        # torch's own start-up uses a deprecated ProcessGroup form and warns about it.
+        warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+        rpc.init_rpc(name, rank=rank, world_size=2, rpc_backend_options=backend_options(port))  # type: ignore[no-untyped-call]
+
+
+def loopback_environment() -> None:
+    """Make TensorPipe's uv transport listen on loopback (set before ``init_rpc``)."""
+    os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+# -- functions the worker runs on the server through rpc_sync (module-level, so both sides resolve them) --
+
+
+def init_params(key: str, flat: torch.Tensor, lr: float) -> int:
+    """Hold ``flat`` (fp32) as the parameters of ``key``, updated with ``lr``; returns their number."""
+    with _LOCK:
+        _PARAMS[key] = (flat.to(torch.float32).clone(), lr)
+        return flat.numel()
+
+
+def push_and_pull(key: str, gradient: torch.Tensor) -> torch.Tensor:
+    """One worker step on the server: ``p -= lr * g``, then the parameters go back."""
+    with _LOCK:
+        params, lr = _PARAMS[key]
+        params.sub_(gradient, alpha=lr)
+        return params
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def serve(torch_threads: int) -> None:
+    loopback_environment()
+    torch.set_num_threads(torch_threads)
+    port = free_port()
+    print(f"peer rendezvous on 127.0.0.1:{port}", flush=True)
+    _init_rpc(SERVER_NAME, 0, port)
+    # Blocks until the worker calls shutdown too (the tutorial's graceful exit).
+    rpc.shutdown()
+
+
+def connect(port: int) -> None:
+    """Join the peer's world as the worker (once per process)."""
+    loopback_environment()
+    _init_rpc(WORKER_NAME, 1, port)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="torch.distributed.rpc parameter server (the benchmark's peer)")
+    parser.add_argument("--torch-threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    serve(args.torch_threads)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""``benchmarks.throughput --smoke``: every section runs once on a tiny model and writes the JSON the docs read.
+
+Not a timing test: it checks that the servers, the bare gRPC ceiling, the torch.distributed.rpc
+peer, the worker processes and the rule loop all work together and report what they should.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.throughput import main, step_systems
+from psserver.core.rules import RULES
+
+pytestmark = pytest.mark.integration
+
+SUMMARY_KEYS = {"median", "q1", "q3", "min", "max", "n"}
+
+
+def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "throughput.json"
+    returned = main(["--smoke", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["targets"] == json.loads(json.dumps(returned["targets"]))
+    assert {"date", "machine", "settings", "steps", "concurrency", "apply", "memory", "targets"} <= set(results)
+
+    steps = results["steps"]["tiny"]
+    assert set(steps["systems"]) == {spec.name for spec in step_systems()}
+    for system in steps["systems"].values():
+        assert set(system["step_ms"]) == SUMMARY_KEYS
+        assert system["step_ms"]["n"] == 2 and system["step_ms"]["median"] > 0
+        assert system["steps_per_s"] > 0
+    assert "hetps-1shard-bf16 vs peer-torch-rpc-fp32" in steps["speed_ratios"]
+    assert "hetps-2shard-fp32 vs bare-2shard-fp32" in steps["speed_ratios"]
+
+    levels = results["concurrency"]["tiny"]["workers"]
+    assert set(levels) == {"1", "2"}
+    for level in levels.values():
+        assert level["errors"] == 0, level["first_error"]
+        assert level["parameters_finite"]
+        assert level["aggregate_steps_per_s"]["median"] > 0
+    assert results["gap_aware_load"]["errors"] == 0
+
+    rules = results["apply"]["rules"]
+    assert set(rules) == set(RULES)
+    assert all("error" not in entry and entry["finite"] for entry in rules.values()), rules
+    assert rules["momentum"]["vs_fused_sgd"]["median"] > 0
+
+    servers = results["memory"]["servers"]
+    assert {entry["kind"] for entry in servers.values()} == {"hetps", "bare", "peer"}
+    gap_aware = next(entry for entry in servers.values() if entry.get("rule") == "gap-aware")
+    assert gap_aware["snapshots_mb"] > 0 and gap_aware["rule_state_mb"] > 0
+    assert all(entry["peak_rss_mb"] > 0 for entry in servers.values())
+
+    names = [target["target"] for target in results["targets"]]
+    assert any("vs torch.rpc peer" in name for name in names)
+    assert any("vs bare gRPC" in name for name in names)
+    assert any("apply vs fused SGD" in name for name in names)
+    assert any("workers aggregate" in name for name in names)
+    assert any(name.startswith("peak RSS") for name in names)
+    assert all(isinstance(target["pass"], bool) for target in results["targets"])
