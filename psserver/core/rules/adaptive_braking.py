@@ -15,10 +15,12 @@ A stale gradient that points along the velocity is braked, one that opposes it i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from psserver.core.rules._kernels import momentum_step
 from psserver.core.rules.base import PushContext, Telemetry, UpdateRule, register
 from psserver.core.rules.options import RuleOptions, option
 
@@ -49,46 +51,51 @@ class AdaptiveBraking(UpdateRule[AdaptiveBrakingOptions]):
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
         opts = self.options
-        if opts.weight_decay:
-            update.add_(params, alpha=opts.weight_decay)
         if opts.granularity == "global" or not ctx.segments:
-            spans = [(update, self.velocity)]
+            spans = [(params, update, self.velocity)]
         else:
             lengths = [end - start for start, end in ctx.segments]
-            spans = [
-                (g, v)
-                for g, v in zip(torch.split(update, lengths), torch.split(self.velocity, lengths), strict=True)
-                if g.numel()
-            ]
-        telemetry: Telemetry = {"scale": 1.0, "cosine": 0.0, "cosine_min": 0.0, "cosine_max": 0.0}
-        if spans:
-            factor, cosine = self._factors(spans)
-            if len(spans) == 1:
-                update.mul_(factor[0])
-            else:
-                for (g, _), scale in zip(spans, factor.tolist(), strict=True):
-                    g.mul_(scale)
-            telemetry = {
-                "scale": float(factor.mean()),
-                "cosine": float(cosine.mean()),
-                "cosine_min": float(cosine.min()),
-                "cosine_max": float(cosine.max()),
-            }
-        self.velocity.mul_(opts.momentum).add_(update)
-        params.add_(self.velocity, alpha=-opts.lr)
-        return telemetry
+            spans = list(
+                zip(
+                    torch.split(params, lengths),
+                    torch.split(update, lengths),
+                    torch.split(self.velocity, lengths),
+                    strict=True,
+                )
+            )
+        factors, cosines = [], []
+        # Tensor by tensor, the step right after the cosine, so a tensor's gradient and velocity
+        # are often still cached when the fused kernel reads them again; g̃ = (1 ∓ α c) g enters
+        # the velocity through the kernel's gradient scale.
+        for p, g, v in spans:
+            if not g.numel():
+                continue
+            if opts.weight_decay:
+                g.add_(p, alpha=opts.weight_decay)
+            factor, cosine = self._factor(g, v)
+            momentum_step(p, v, g, momentum=opts.momentum, lr=opts.lr, gradient_scale=factor)
+            factors.append(factor)
+            cosines.append(cosine)
+        if not factors:
+            return {"scale": 1.0, "cosine": 0.0, "cosine_min": 0.0, "cosine_max": 0.0}
+        return {
+            "scale": sum(factors) / len(factors),
+            "cosine": sum(cosines) / len(cosines),
+            "cosine_min": min(cosines),
+            "cosine_max": max(cosines),
+        }
 
-    def _factors(self, spans: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scale ``1 ∓ α c`` and the cosine ``c`` of every (gradient, velocity) span."""
-        # One fused reduction per contiguous tensor view: measured several times faster than a
-        # segment-id reduction over the whole shard for the tens to hundreds of tensors a shard holds.
-        sums = torch.stack([torch.stack((g @ v, g @ g, v @ v)) for g, v in spans])
-        dot, g_square, v_square = sums.unbind(1)
-        cosine = dot / (g_square.sqrt() * v_square.sqrt() + _COSINE_EPSILON)
-        cosine.masked_fill_((g_square == 0) | (v_square == 0), 0.0)
+    def _factor(self, g: torch.Tensor, v: torch.Tensor) -> tuple[float, float]:
+        """The scale ``1 ∓ α c`` and the cosine ``c`` of one (gradient, velocity) span."""
+        # Three BLAS dot products per tensor: measured several times faster than a segment-id
+        # reduction over the shard, and faster than dot products per cache block.
+        dot, g_square, v_square = torch.stack((g @ v, g @ g, v @ v)).tolist()
+        if g_square == 0 or v_square == 0:
+            cosine = 0.0
+        else:
+            cosine = dot / (math.sqrt(g_square) * math.sqrt(v_square) + _COSINE_EPSILON)
         alpha = self.options.alpha
-        factor = 1.0 + alpha * cosine if self.options.flip_sign else 1.0 - alpha * cosine
-        return factor, cosine
+        return (1.0 + alpha * cosine if self.options.flip_sign else 1.0 - alpha * cosine), cosine
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"velocity": self.velocity}

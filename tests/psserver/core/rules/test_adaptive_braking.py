@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from psserver.core.rules import RuleOptionError, RuleSpec
+from psserver.core.rules import PayloadKind, PushContext, RuleOptionError, RuleSpec, _kernels
 from tests.psserver.core.rules.conftest import INITIAL, SEGMENTS, Cluster, apply, build_rule, context
 
 G1 = torch.tensor([1.0, 2.0, -1.0, 0.5, 0.0, 4.0])
@@ -117,3 +117,50 @@ def test_alpha_zero_is_momentum_asgd() -> None:
 def test_invalid_options_are_refused(options: dict[str, str], message: str) -> None:
     with pytest.raises(RuleOptionError, match=re.escape(message)):
         RuleSpec.parse("adaptive-braking", options)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"granularity": "per_tensor"},
+        {"granularity": "global", "weight_decay": "0.01"},
+        {"granularity": "per_tensor", "flip_sign": "true", "alpha": "0.5", "weight_decay": "0.001"},
+    ],
+)
+def test_matches_the_formula_on_random_data(
+    options: dict[str, str], fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several random pushes against the docstring's formula in float64, fused kernel or op by op."""
+    if not fused:
+        monkeypatch.setattr(_kernels, "_FUSED_SGD", None)
+    lr, mu = 0.05, 0.9
+    alpha, wd = float(options.get("alpha", "1.0")), float(options.get("weight_decay", "0"))
+    sign = 1.0 if options.get("flip_sign") == "true" else -1.0
+    spans = ((0, 300), (300, 300), (300, 301), (301, 1000))
+    rule = RuleSpec.parse("adaptive-braking", {"lr": str(lr), "momentum": str(mu), **options}).build(1000)
+    generator = torch.Generator().manual_seed(11)
+    params = torch.randn(1000, generator=generator)
+    theta, velocity = params.double(), torch.zeros(1000, dtype=torch.float64)
+    for staleness in (0, 2, 5, 1):
+        gradient = torch.randn(1000, generator=generator)
+        telemetry = rule.apply(params, gradient.clone(), PushContext(1, staleness, PayloadKind.GRADIENT, spans))
+        g = gradient.double() + wd * theta
+        cosines = []
+        for start, end in spans if options["granularity"] == "per_tensor" else ((0, 1000),):
+            if end == start:
+                continue
+            gs, vs = g[start:end], velocity[start:end]
+            norms = gs.norm() * vs.norm()
+            cosine = float(gs @ vs / (norms + 1e-12)) if norms > 0 else 0.0
+            g[start:end] = (1 + sign * alpha * cosine) * gs
+            cosines.append(cosine)
+        velocity = mu * velocity + g
+        theta = theta - lr * velocity
+        torch.testing.assert_close(params, theta.float(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(rule.state_tensors()["velocity"], velocity.float(), rtol=1e-5, atol=1e-6)
+        assert telemetry["cosine"] == pytest.approx(sum(cosines) / len(cosines), abs=1e-6)
+        assert telemetry["cosine_min"] == pytest.approx(min(cosines), abs=1e-6)
+        assert telemetry["cosine_max"] == pytest.approx(max(cosines), abs=1e-6)
+        expected_scale = sum(1 + sign * alpha * c for c in cosines) / len(cosines)
+        assert telemetry["scale"] == pytest.approx(expected_scale, abs=1e-6)
