@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from psserver.core.rules._kernels import momentum_step, split
 from psserver.core.rules.base import PushContext, Telemetry, UpdateRule, register
 from psserver.core.rules.options import RuleOptions, option
 
@@ -73,13 +74,17 @@ class Ormo(UpdateRule[OrmoOptions]):
         scale = self.step_scale(ctx.staleness)
         lr = opts.lr * scale
         missed = float(lag + 1) if beta == 1.0 else (1.0 - beta ** (lag + 1)) / (1.0 - beta)
-        self.momentum.add_(update, alpha=beta**lag * lr)
-        params.add_(update, alpha=-missed * lr)
         self.arrivals.add_(1)
         advance = lag == 0 if opts.advance == "fresh" else int(self.arrivals) >= opts.k
+        # One cache block at a time. On an advance, u ← β (u + β^d η g) ; w ← w − u is one pass of
+        # the fused SGD kernel (momentum β, gradient scale β^{d+1} η, lr 1).
+        for p, g, u in zip(split(params), split(update), split(self.momentum), strict=True):
+            if advance:
+                momentum_step(p, u, g, momentum=beta, lr=1.0, gradient_scale=beta ** (lag + 1) * lr)
+            else:
+                u.add_(g, alpha=beta**lag * lr)
+            p.add_(g, alpha=-missed * lr)
         if advance:
-            params.add_(self.momentum, alpha=-beta)
-            self.momentum.mul_(beta)
             self.iteration.add_(1)
             self.arrivals.zero_()
         return {"lag": float(lag), "iteration": float(int(self.iteration)), "scale": scale}

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from psserver.core.rules import RuleOptionError, RuleSpec, UpdateRule
+from psserver.core.rules import PayloadKind, PushContext, RuleOptionError, RuleSpec, UpdateRule, _kernels
 from psserver.core.rules.options import RuleOptions
 from tests.psserver.core.rules.conftest import INITIAL, Cluster, apply, build_rule, context
 
@@ -213,3 +213,51 @@ def test_ormo_da_scales_eta_by_k_over_tau() -> None:
 def test_invalid_options_are_refused(options: dict[str, str], message: str) -> None:
     with pytest.raises(RuleOptionError, match=re.escape(message)):
         RuleSpec.parse("ormo-da", options)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize(
+    ("name", "beta", "advance"),
+    [("ormo", 0.9, "fresh"), ("ormo", 1.0, "every_k"), ("ormo-da", 0.5, "every_k"), ("ormo", 0.0, "fresh")],
+)
+def test_blocked_apply_matches_the_formula_on_random_data(
+    name: str, beta: float, advance: str, fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random pushes from three workers at random lags, over blocks of 128, fused kernel or op by op."""
+    monkeypatch.setattr(_kernels, "BLOCK", 128)
+    if not fused:
+        monkeypatch.setattr(_kernels, "_FUSED_SGD", None)
+    lr, k, length = 0.05, 2, 1000
+    options = {"lr": str(lr), "beta": str(beta), "advance": advance, "k": str(k)}
+    rule = RuleSpec.parse(name, options).build(length)
+    generator = torch.Generator().manual_seed(13)
+    params = torch.randn(length, generator=generator)
+    w, u = params.double(), torch.zeros(length, dtype=torch.float64)
+    iteration, arrivals, tags, lags = 0, 0, {}, set()
+    choices = random.Random(4)
+    for _ in range(12):
+        worker = choices.choice((1, 2, 3))
+        if worker not in tags or choices.random() < 0.5:
+            rule.on_pull(worker)
+            tags[worker] = iteration
+        staleness = choices.choice((0, 1, 3, 8))
+        gradient = torch.randn(length, generator=generator)
+        telemetry = rule.apply(params, gradient.clone(), PushContext(worker, staleness, PayloadKind.GRADIENT, ()))
+
+        lag = iteration - tags[worker]
+        lags.add(lag)
+        scale = min(1.0, k / staleness) if name == "ormo-da" and staleness > 0 else 1.0
+        eta = lr * scale
+        missed = lag + 1 if beta == 1.0 else (1 - beta ** (lag + 1)) / (1 - beta)
+        u = u + beta**lag * eta * gradient.double()
+        w = w - missed * eta * gradient.double()
+        arrivals += 1
+        if (lag == 0) if advance == "fresh" else arrivals >= k:
+            w = w - beta * u
+            u = beta * u
+            iteration += 1
+            arrivals = 0
+        torch.testing.assert_close(params, w.float(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(rule.state_tensors()["momentum"], u.float(), rtol=1e-5, atol=1e-6)
+        assert telemetry == {"lag": float(lag), "iteration": float(iteration), "scale": scale}
+    assert len(lags) > 2  # fresh and several stale lags
