@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from psserver.core.rules import _kernels
+from psserver.core.rules import _gap_kernel, _kernels
 from psserver.core.rules._kernels import momentum_step, split
 from psserver.core.rules.base import PushContext, Telemetry, UpdateRule, register
 from psserver.core.rules.options import RuleOptionError, RuleOptions, option
@@ -51,11 +51,6 @@ def _segment_lengths(segments: tuple[tuple[int, int], ...], length: int) -> list
     return [end - start for start, end in segments] or [length]
 
 
-def _mean(block_sums: list[torch.Tensor], length: int) -> float:
-    """The mean of a shard-long quantity from its per-block sums."""
-    return float(torch.stack(block_sums).double().sum()) / length if block_sums else 0.0
-
-
 @register
 class GapAware(UpdateRule[GapAwareOptions]):
     name = "gap-aware"
@@ -73,6 +68,8 @@ class GapAware(UpdateRule[GapAwareOptions]):
         self._scratch = torch.empty(min(length, _kernels.BLOCK))
         self._root = torch.empty(min(length, _kernels.BLOCK))
         self._one = torch.ones(())
+        # Compiled (or loaded from numba's cache) now, not during the first stale push.
+        _gap_kernel.warm_up()
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
         self.steps.add_(1)
@@ -112,34 +109,27 @@ class GapAware(UpdateRule[GapAwareOptions]):
         return torch.addcdiv(self._one, distance, root, value=inverse, out=distance)
 
     def _apply_elementwise(self, params: torch.Tensor, update: torch.Tensor, stale: torch.Tensor | None) -> Telemetry:
-        """The whole push, one cache block at a time: every op of a block runs while it is cached."""
+        """A stale push in one compiled pass; a fresh one (G = 1) is exactly the base optimizer."""
         opts = self.options
-        bound = self._bound_scalars()
-        blocks = split(params)
-        none: list[torch.Tensor | None] = [None] * len(blocks)
-        buffers = split(self.momentum_buffer) if opts.momentum > 0 else none
-        snapshots = split(stale) if stale is not None else none
-        gap_sums: list[torch.Tensor] = []
-        penalty_sums: list[torch.Tensor] = []
-        for p, g, v, q, s in zip(blocks, split(update), split(self.step_average), buffers, snapshots, strict=True):
-            # The squared step is read before the push changes the buffer, as the reference does.
-            self._average_steps(v, q if q is not None else g)
-            if opts.weight_decay:
-                g.add_(p, alpha=opts.weight_decay)
-            if s is not None:
-                gap = self._gap(p, s, v, bound)
-                gap_sums.append(gap.sum())
-                penalty = gap.reciprocal_()
-                penalty_sums.append(penalty.sum())
-                g.mul_(penalty)
-            if q is not None:
-                momentum_step(p, q, g, momentum=opts.momentum, lr=opts.lr)
-            else:
-                p.add_(g, alpha=-opts.lr)
-        if stale is None:
-            return {}
-        # The mean gap is the mean G − 1: G is what the blocks sum, saving a pass.
-        return {"scale": _mean(penalty_sums, self.length), "gap": max(_mean(gap_sums, self.length) - 1.0, 0.0)}
+        momentum = self.momentum_buffer if opts.momentum > 0 else None
+        if stale is not None:
+            floor, inverse = self._bound_scalars()
+            gaps, penalties = _gap_kernel.apply_elementwise(
+                params, update, self.step_average, momentum, stale,
+                gamma=opts.gamma, floor=floor, inverse=inverse, weight_decay=opts.weight_decay,
+                momentum=opts.momentum, lr=opts.lr,
+            )  # fmt: skip
+            count = max(self.length, 1)
+            return {"scale": penalties / count, "gap": gaps / count}
+        # The squared step is read before the push changes the buffer, as the reference does.
+        self._average_steps(self.step_average, momentum if momentum is not None else update)
+        if opts.weight_decay:
+            update.add_(params, alpha=opts.weight_decay)
+        if momentum is not None:
+            momentum_step(params, momentum, update, momentum=opts.momentum, lr=opts.lr)
+        else:
+            params.add_(update, alpha=-opts.lr)
+        return {}
 
     def _apply_per_tensor(
         self, params: torch.Tensor, update: torch.Tensor, stale: torch.Tensor, segments: tuple[tuple[int, int], ...]
