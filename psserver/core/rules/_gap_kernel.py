@@ -20,7 +20,8 @@ reassociating them is what lets the loop vectorise.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -46,10 +47,23 @@ _fma: Any = intrinsic(_fma_definition)
 
 # error_model="numpy": a float division by zero gives inf as in torch instead of raising, and
 # without that check per element the loop vectorises. Only the reductions may be reassociated.
-_FLAGS: dict[str, Any] = {"nogil": True, "cache": True, "error_model": "numpy", "fastmath": {"reassoc"}}
+_FLAGS: dict[str, Any] = {"nogil": True, "error_model": "numpy", "fastmath": {"reassoc"}}
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-@njit(**_FLAGS)  # type: ignore[untyped-decorator]
+def _compiled(function: F) -> F:
+    """``function`` compiled by numba, cached on disk where numba finds a writable place.
+
+    Numba caches beside the module or in the user's cache directory (``NUMBA_CACHE_DIR``
+    overrides both); on a read-only file system with neither, it compiles in every process."""
+    try:
+        return cast(F, njit(cache=True, **_FLAGS)(function))
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return cast(F, njit(cache=False, **_FLAGS)(function))
+
+
+@_compiled
 def _gap_aware_momentum(
     theta: Any,
     gradient: Any,
@@ -83,7 +97,7 @@ def _gap_aware_momentum(
     return gap_sum, penalty_sum
 
 
-@njit(**_FLAGS)  # type: ignore[untyped-decorator]
+@_compiled
 def _gap_aware_sgd(
     theta: Any,
     gradient: Any,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from psserver.core.rules import _gap_kernel, _kernels
+from psserver.core.rules import _kernels
 from psserver.core.rules._kernels import momentum_step, split
 from psserver.core.rules.base import PushContext, Telemetry, UpdateRule, register
 from psserver.core.rules.options import RuleOptionError, RuleOptions, option
@@ -68,7 +68,11 @@ class GapAware(UpdateRule[GapAwareOptions]):
         self._scratch = torch.empty(min(length, _kernels.BLOCK))
         self._root = torch.empty(min(length, _kernels.BLOCK))
         self._one = torch.ones(())
+        # Imported here: numba costs about 150 MB of memory that servers of other rules need not pay.
         # Compiled (or loaded from numba's cache) now, not during the first stale push.
+        from psserver.core.rules import _gap_kernel
+
+        self._kernel = _gap_kernel
         _gap_kernel.warm_up()
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
@@ -114,7 +118,7 @@ class GapAware(UpdateRule[GapAwareOptions]):
         momentum = self.momentum_buffer if opts.momentum > 0 else None
         if stale is not None:
             floor, inverse = self._bound_scalars()
-            gaps, penalties = _gap_kernel.apply_elementwise(
+            gaps, penalties = self._kernel.apply_elementwise(
                 params, update, self.step_average, momentum, stale,
                 gamma=opts.gamma, floor=floor, inverse=inverse, weight_decay=opts.weight_decay,
                 momentum=opts.momentum, lr=opts.lr,
