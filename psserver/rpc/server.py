@@ -1,13 +1,20 @@
-"""Build and run the gRPC server for one shard: the servicer, health and reflection."""
+"""Build and run the gRPC server for one shard: the servicer, health and reflection.
+
+Stopping drains: the health service turns NOT_SERVING and keeps answering, new
+ParameterServer RPCs are refused with UNAVAILABLE (clients retry them after a restart or
+elsewhere), and the RPCs already in progress get up to the grace period to finish before the
+server stops and cancels whatever is left.
+"""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +29,7 @@ from psserver.rpc.security import ServerTls
 from psserver.rpc.servicer import ParameterServerServicer, add_to_server
 
 if TYPE_CHECKING:
+    _Handler = grpc.RpcMethodHandler[Any, Any]
     _Interceptor = grpc.ServerInterceptor[Any, Any]
 else:
     _Interceptor = grpc.ServerInterceptor
@@ -44,11 +52,90 @@ class ServerLimits:
     max_streams_per_connection: int = 256
 
 
+class DrainInterceptor(_Interceptor):
+    """Counts the ParameterServer RPCs in progress and, once ``start`` is called, refuses new ones.
+
+    Health and reflection are never refused, so probes see NOT_SERVING while the server drains."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._in_flight = 0
+        self.draining = False
+
+    def start(self) -> None:
+        with self._lock:
+            self.draining = True
+
+    def wait_idle(self, timeout_seconds: float) -> bool:
+        """Wait until no ParameterServer RPC is in progress; False when ``timeout_seconds`` ran out first."""
+        deadline = time.monotonic() + timeout_seconds
+        with self._lock:
+            while self._in_flight:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+            return True
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def _finished(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            self._lock.notify_all()
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], _Handler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> _Handler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(f"/{SERVICE_NAME}/"):
+            return handler
+        method = handler_call_details.method.rpartition("/")[2]
+
+        def gated(behaviour: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+            def admit(request: Any, context: grpc.ServicerContext) -> Any:
+                with self._lock:
+                    refused = self.draining
+                    if not refused:
+                        self._in_flight += 1
+                if refused:
+                    context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"{method} refused: this server is shutting down (draining); retry after it restarts",
+                    )
+                # Called when the RPC ends, however it ends (streams included).
+                if not context.add_callback(self._finished):
+                    self._finished()
+                return behaviour(request, context)
+
+            return admit
+
+        serialize = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(gated(handler.unary_unary), **serialize)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(gated(handler.unary_stream), **serialize)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(gated(handler.stream_unary), **serialize)
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(gated(handler.stream_stream), **serialize)
+        return handler
+
+
 @dataclass
 class RunningServer:
     server: grpc.Server
     port: int
     health: health.HealthServicer
+    drain: DrainInterceptor = field(default_factory=DrainInterceptor)
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -56,9 +143,16 @@ class RunningServer:
             self.health.set(service, status)
 
     def stop(self, grace_seconds: float) -> None:
-        """Refuse new RPCs, let in-flight ones finish for up to ``grace_seconds``."""
+        """Drain: health reports NOT_SERVING (and keeps answering), new ParameterServer RPCs are
+        refused with UNAVAILABLE, the ones in progress get up to ``grace_seconds`` to finish; then
+        the server stops, cancelling any still running."""
         self.set_serving(False)
-        self.server.stop(grace_seconds).wait()
+        self.drain.start()
+        if not self.drain.wait_idle(grace_seconds):
+            _LOGGER.warning(
+                "%d RPC(s) still running after the %.1f s drain; cancelling them", self.drain.in_flight, grace_seconds
+            )
+        self.server.stop(0).wait()
 
 
 def start_server(
@@ -73,7 +167,8 @@ def start_server(
     """Start serving ``shard`` on ``address`` (``host:port``; port 0 picks a free one).
 
     With ``tls`` the port speaks only TLS (mutual TLS when it names a client CA). Interceptors
-    run in order, the first outermost (e.g. latency, then the bearer-token check)."""
+    run in order, the first outermost (e.g. latency, then the bearer-token check); the drain
+    gate that ``RunningServer.stop`` closes comes after them."""
     limits = limits or ServerLimits()
     options = [
         ("grpc.max_receive_message_length", limits.max_message_bytes),
@@ -82,10 +177,12 @@ def start_server(
         ("grpc.so_reuseport", 0),
     ]
     credentials = tls.credentials() if tls is not None else None
+    # Innermost, so the other interceptors (latency) see its refusals while draining.
+    drain = DrainInterceptor()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
         options=options,
-        interceptors=list(interceptors),
+        interceptors=[*interceptors, drain],
         maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )
     add_to_server(ParameterServerServicer(shard, checkpointer), server)
@@ -99,7 +196,7 @@ def start_server(
     if port == 0:
         raise OSError(f"could not bind {address}: the port is in use or the address is not local")
     server.start()
-    running = RunningServer(server, port, health_servicer)
+    running = RunningServer(server, port, health_servicer, drain)
     running.set_serving(True)
     return running
 
