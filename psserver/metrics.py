@@ -41,7 +41,8 @@ DEFAULT_METRICS_PORT = 9400
 
 # Staleness τ counts updates applied between a worker's pull and its push.
 STALENESS_BUCKETS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
-# The mean gap |θ − θ_b| / C: 0 when nothing moved, around 1 when the model moved one typical step.
+# GA's mean gap |θ − θ_b| / C: 0 when nothing moved, around 1 when the model moved one typical step.
+# DC-ASGD reports an un-normalised mean |θ − θ_bak| instead, which mostly falls in the lowest buckets.
 GAP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 # The factor a rule applied to a push: 1 is the plain step; penalties lie below, AB's boost above.
 SCALE_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.25, 1.5, 2.0)
@@ -93,7 +94,9 @@ class ShardMetrics:
         )
         self.gap = Histogram(
             "hetps_push_gap",
-            "Mean gap |θ − θ_pulled| / C between the parameters a push was computed on and those it was applied to",
+            "Mean gap between the parameters a push was computed on and those it was applied to: "
+            "|θ − θ_pulled| / C (the step scale) under gap-aware rules; un-normalised mean |θ − θ_pulled| under "
+            "DC-ASGD",
             _WORKER,
             buckets=GAP_BUCKETS,
             registry=r,
@@ -153,6 +156,13 @@ class ShardMetrics:
         self.rejected_requests = Counter(
             "hetps_rejected_requests_total", "Requests refused, by reason", ["shard", "reason"], registry=r
         )
+        self.snapshots_dropped = Counter(
+            "hetps_snapshots_dropped_total",
+            "Parameter versions (snapshots) dropped to stay under --snapshot-memory-mb; a push computed on one "
+            "is applied with a gap of zero (snapshot_missing)",
+            ["shard"],
+            registry=r,
+        )
         self.apply_seconds = Histogram(
             "hetps_apply_duration_seconds",
             "Time the update rule took to apply one update to the shard",
@@ -179,6 +189,7 @@ class ShardMetrics:
         self.updates.labels(self.shard)
         self.joins.labels(self.shard)
         self.evictions.labels(self.shard)
+        self.snapshots_dropped.labels(self.shard)
         self.apply_seconds.labels(self.shard)
         for role in ("worker", "observer"):
             self.active_workers.labels(self.shard, role).set(0)
@@ -273,6 +284,9 @@ class ShardMetrics:
             self.compute_seconds.labels(*labels).set(stats["compute_seconds"])
         if "samples_per_second" in stats:
             self.samples_per_second.labels(*labels).set(stats["samples_per_second"])
+
+    def snapshot_dropped(self, clock: int) -> None:
+        self.snapshots_dropped.labels(self.shard).inc()
 
     # -- beyond the shard's observer hooks -------------------------------------------------
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from psserver.rpc.security import ClientTls
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
 from psworker.procedures import StepOutcome, build_procedure
@@ -22,13 +23,29 @@ class ParameterServerOptimizer:
     """Joins the server, initialises it from the model if nobody has, and runs the server's procedure."""
 
     def __init__(
-        self, model: nn.Module, servers: str | Sequence[str], name: str | None = None, wire_dtype: str = "fp32"
+        self,
+        model: nn.Module,
+        servers: str | Sequence[str],
+        name: str | None = None,
+        wire_dtype: str = "fp32",
+        tls: ClientTls | None = None,
+        auth_token: str | None = None,
     ) -> None:
+        """``tls`` and ``auth_token`` go to ``PSClient`` as they are: TLS (mutual TLS with a client
+        certificate) and the bearer token of servers started with --tls-* and --auth-token-file."""
         addresses = [servers] if isinstance(servers, str) else list(servers)
         self.model = model
         self.binding = ModelBinding(model, num_shards=len(addresses))
         device = str(self.binding.device)
-        self.client = PSClient(addresses, self.binding.layout, name=name, device=device, wire_dtype=wire_dtype)
+        self.client = PSClient(
+            addresses,
+            self.binding.layout,
+            name=name,
+            device=device,
+            wire_dtype=wire_dtype,
+            tls=tls,
+            auth_token=auth_token,
+        )
         if not self.client.initialized:
             self.client.init(self.binding.gather_params())
         self.procedure = build_procedure(self.client, self.binding)

@@ -31,6 +31,9 @@ class ShardObserver(Protocol):
 
     def heartbeat(self, worker: WorkerRecord, stats: Mapping[str, float]) -> None: ...
 
+    # The parameter version of ``clock`` was dropped to stay under the snapshot memory cap.
+    def snapshot_dropped(self, clock: int) -> None: ...
+
 
 class NullObserver:
     """Listens to nothing."""
@@ -60,4 +63,7 @@ class NullObserver:
         pass
 
     def heartbeat(self, worker: WorkerRecord, stats: Mapping[str, float]) -> None:
+        pass
+
+    def snapshot_dropped(self, clock: int) -> None:
         pass

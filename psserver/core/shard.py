@@ -139,7 +139,7 @@ class BspRound:
     contributors: dict[int, int] = field(default_factory=dict)  # worker id -> push id
     # Whose push-id memory each contribution belongs to (a re-joined worker has a new id, same memory).
     owners: dict[int, PushMemory] = field(default_factory=dict)
-    kind: PayloadKind = PayloadKind.GRADIENT
+    kind: PayloadKind = PayloadKind.GRADIENT  # set by the round's first push
     number: int = 0
 
 
@@ -371,7 +371,8 @@ class Shard:
                 source = self.snapshots.get(clock)
                 if source is None and self.rule.needs_snapshot:
                     source = self.params.clone()
-                    self.snapshots.keep(clock, source)
+                    for dropped in self.snapshots.keep(clock, source):
+                        self.observer.snapshot_dropped(dropped)
                 if source is None and form is PullForm.PAYLOADS:
                     source = self.params.clone()  # payload views need memory nobody changes
                 elif source is None:
@@ -529,10 +530,13 @@ class Shard:
             if previous is not None:
                 return self._replay_locked(worker, previous)
             if self.config.consistency.model is ConsistencyModel.BSP:
+                # A BSP push is only added to the round (the round's mean is applied once every
+                # worker pushed), so it needs no turn: it ends its own GEM reservation now, or
+                # the others' reserved pulls would wait for it to lapse every round.
+                self._release_reservation(worker)
                 return self._commit_bsp(worker, pending)
             self._wait_until(worker, lambda: self._reservation_holder() in (None, worker.worker_id))
-            if self._reserved_by == worker.worker_id:
-                self._reserved_by = None
+            self._release_reservation(worker)
             outcome = self._apply(worker, assembler.out, pending.kind, pending.base_clock, pending.metadata)
             worker.record_push(pending.push_id, outcome)
             self.observer.push_applied(worker, outcome)
@@ -600,6 +604,8 @@ class Shard:
                 f"worker {worker.worker_id} already pushed for BSP clock {self.clock}; wait for the round to finish",
                 worker,
             )
+        if not current.contributors:
+            current.kind = pending.kind  # the first push of a round decides what it collects
         if pending.kind is not current.kind:
             self._refuse(ErrorKind.BAD_REQUEST, f"this BSP round collects {current.kind.name} pushes only", worker)
         current.total.add_(pending.assembler.out)
@@ -681,6 +687,12 @@ class Shard:
                 self._evict_expired_locked()
         finally:
             worker.waiting = False
+
+    def _release_reservation(self, worker: WorkerRecord) -> None:
+        """End ``worker``'s GEM reservation, if it holds one, and wake the pulls waiting for it (lock held)."""
+        if self._reserved_by == worker.worker_id:
+            self._reserved_by = None
+            self._changed.notify_all()
 
     def _reservation_holder(self) -> int | None:
         if self._reserved_by is not None and self._now() > self._reserved_until:
@@ -804,17 +816,14 @@ class Shard:
                 except ShardError as error:
                     raise StateError(error.message) from None
                 assert self.rule is not None
-                saved_rule: dict[str, torch.Tensor] = state["rule_state"]
-                for name, tensor in self.rule.state_tensors().items():
-                    saved = saved_rule.get(name)
-                    if saved is None or saved.shape != tensor.shape:
-                        self.layout, self.rule, self.params = None, None, torch.empty(0)
-                        raise StateError(
-                            f"the saved state of rule {state['rule']} has no {name!r} of shape {tuple(tensor.shape)} "
-                            "(was it saved with other rule options?)"
-                        )
-                for name, tensor in self.rule.state_tensors().items():
-                    tensor.copy_(saved_rule[name])
+                try:
+                    self.rule.load_state_tensors(state["rule_state"])
+                except ValueError as error:
+                    self.layout, self.rule, self.params = None, None, torch.empty(0)
+                    raise StateError(
+                        f"the saved state of rule {state['rule']} does not fit: {error} "
+                        "(was it saved with other rule options?)"
+                    ) from None
                 self.params.copy_(params)
             now = self._now()
             memories = {str(name): PushMemory.from_state(m) for name, m in state["memories"].items()}

@@ -40,14 +40,11 @@ _LISTENING = re.compile(r"psserver listening on \S+:(\d+) .* metrics=(\d+|off)$"
 T = TypeVar("T")
 
 # Dashboard queries that have nothing to show in this cluster: no checkpoints, ASGD measures no
-# gap, no joined worker is refused, and RPC latency needs the interceptor in the server.
+# gap, and no joined worker is refused.
 MAY_BE_EMPTY = {
     "Checkpoint age / A",
     "Mean gap per worker / A",
     "Rejected requests by reason / B",
-    "RPC latency by method / A",
-    "RPC latency by method / B",
-    "RPCs by method and code / A",
 }
 
 

@@ -118,6 +118,25 @@ def test_gap_and_scale_come_from_the_rules_telemetry(shard: Shard, metrics: Shar
     assert value(metrics, "hetps_push_gap_count", worker="slow") is None
 
 
+def test_snapshots_dropped_for_memory_are_counted(metrics: ShardMetrics, time_source: FakeTime) -> None:
+    assert value(metrics, "hetps_snapshots_dropped_total") == 0  # exported from the start
+    per_version = LAYOUT.total_length * 4
+    config = ShardConfig(RuleSpec.parse("gap-aware", {"lr": "0.5"}), snapshot_memory_bytes=per_version)
+    shard = Shard(config, clock_source=time_source, observer=metrics)
+    ids = [shard.join(name, "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id for name in ("fast", "slow")]
+    assembler = shard.begin_upload(ids[0], LAYOUT.hash)
+    for chunk in codec.encode(torch.zeros(shard.params.numel())):
+        shard.decode_chunk(assembler, chunk)
+    shard.finish_upload(assembler)
+    shard.pull(ids[0], 0)
+    shard.pull(ids[1], 0)  # both hold clock 0
+    push(shard, ids[0], 1, 0)
+    shard.pull(ids[0], 0)  # clock 1 fits only by dropping clock 0, which "slow" still needs
+    assert shard.snapshots.dropped_for_memory == 1
+    assert value(metrics, "hetps_snapshots_dropped_total") == 1
+    assert push(shard, ids[1], 1, 0).telemetry.get("snapshot_missing") == 1.0
+
+
 def test_pulls_duplicates_and_heartbeats(shard: Shard, metrics: ShardMetrics) -> None:
     result = shard.pull(2, 0)
     push(shard, 2, 7, 0)

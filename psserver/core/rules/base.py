@@ -76,6 +76,22 @@ class UpdateRule(ABC, Generic[OptionsT]):
         """The rule's state, for checkpoints and tests."""
         return {}
 
+    def load_state_tensors(self, saved: Mapping[str, torch.Tensor]) -> None:
+        """Restore what ``state_tensors`` returned; ``ValueError`` (nothing changed) when it does not fit.
+
+        Rules whose state changes shape with the workers (OrMo's tags) override this."""
+        copy_state(self.state_tensors(), saved)
+
+
+def copy_state(current: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor]) -> None:
+    """Copy each saved tensor into the live one of the same name, after checking every shape."""
+    for name, tensor in current.items():
+        value = saved.get(name)
+        if value is None or value.shape != tensor.shape:
+            raise ValueError(f"no {name!r} of shape {tuple(tensor.shape)}")
+    for name, tensor in current.items():
+        tensor.copy_(saved[name])
+
 
 RULES: dict[str, type[UpdateRule[Any]]] = {}
 

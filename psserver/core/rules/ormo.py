@@ -14,6 +14,8 @@ arrives; ``advance=every_k`` after every ``k`` gradients. Each gradient then cou
 momentum by the iteration it was computed at, not by when it arrived, so with fixed gradients
 any arrival order gives the same parameters as synchronous momentum SGD. A worker with no
 tag, or a tag from the future (the server restarted under it), is taken as fresh (``d = 0``).
+The tags are part of the rule's state (``state_tensors()["tags"]``, rows of ``(worker id, j)``),
+so a shard restored from a checkpoint computes a worker's lag from the tag it saved.
 
 OrMo-DA scales ``η`` by ``min(1, K / τ)`` (``K`` = the option ``k``, ``τ = 0`` gives 1), so very
 stale gradients take smaller steps.
@@ -21,12 +23,13 @@ stale gradients take smaller steps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from psserver.core.rules._kernels import momentum_step, split
-from psserver.core.rules.base import PushContext, Telemetry, UpdateRule, register
+from psserver.core.rules.base import PushContext, Telemetry, UpdateRule, copy_state, register
 from psserver.core.rules.options import RuleOptions, option
 
 
@@ -89,8 +92,23 @@ class Ormo(UpdateRule[OrmoOptions]):
             self.arrivals.zero_()
         return {"lag": float(lag), "iteration": float(int(self.iteration)), "scale": scale}
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
+    def _counters(self) -> dict[str, torch.Tensor]:
         return {"momentum": self.momentum, "iteration": self.iteration, "arrivals": self.arrivals}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The momentum and counters (views of the live state) and the tags: a new ``(n, 2)`` int64
+        tensor of ``(worker id, tag)`` rows, since their number follows the workers."""
+        rows = sorted(self.tags.items())
+        tags = torch.tensor(rows, dtype=torch.int64) if rows else torch.zeros((0, 2), dtype=torch.int64)
+        return {**self._counters(), "tags": tags}
+
+    def load_state_tensors(self, saved: Mapping[str, torch.Tensor]) -> None:
+        """A state saved without tags (an older checkpoint) leaves every worker fresh."""
+        tags = saved.get("tags")
+        if tags is not None and (tags.dim() != 2 or tags.shape[1] != 2 or tags.is_floating_point()):
+            raise ValueError(f"'tags' of shape {tuple(tags.shape)} and dtype {tags.dtype}; expected (n, 2) integers")
+        copy_state(self._counters(), saved)
+        self.tags = {} if tags is None else {int(worker): int(tag) for worker, tag in tags.tolist()}
 
 
 @register

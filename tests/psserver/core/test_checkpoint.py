@@ -171,3 +171,52 @@ def test_limits_on_workers_and_parameters() -> None:
         small.join("a", "cpu", False, LAYOUT, LAYOUT.hash)
     assert caught.value.kind is ErrorKind.LIMIT_REACHED and "--max-parameters" in caught.value.message
     assert small.layout is None and not small.workers
+
+
+@pytest.mark.parametrize("rule", ["ormo", "ormo-da"])
+def test_ormo_tags_survive_a_restore_so_a_workers_lag_is_unchanged(tmp_path: Path, rule: str) -> None:
+    def started() -> tuple[Shard, int, int]:
+        shard = make_shard(rule)
+        a = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+        b = shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+        assembler = shard.begin_upload(a, LAYOUT.hash)
+        for chunk in codec.encode(torch.arange(8, dtype=torch.float32)):
+            shard.decode_chunk(assembler, chunk)
+        shard.finish_upload(assembler)
+        shard.pull(a, 0)
+        shard.pull(b, 0)  # both tagged with iteration 0
+        assert push(shard, a, 1, 0, torch.ones(8)).telemetry["lag"] == 0.0  # fresh: iteration 0 -> 1
+        return shard, a, b
+
+    running, _, b = started()
+    uninterrupted = push(running, b, 1, 0, torch.full((8,), 2.0))
+    assert uninterrupted.telemetry["lag"] == 1.0
+
+    before_restart, _, b = started()
+    checkpoint.write_checkpoint(tmp_path, before_restart.state_dict(), keep=3)  # read back with weights_only
+    restored = make_shard(rule)
+    checkpoint.restore(restored, tmp_path)
+    after_restart = push(restored, b, 1, 0, torch.full((8,), 2.0))
+    assert after_restart.telemetry["lag"] == uninterrupted.telemetry["lag"]
+    assert after_restart.telemetry["iteration"] == uninterrupted.telemetry["iteration"]
+    torch.testing.assert_close(restored.params, running.params)
+    assert restored.rule is not None and restored.rule.state_tensors()["tags"].tolist() == [[1, 0], [2, 0]]
+
+
+def test_an_ormo_state_saved_without_tags_restores_every_worker_fresh() -> None:
+    shard = make_shard("ormo")
+    worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    assembler = shard.begin_upload(worker, LAYOUT.hash)
+    for chunk in codec.encode(torch.zeros(8)):
+        shard.decode_chunk(assembler, chunk)
+    shard.finish_upload(assembler)
+    shard.pull(worker, 0)
+    state = shard.state_dict()
+    del state["rule_state"]["tags"]  # as written before the tags were saved
+    restored = make_shard("ormo")
+    restored.load_state_dict(state)
+    assert restored.rule is not None and restored.rule.state_tensors()["tags"].shape == (0, 2)
+    bad = shard.state_dict()
+    bad["rule_state"]["tags"] = torch.zeros(3)
+    with pytest.raises(StateError, match="tags"):
+        make_shard("ormo").load_state_dict(bad)

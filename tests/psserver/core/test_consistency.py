@@ -215,3 +215,43 @@ def test_bsp_reports_the_round_once_and_every_contributor() -> None:
     thread.join(5)
     assert recorder.updates == [1]
     assert sorted(recorder.pushes) == ["a", "b"]
+
+
+def test_bsp_with_atomic_gem_releases_each_reservation_when_its_holder_pushes() -> None:
+    # The fake clock never moves, so a reservation left behind would hold the other pulls forever.
+    clock = FakeClock()
+    config = ShardConfig(
+        RuleSpec.parse("gem", {"lr": "1.0", "atomic": "true"}),
+        consistency=Consistency(ConsistencyModel.BSP),
+        reservation_seconds=1000.0,
+    )
+    shard = Shard(config, clock)
+    a, b = join(shard, "a"), join(shard, "b")
+    init(shard, a)
+
+    def delta_push(worker_id: int, push_id: int, values: list[float]) -> PushOutcome:
+        pending = shard.begin_push(worker_id, push_id, 0, int(PayloadKind.DELTA), LAYOUT.hash, {})
+        for chunk in codec.encode(torch.tensor(values)):
+            shard.add_chunk(pending, chunk)
+        return shard.commit_push(pending)
+
+    shard.pull(a, FP32, reserve=True)
+    pushed, pushed_results = in_thread(delta_push, a, 1, [2.0, 0.0, 0.0, 0.0])
+    thread, results = in_thread(shard.pull, b, FP32, True)
+    thread.join(2.0)
+    assert not thread.is_alive() and results and results[0].clock == 0  # type: ignore[attr-defined]
+    assert pushed.is_alive() and shard.clock == 0  # a waits at the barrier for b
+    second = delta_push(b, 1, [0.0, 4.0, 0.0, 0.0])
+    pushed.join(5)
+    first = pushed_results[0]
+    assert isinstance(first, PushOutcome) and first.clock == second.clock == 1
+    torch.testing.assert_close(shard.params, torch.tensor([1.0, 2.0, 0.0, 0.0]))
+    # Nobody holds a reservation after the round: the next reserved pulls go straight through.
+    shard.pull(a, FP32, reserve=True)
+    thread, results = in_thread(shard.pull, b, FP32, True)
+    pushed, _ = in_thread(delta_push, a, 2, [0.0, 0.0, 0.0, 0.0])
+    thread.join(2.0)
+    assert not thread.is_alive() and results and results[0].clock == 1  # type: ignore[attr-defined]
+    delta_push(b, 2, [0.0, 0.0, 0.0, 0.0])
+    pushed.join(5)
+    assert shard.clock == 2

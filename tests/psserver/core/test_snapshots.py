@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 import torch
 
 from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
+from psserver.core.observer import NullObserver
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.core.snapshots import SnapshotStore
@@ -26,8 +30,33 @@ def test_the_cap_drops_the_oldest_versions() -> None:
     assert len(store) == 1 and store.bytes_held == 16
 
 
-def _shard(rule: str, cap_bytes: int = 1 << 30) -> tuple[Shard, list[int]]:
-    shard = Shard(ShardConfig(RuleSpec.parse(rule, {"lr": "0.1"}), snapshot_memory_bytes=cap_bytes))
+def test_every_drop_for_memory_is_returned_and_logged_with_the_cap_and_the_flag(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = SnapshotStore(memory_cap_bytes=2 * 4 * 4)
+    with caplog.at_level(logging.WARNING, logger="psserver.core.snapshots"):
+        assert store.keep(0, torch.zeros(4)) == []
+        assert store.keep(1, torch.zeros(4)) == []
+        assert not caplog.records
+        assert store.keep(2, torch.zeros(4)) == [0]
+        assert store.keep(3, torch.zeros(4)) == [1]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2  # one per dropped version
+    message = warnings[0].getMessage()
+    assert "clock 0" in message and "0.0 MiB" in message and "--snapshot-memory-mb" in message
+
+
+class _DropRecorder(NullObserver):
+    def __init__(self) -> None:
+        self.dropped: list[int] = []
+
+    def snapshot_dropped(self, clock: int) -> None:
+        self.dropped.append(clock)
+
+
+def _shard(rule: str, cap_bytes: int = 1 << 30, observer: NullObserver | None = None) -> tuple[Shard, list[int]]:
+    config = ShardConfig(RuleSpec.parse(rule, {"lr": "0.1"}), snapshot_memory_bytes=cap_bytes)
+    shard = Shard(config, observer=observer)
     ids = [shard.join(f"w{i}", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id for i in range(3)]
     assembler = shard.begin_upload(ids[0], LAYOUT.hash)
     for chunk in codec.encode(torch.zeros(4)):
@@ -63,7 +92,8 @@ def test_versions_are_kept_only_for_rules_that_need_them_and_only_while_pulled()
 
 
 def test_a_push_whose_version_was_dropped_for_memory_is_reported() -> None:
-    shard, ids = _shard("gap-aware", cap_bytes=16)  # room for one version
+    recorder = _DropRecorder()
+    shard, ids = _shard("gap-aware", cap_bytes=16, observer=recorder)  # room for one version
     shard.pull(ids[0], FP32)
     shard.pull(ids[1], FP32)
     _push(shard, ids[1], 1)
@@ -76,3 +106,4 @@ def test_a_push_whose_version_was_dropped_for_memory_is_reported() -> None:
     assert outcome.telemetry.get("snapshot_missing") == 1.0
     assert "gap" not in outcome.telemetry
     assert shard.snapshots.dropped_for_memory == 1
+    assert recorder.dropped == [0]  # the shard told its observer (metrics) about the drop
