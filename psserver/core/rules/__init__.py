@@ -1,6 +1,7 @@
 """Update rules, one module each, registered by name on import.
 
-Every module in this package is imported here, so a new rule only needs its own module.
+Every public module in this package is imported here, so a new rule only needs its own module.
+Private modules (``_kernels``, ``_gap_kernel``) are helpers, loaded by the rules that use them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from psserver.core.rules.base import (
 from psserver.core.rules.options import RuleOptionError, RuleOptions, option
 
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in {"base", "options"}:
+    if not _module.name.startswith("_") and _module.name not in {"base", "options"}:
         importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
