@@ -26,16 +26,15 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from psproto import tuning
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 IMAGE_DIR = Path(os.environ.get("HETPS_IMAGE_DIR", ROOT / "build" / "image"))
 ROOTFS = IMAGE_DIR / "rootfs"
 IMAGE_USER = "10001:10001"
-MALLOC_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": "4294967296",
-    "MALLOC_TRIM_THRESHOLD_": "17179869184",
-    "MALLOC_TOP_PAD_": "268435456",
-}
+# The image sets what the entry points set.
+MALLOC_ENV = tuning.MALLOC_SETTINGS
 _LISTENING = re.compile(r"psserver listening on \S+:(\d+).*metrics=(\d+)")
 
 # In CI the image must have been built (`make image` runs before the tests); elsewhere it may be absent.
