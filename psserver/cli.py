@@ -7,9 +7,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 import grpc
@@ -17,7 +15,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from psproto import codec
+from psproto import codec, security
+from psproto.cli_options import client_security_from_flags, client_security_options
+from psproto.cli_options import path_option as _path_option
+from psproto.security import SecurityConfigError, bearer_metadata, read_token_file
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core import checkpoint
 from psserver.core.consistency import Consistency, ConsistencyModel
@@ -25,14 +26,7 @@ from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.core.shard import Shard, ShardConfig, StateError
 from psserver.metrics import DEFAULT_METRICS_PORT, ShardMetrics, serve_metrics
 from psserver.rpc.latency import LatencyInterceptor
-from psserver.rpc.security import (
-    AuthInterceptor,
-    ClientTls,
-    SecurityConfigError,
-    ServerTls,
-    bearer_metadata,
-    read_token_file,
-)
+from psserver.rpc.security import AuthInterceptor, ServerTls
 from psserver.rpc.server import (
     ServerLimits,
     serve_until_signalled,
@@ -86,41 +80,12 @@ def parse_checkpoint_every(text: str) -> tuple[int, float]:
     return updates, seconds
 
 
-def _path_option(flag: str, help_text: str) -> Callable[[Any], Any]:
-    return click.option(
-        flag, type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path), default=None, help=help_text
-    )
-
-
-def client_security_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--tls-ca, --tls-cert, --tls-key, --auth-token-file for commands that call a server."""
-    for option in reversed(
-        (
-            _path_option("--tls-ca", "CA certificate that signed the server's certificate (turns TLS on)"),
-            _path_option("--tls-cert", "this client's certificate, for a server that requires mutual TLS"),
-            _path_option("--tls-key", "the private key of --tls-cert"),
-            _path_option("--auth-token-file", "file holding the server's bearer token"),
-        )
-    ):
-        command = option(command)
-    return command
-
-
 def open_channel(
     server: str, tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None, auth_token_file: Path | None
 ) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
     """A channel to ``server`` with the given TLS files, and the metadata carrying the token."""
-    try:
-        if tls_ca is None and (tls_cert or tls_key):
-            raise SecurityConfigError("--tls-cert/--tls-key need --tls-ca (the CA that signed the server)")
-        token = read_token_file(auth_token_file) if auth_token_file else None
-        if tls_ca is not None:
-            channel = grpc.secure_channel(server, ClientTls(tls_ca, tls_cert, tls_key).credentials())
-        else:
-            channel = grpc.insecure_channel(server)
-    except SecurityConfigError as error:
-        raise click.UsageError(str(error)) from None
-    return channel, bearer_metadata(token)
+    tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
+    return security.open_channel(server, tls), bearer_metadata(token)
 
 
 @click.group()
@@ -475,10 +440,24 @@ def checkpoint_command(
 @main.command()
 @click.option("--server", "servers", required=True, multiple=True, help="HOST:PORT of a shard; repeat for every shard")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1), help="seconds per refresh")
-@click.option("--once", is_flag=True, help="print one snapshot and exit instead of refreshing")
-def top(servers: tuple[str, ...], interval: float, once: bool) -> None:
+@click.option(
+    "--once", is_flag=True, help="print one snapshot and exit instead of refreshing (exit 1 if a shard did not answer)"
+)
+@client_security_options
+def top(
+    servers: tuple[str, ...],
+    interval: float,
+    once: bool,
+    tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    auth_token_file: Path | None,
+) -> None:
     """Live view of running shards: workers' speed, staleness, gap, penalty; clock rate; rejections."""
-    run_top(servers, interval, once)
+    tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
+    errors = run_top(servers, interval, once, tls=tls, auth_token=token)
+    if once and errors:
+        raise click.ClickException("no answer from " + "; ".join(errors))
 
 
 if __name__ == "__main__":

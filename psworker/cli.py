@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from psproto import codec
-from psserver.cli import client_security_options
-from psserver.rpc.security import ClientTls, SecurityConfigError, read_token_file
+from psproto.cli_options import client_security_from_flags, client_security_options
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
 from psworker.export import ExportError, named_tensors, save_state_dict, state_dict_from_checkpoints
@@ -38,22 +37,6 @@ def _parse_slowdowns(text: str) -> list[float]:
     if not values or any(v < 1.0 for v in values):
         raise click.BadParameter("every slowdown must be >= 1 (1 = full speed)", param_hint="--slowdowns")
     return values
-
-
-def _client_security(
-    tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None, auth_token_file: Path | None
-) -> tuple[ClientTls | None, str | None]:
-    """Validated TLS files and token from the flags; a usage error (exit 2) says what to fix."""
-    try:
-        if tls_ca is None and (tls_cert is not None or tls_key is not None):
-            raise SecurityConfigError("--tls-cert/--tls-key need --tls-ca (the CA that signed the server)")
-        tls = ClientTls(tls_ca, tls_cert, tls_key) if tls_ca is not None else None
-        if tls is not None:
-            tls.credentials()
-        token = read_token_file(auth_token_file) if auth_token_file is not None else None
-    except SecurityConfigError as error:
-        raise click.UsageError(str(error)) from None
-    return tls, token
 
 
 @click.group()
@@ -122,7 +105,7 @@ def train_command(
 ) -> None:
     """Train a task against a running server."""
     torch.set_num_threads(torch_threads)
-    tls, token = _client_security(tls_ca, tls_cert, tls_key, auth_token_file)
+    tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
     if max_steps is None and until_clock is None:
         until_clock = 1000
     try:
@@ -209,9 +192,11 @@ def cluster(
     speeds = _parse_slowdowns(slowdowns)
     if len(speeds) != workers:
         raise click.BadParameter(f"{len(speeds)} slowdown(s) for {workers} worker(s)", param_hint="--slowdowns")
+    # The local launcher deliberately runs the server too: check the rule with the server's own
+    # parser (and its message) before starting anything.
     from psserver.cli import parse_rule
 
-    parse_rule(rule, lr, rule_opts)  # fail fast, with the server's own message, before starting anything
+    parse_rule(rule, lr, rule_opts)
     config = ClusterConfig(
         workers,
         speeds,
@@ -298,7 +283,7 @@ def export_command(
             model = load_task(task).build_model()
         except TaskError as error:
             raise click.BadParameter(str(error), param_hint="--task") from None
-        tls, token = _client_security(tls_ca, tls_cert, tls_key, auth_token_file)
+        tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
         binding = ModelBinding(model, num_shards=len(servers))
         try:
             with PSClient(

@@ -29,8 +29,8 @@ import torch
 
 from psproto import codec, wire
 from psproto.layout import Layout, ShardRange
+from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from psserver.rpc.security import ClientTls, bearer_metadata
 
 ResultT = TypeVar("ResultT")
 _LOGGER = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from psserver.rpc.security import ClientTls
+from psproto.security import ClientTls
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
 from psworker.procedures import StepOutcome, build_procedure

@@ -13,7 +13,7 @@ from typing import IO, Any
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from psserver.rpc.security import ClientTls
+from psproto.security import ClientTls
 from psworker.binding import ModelBinding
 from psworker.client import PSClient, RetryPolicy
 from psworker.procedures import build_procedure

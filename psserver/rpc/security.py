@@ -1,4 +1,4 @@
-"""TLS credentials and the bearer-token interceptor.
+"""The server's TLS credentials and the bearer-token interceptor.
 
 Every RPC except the standard health service must carry ``authorization: Bearer <token>``
 metadata when the server has a token; others are refused with UNAUTHENTICATED before any
@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+# The client's side (TLS files, token file, metadata) is shared with the worker through psproto.
+from psproto.security import AUTH_METADATA_KEY, SecurityConfigError, read_pem
+
 if TYPE_CHECKING:
     _Handler = grpc.RpcMethodHandler[Any, Any]
     _Interceptor = grpc.ServerInterceptor[Any, Any]
@@ -23,37 +26,6 @@ else:
 
 # Health checks stay open: load balancers and kubelets probe without credentials.
 UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)
-AUTH_METADATA_KEY = "authorization"
-
-
-class SecurityConfigError(ValueError):
-    """A TLS file or token file that cannot be used; the message names the flag and the fix."""
-
-
-def read_token_file(path: Path, flag: str = "--auth-token-file") -> str:
-    """The token in ``path`` (surrounding whitespace removed); refuses a missing or empty file."""
-    try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise SecurityConfigError(f"{flag}: cannot read {path}: {error}") from None
-    if not token:
-        raise SecurityConfigError(f"{flag}: {path} is empty; put the shared token in it")
-    if any(c.isspace() for c in token) or not token.isprintable():
-        raise SecurityConfigError(f"{flag}: the token in {path} must be one line of printable characters, no spaces")
-    return token
-
-
-def _read(path: Path, flag: str, marker: str = "CERTIFICATE") -> bytes:
-    """A PEM file's bytes; refuses one without a ``-----BEGIN ... <marker>-----`` block."""
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise SecurityConfigError(f"{flag}: cannot read {path}: {error}") from None
-    blocks = [line for line in data.splitlines() if line.startswith(b"-----BEGIN ")]
-    if not any(line.rstrip(b"-").endswith(marker.encode()) for line in blocks):
-        kind = "private key" if marker == "PRIVATE KEY" else "certificate"
-        raise SecurityConfigError(f"{flag}: {path} is not a PEM {kind} (no '-----BEGIN ... {marker}-----' block)")
-    return data
 
 
 @dataclass(frozen=True)
@@ -65,37 +37,15 @@ class ServerTls:
     client_ca: Path | None = None
 
     def credentials(self) -> grpc.ServerCredentials:
-        chain = _read(self.cert, "--tls-cert")
-        key = _read(self.key, "--tls-key", "PRIVATE KEY")
-        client_ca = _read(self.client_ca, "--tls-client-ca") if self.client_ca else None
+        chain = read_pem(self.cert, "--tls-cert")
+        key = read_pem(self.key, "--tls-key", "PRIVATE KEY")
+        client_ca = read_pem(self.client_ca, "--tls-client-ca") if self.client_ca else None
         try:
             return grpc.ssl_server_credentials(
                 [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
             )
         except (ValueError, RuntimeError) as error:
             raise SecurityConfigError(f"--tls-cert/--tls-key: {error}") from None
-
-
-@dataclass(frozen=True)
-class ClientTls:
-    """What a client needs for TLS: the CA that signed the server, and for mTLS its own certificate and key."""
-
-    ca: Path
-    cert: Path | None = None
-    key: Path | None = None
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        if (self.cert is None) != (self.key is None):
-            raise SecurityConfigError("--tls-cert and --tls-key go together: give both for mutual TLS, or neither")
-        return grpc.ssl_channel_credentials(
-            root_certificates=_read(self.ca, "--tls-ca"),
-            private_key=_read(self.key, "--tls-key", "PRIVATE KEY") if self.key else None,
-            certificate_chain=_read(self.cert, "--tls-cert") if self.cert else None,
-        )
-
-
-def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    return ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
 
 
 class AuthInterceptor(_Interceptor):

@@ -19,8 +19,8 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from psproto.layout import Layout
+from psproto.security import ClientTls
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from psserver.rpc.security import ClientTls
 from psworker.client import NO_RETRY, PSClient
 from psworker.launcher import start_server, stop_process
 

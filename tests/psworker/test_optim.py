@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+from psproto.security import ClientTls
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psserver.rpc.security import AuthInterceptor, ClientTls, ServerTls
+from psserver.rpc.security import AuthInterceptor, ServerTls
 from psserver.rpc.server import start_server
 from psworker.optim import ParameterServerOptimizer
 from tests.integration.test_security_integ import TOKEN, Pki

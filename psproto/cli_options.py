@@ -1,0 +1,46 @@
+"""Command-line options shared by the ``psserver`` and ``psworker`` commands that call a server.
+
+They live beside the wire contract so that both sides can use them without the worker
+importing the server (or the other way round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from psproto.security import ClientTls, SecurityConfigError, client_security
+
+
+def path_option(flag: str, help_text: str) -> Callable[[Any], Any]:
+    """An option naming an existing, readable file (``None`` when not given)."""
+    return click.option(
+        flag, type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path), default=None, help=help_text
+    )
+
+
+def client_security_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--tls-ca, --tls-cert, --tls-key, --auth-token-file for commands that call a server."""
+    for option in reversed(
+        (
+            path_option("--tls-ca", "CA certificate that signed the server's certificate (turns TLS on)"),
+            path_option("--tls-cert", "this client's certificate, for a server that requires mutual TLS"),
+            path_option("--tls-key", "the private key of --tls-cert"),
+            path_option("--auth-token-file", "file holding the server's bearer token"),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def client_security_from_flags(
+    tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None, auth_token_file: Path | None
+) -> tuple[ClientTls | None, str | None]:
+    """Validated TLS files and token from the options above; a usage error (exit 2) says what to fix."""
+    try:
+        return client_security(tls_ca, tls_cert, tls_key, auth_token_file)
+    except SecurityConfigError as error:
+        raise click.UsageError(str(error)) from None
