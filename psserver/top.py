@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from psproto.security import ClientTls, bearer_metadata, open_channel
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 
 Fetch = Callable[[str], ps_pb2.StatusResponse]
@@ -78,18 +79,20 @@ class StatusPoller:
 
 
 class GrpcStatusFetcher:
-    """One channel per address, kept open between refreshes."""
+    """One channel per address, kept open between refreshes; TLS with ``tls``, the token as metadata."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, tls: ClientTls | None = None, auth_token: str | None = None) -> None:
         self.timeout_s = timeout_s
+        self._tls = tls
+        self._metadata = bearer_metadata(auth_token)
         self._channels: dict[str, grpc.Channel] = {}
 
     def __call__(self, address: str) -> ps_pb2.StatusResponse:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address)
+            channel = self._channels[address] = open_channel(address, self._tls)
         reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
-            ps_pb2.StatusRequest(), timeout=self.timeout_s
+            ps_pb2.StatusRequest(), timeout=self.timeout_s, metadata=self._metadata
         )
         return reply
 
@@ -232,22 +235,36 @@ def render(views: Sequence[ShardView], interval_s: float, width: int = _WIDE_COL
     )
 
 
-def run_top(addresses: Sequence[str], interval_s: float, once: bool = False, console: Console | None = None) -> None:
-    """Show the view until Ctrl-C (or once, with ``once``)."""
+def run_top(
+    addresses: Sequence[str],
+    interval_s: float,
+    once: bool = False,
+    console: Console | None = None,
+    tls: ClientTls | None = None,
+    auth_token: str | None = None,
+) -> list[str]:
+    """Show the view until Ctrl-C (or once, with ``once``); TLS with ``tls``, ``auth_token`` as bearer token.
+
+    Returns the errors of the shards that did not answer the last refresh (``address: CODE: details``).
+    """
     console = console or Console()
-    fetcher = GrpcStatusFetcher(timeout_s=max(1.0, min(interval_s, 5.0)))
+    fetcher = GrpcStatusFetcher(timeout_s=max(1.0, min(interval_s, 5.0)), tls=tls, auth_token=auth_token)
     poller = StatusPoller(addresses, fetcher)
+    views: list[ShardView] = []
     try:
+        views = poller.poll()
         if once:
-            console.print(render(poller.poll(), interval_s, console.width))
-            return
-        with Live(
-            render(poller.poll(), interval_s, console.width), console=console, auto_refresh=False, screen=True
-        ) as live:
-            while True:
-                time.sleep(interval_s)
-                live.update(render(poller.poll(), interval_s, console.width), refresh=True)
+            console.print(render(views, interval_s, console.width))
+        else:
+            with Live(
+                render(views, interval_s, console.width), console=console, auto_refresh=False, screen=True
+            ) as live:
+                while True:
+                    time.sleep(interval_s)
+                    views = poller.poll()
+                    live.update(render(views, interval_s, console.width), refresh=True)
     except KeyboardInterrupt:
         pass
     finally:
         fetcher.close()
+    return [f"{view.address}: {view.error}" for view in views if view.status is None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -196,3 +197,41 @@ def test_top_under_tmux_refreshes_in_place_and_quits_on_ctrl_c(live_cluster: str
     match = exited.search(after)
     assert match and match.group(1) == "0", after
     assert "Traceback" not in after and "hetps top" not in after  # the terminal is given back as it was
+
+
+# -- a server that requires a token --------------------------------------------------------
+
+TOKEN = "top-test-token"
+
+
+def _top_once(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "psserver", "top", "--server", address, "--once", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "150"})
+
+
+@pytest.mark.integration
+def test_top_watches_a_token_protected_server_with_the_token_and_says_why_not_without(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    server, address = start_server(tmp_path, "asgd", 0.05, (), extra_args=("--auth-token-file", str(token_file)))
+    try:
+        refused = _top_once(address)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "UNAUTHENTICATED: no bearer token was sent" in refused.stdout  # in the shards table
+        assert f"no answer from {address}: UNAUTHENTICATED" in refused.stderr
+
+        wrong_file = tmp_path / "wrong"
+        wrong_file.write_text("not-the-token")
+        wrong = _top_once(address, "--auth-token-file", str(wrong_file))
+        assert wrong.returncode == 1 and "the bearer token is wrong" in wrong.stdout, wrong.stdout + wrong.stderr
+
+        shown = _top_once(address, "--auth-token-file", str(token_file))
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert "UNAUTHENTICATED" not in shown.stdout
+        assert re.search(rf"{re.escape(address)}\s+asgd\s+0\s", shown.stdout), shown.stdout  # address, rule, clock
+        assert "unauthenticated 2" in shown.stdout  # the two refusals above, counted by the server
+
+        missing = _top_once(address, "--auth-token-file", str(tmp_path / "absent"))
+        assert missing.returncode == 2 and "--auth-token-file" in missing.stderr
+    finally:
+        assert stop_process(server) == 0
