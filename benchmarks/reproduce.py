@@ -1,7 +1,9 @@
 """Reproduce every paper's claim in the simulator; write JSON, PNG plots and a markdown report.
 
     python -m benchmarks.reproduce [--quick] [--out DIR] [--doc docs/reproduction.md] [--jobs 2]
-    python -m benchmarks.reproduce --real-cluster [--updates 400]   # the gRPC check, appended to the JSON
+    python -m benchmarks.reproduce --only none --real-cluster [--updates 300] [--check-seeds 8]
+        # only the gRPC check: each rule on a real local cluster, then the simulator replaying it
+        # with the step times that cluster measured (written to OUT/real_cluster.json)
 
 Every run goes through the real shard and worker procedures (``psworker.simulate``), several
 seeds per point; the report gives each claim, our numbers as mean ± std and a verdict.
@@ -13,7 +15,9 @@ import argparse
 import json
 import math
 import multiprocessing
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -175,6 +179,8 @@ def run_all(
     exps: Sequence[Experiment], jobs: int, seeds: Sequence[int]
 ) -> dict[str, dict[int, dict[int, dict[str, Any]]]]:
     work = [(e.key, i, p, s) for e in exps for i, p in enumerate(e.points) for s in seeds]
+    if not work:
+        return {}
     # Long runs first, so the pool does not end on one straggler.
     work.sort(key=lambda job: -(job[2].config.steps * (3 if job[2].config.task == "digits" else 1)))
     results: dict[str, dict[int, dict[int, dict[str, Any]]]] = {e.key: {} for e in exps}
@@ -205,6 +211,7 @@ def report(
     seeds: Sequence[int],
     elapsed_s: float,
     real_cluster: list[dict[str, Any]] | None,
+    real_cluster_command: str | None = None,
 ) -> dict[str, Any]:
     img_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"quick": quick, "seeds": list(seeds), "elapsed_s": elapsed_s, "experiments": {}}
@@ -235,7 +242,7 @@ def report(
             f"**Verdict: {verdict}.** {text}\n\n![{exp.title}]({rel.as_posix()})\n"
         )
     if real_cluster:
-        sections.append(_real_cluster_section(real_cluster))
+        sections.append(_real_cluster_section(real_cluster, real_cluster_command))
     table = "\n".join(f"| {title} | {verdict} |" for title, verdict in verdicts)
     mode = "quick (a smoke-test subset, too small to judge the claims)" if quick else "full"
     doc.parent.mkdir(parents=True, exist_ok=True)
@@ -247,7 +254,7 @@ def report(
         "worker procedure, in virtual time (a 1× worker's step takes 1 virtual second). Tasks run on CPU: the "
         "digits CNN (`digits`, 8×8 images, ~40k parameters) and an MLP on the same 64 pixels (`digits-mlp`). "
         "Numbers are final test accuracy on the 360 held-out digits (or virtual seconds), mean ± std over "
-        "seeds (the seed drives batch sampling and step times; the data split and the initial model are fixed). "
+        "seeds (the seed drives batch sampling, and step times under random speed models; the data split and the initial model are fixed). "
         "A difference counts only when it is larger than the two spreads added. AB, GA and OrMo are "
         "reconstructed from the papers' abstracts and related code (see docs/rules.md), so their verdicts test "
         "our reconstruction as much as the papers.\n\n"
@@ -261,78 +268,268 @@ def report(
 
 # -- the real-cluster check --------------------------------------------------------------------
 
+CHECK_SEEDS = 8
+CHECK_SLOWDOWNS = (1.0, 1.0, 2.0, 4.0)
+
+
+def within_spread(value: float, values: Sequence[float]) -> bool:
+    """Whether ``value`` lies in the range of ``values`` widened by their (population) std on each side."""
+    if not values:
+        return False
+    std = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return min(values) - std <= value <= max(values) + std
+
+
+def relative_speeds(profile: Sequence[Sequence[float]]) -> list[float]:
+    """Each worker's mean measured step time over the fastest worker's (1.0 = the fastest)."""
+    means = [statistics.fmean(times) for times in profile]
+    fastest = min(means)
+    return [m / fastest for m in means]
+
+
+def join_clocks(log_dir: Path) -> list[int]:
+    """The server's clock when each worker of a cluster run started (its log's ``start`` event), by rank.
+
+    Worker processes start one after another, so the first to connect updates the model alone
+    for a while; the simulator starts every worker at clock 0."""
+    clocks = []
+    for path in sorted(log_dir.glob("worker-*.jsonl"), key=lambda p: int(p.stem.rpartition("-")[2])):
+        starts = [json.loads(line) for line in path.read_text().splitlines() if '"event": "start"' in line]
+        clocks.append(int(starts[0]["clock"]) if starts else -1)
+    return clocks
+
+
+def _check_config(rule: str, options: dict[str, str], consistency: str, speeds: SpeedModel, updates: int) -> SimConfig:
+    return SimConfig(
+        rule=rule,
+        options=options,
+        consistency=consistency,
+        ssp_bound=2,
+        workers=len(CHECK_SLOWDOWNS),
+        speeds=speeds,
+        task="digits",
+        steps=10**9,
+        max_updates=updates,
+        eval_every=10**9,
+        record_pushes=False,
+    )
+
+
+def _run_check_sim(job: tuple[str, str, int, SimConfig]) -> tuple[str, str, int, dict[str, Any]]:
+    label, kind, seed, config = job
+    result = simulate(replace(config, seed=seed))
+    return (
+        label,
+        kind,
+        seed,
+        {
+            "test_accuracy": result.test_accuracy,
+            "clock": result.clock,
+            "diverged": result.diverged,
+            "staleness": [[w.mean_staleness, w.max_staleness] for w in result.workers],
+            "steps": [w.steps for w in result.workers],
+            "wall_s": result.wall_s,
+        },
+    )
+
+
+def _sim_summary(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    values = [float(runs[s]["test_accuracy"]) for s in sorted(runs)]
+    workers = len(next(iter(runs.values()))["staleness"])
+    return {
+        "values": values,
+        "mean": statistics.fmean(values),
+        "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        # per worker: mean staleness averaged over seeds, and the largest staleness of any seed
+        "staleness": [
+            [
+                statistics.fmean(float(r["staleness"][w][0]) for r in runs.values()),
+                max(int(r["staleness"][w][1]) for r in runs.values()),
+            ]
+            for w in range(workers)
+        ],
+        "steps": [statistics.fmean(float(r["steps"][w]) for r in runs.values()) for w in range(workers)],
+    }
+
 
 def real_cluster_check(
-    updates: int, seeds: Sequence[int], out: Path, rules: Sequence[str] | None
+    updates: int,
+    check_seeds: Sequence[int],
+    ideal_seeds: Sequence[int],
+    out: Path,
+    rules: Sequence[str] | None,
+    jobs: int = 1,
 ) -> list[dict[str, Any]]:
-    """One configuration per rule over real gRPC (``run_cluster``) against the simulator's seed spread."""
-    from psworker.launcher import ClusterConfig, run_cluster
+    """One configuration per rule over real gRPC (``run_cluster``) against the simulator's seed spread.
 
-    rows = []
-    for label, (rule, options, consistency) in TIME_TO_TARGET_RULES.items():
-        if rules is not None and label not in rules:
-            continue
-        config = SimConfig(
-            rule=rule,
-            options=options,
-            consistency=consistency,
-            ssp_bound=2,
-            workers=4,
-            speeds=SpeedModel.parse("1:1:2:4"),
-            task="digits",
-            steps=10**9,
-            max_updates=updates,
-            eval_every=10**9,
-            record_pushes=False,
-        )
-        sim = [simulate(replace(config, seed=s)).test_accuracy for s in seeds]
-        lr = float(options["lr"])
+    Every cluster runs first, one at a time and with nothing else of ours running; then the
+    simulator replays each with the step times that very cluster run measured
+    (``profile:LOG_DIR``, ``check_seeds`` seeds, up to the cluster's final clock), which is
+    what the verdict uses, and with exact 1:1:2:4 speeds (``ideal_seeds`` seeds) for comparison.
+    """
+    from psworker.launcher import ClusterConfig, ClusterError, run_cluster
+
+    labels = [label for label in TIME_TO_TARGET_RULES if rules is None or label in rules]
+    unknown = sorted(set(rules or ()) - set(TIME_TO_TARGET_RULES))
+    if unknown:
+        raise SystemExit(f"unknown real-cluster rule(s) {unknown}; choose from {list(TIME_TO_TARGET_RULES)}")
+    rows: dict[str, dict[str, Any]] = {}
+    work: list[tuple[str, str, int, SimConfig]] = []
+    for label in labels:
+        rule, options, consistency = TIME_TO_TARGET_RULES[label]
+        log_dir = out / "cluster" / label.replace(" ", "_").replace("/", "_").replace("(", "").replace(")", "")
         opts = tuple(f"{k}={v}" for k, v in options.items() if k != "lr")
-        server_args = ("--consistency", consistency, "--ssp-bound", "2")
         started = time.perf_counter()
-        report = run_cluster(
-            ClusterConfig(
-                rule=rule,
-                lr=lr,
-                rule_opts=opts,
-                until_clock=updates,
-                log_dir=out / "cluster" / label.replace(" ", "_").replace("/", "_"),
-                server_args=server_args,
+        try:
+            report = run_cluster(
+                ClusterConfig(
+                    workers=len(CHECK_SLOWDOWNS),
+                    slowdowns=CHECK_SLOWDOWNS,
+                    rule=rule,
+                    lr=float(options["lr"]),
+                    rule_opts=opts,
+                    until_clock=updates,
+                    log_dir=log_dir,
+                    server_args=("--consistency", consistency, "--ssp-bound", "2"),
+                )
             )
+        except ClusterError as error:
+            print(f"  {label}: the cluster failed: {error}", flush=True)
+            rows[label] = {"rule": label, "error": str(error)}
+            continue
+        measured = SpeedModel.parse(f"profile:{log_dir}")
+        rows[label] = {
+            "rule": label,
+            "log_dir": str(log_dir),
+            "cluster_accuracy": report.test_accuracy,
+            "cluster_clock": report.clock,
+            "cluster_wall_s": time.perf_counter() - started,
+            "cluster_staleness": [[w.mean_staleness, w.max_staleness] for w in report.workers],
+            "cluster_steps": [w.steps for w in report.workers],
+            "measured_speeds": relative_speeds(measured.profile),
+            "join_clocks": join_clocks(log_dir),
+        }
+        speeds = ", ".join(f"{s:.1f}" for s in rows[label]["measured_speeds"])
+        print(f"  {label}: cluster {report.test_accuracy:.3f} at clock {report.clock}, speeds {speeds}", flush=True)
+        replay = _check_config(rule, options, consistency, measured, report.clock)
+        exact_speeds = _check_config(rule, options, consistency, SpeedModel.parse("1:1:2:4"), report.clock)
+        work += [(label, "profile", s, replay) for s in check_seeds]
+        work += [(label, "ideal", s, exact_speeds) for s in ideal_seeds]
+    # Window-4 procedures take four steps per update: start them first.
+    work.sort(key=lambda job: -int(job[3].options.get("window", "1")))
+    runs: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    print(f"  {len(work)} simulator runs", flush=True)
+    if jobs > 1 and len(work) > 1:
+        with multiprocessing.get_context("spawn").Pool(jobs, initializer=_init_worker) as pool:
+            for label, kind, seed, summary in pool.imap_unordered(_run_check_sim, work):
+                runs.setdefault((label, kind), {})[seed] = summary
+    else:
+        _init_worker()
+        for job in work:
+            label, kind, seed, summary = _run_check_sim(job)
+            runs.setdefault((label, kind), {})[seed] = summary
+    for label, row in rows.items():
+        if "error" in row:
+            continue
+        sim = _sim_summary(runs[(label, "profile")])
+        row.update(
+            sim_mean=sim["mean"],
+            sim_std=sim["std"],
+            sim_values=sim["values"],
+            sim_staleness=sim["staleness"],
+            sim_steps=sim["steps"],
+            within_spread=within_spread(row["cluster_accuracy"], sim["values"]),
         )
-        mean, std = statistics.fmean(sim), statistics.pstdev(sim)
-        inside = min(sim) - std <= report.test_accuracy <= max(sim) + std
-        rows.append(
-            {
-                "rule": label,
-                "cluster_accuracy": report.test_accuracy,
-                "cluster_clock": report.clock,
-                "cluster_wall_s": time.perf_counter() - started,
-                "sim_mean": mean,
-                "sim_std": std,
-                "sim_values": sim,
-                "within_spread": inside,
-            }
+        if (label, "ideal") in runs:
+            exact = _sim_summary(runs[(label, "ideal")])
+            row.update(
+                ideal_mean=exact["mean"],
+                ideal_std=exact["std"],
+                ideal_values=exact["values"],
+                ideal_staleness=exact["staleness"],
+                ideal_within=within_spread(row["cluster_accuracy"], exact["values"]),
+            )
+        print(
+            f"  {label}: cluster {row['cluster_accuracy']:.3f}, simulator (measured speeds) "
+            f"{sim['mean']:.3f} ± {sim['std']:.3f}, within: {row['within_spread']}",
+            flush=True,
         )
-        print(f"  {label}: cluster {report.test_accuracy:.3f}, simulator {mean:.3f} ± {std:.3f}", flush=True)
-    return rows
+    return list(rows.values())
 
 
-def _real_cluster_section(rows: list[dict[str, Any]]) -> str:
-    inside = sum(bool(r["within_spread"]) for r in rows)
+def _staleness(pairs: Sequence[Sequence[float]]) -> str:
+    return " / ".join(f"{mean:.1f}" for mean, _ in pairs)
+
+
+def _real_cluster_section(rows: list[dict[str, Any]], command: str | None = None) -> str:
+    done = [r for r in rows if "error" not in r]
+    failed = [r["rule"] for r in rows if "error" in r]
+    inside = sum(bool(r["within_spread"]) for r in done)
+    ideal_inside = sum(bool(r.get("ideal_within")) for r in done)
+    has_ideal = any("ideal_mean" in r for r in done)
+    check_seeds = len(done[0]["sim_values"]) if done else 0
+    ideal_seeds = len(done[0].get("ideal_values", [])) if done else 0
+
+    def ideal(r: dict[str, Any]) -> str:
+        if "ideal_mean" not in r:
+            return "–"
+        return f"{r['ideal_mean']:.3f} ± {r['ideal_std']:.3f} ({'yes' if r['ideal_within'] else 'no'})"
+
     lines = [
-        f"| {r['rule']} | {r['cluster_accuracy']:.3f} ({r['cluster_clock']} updates) | {r['sim_mean']:.3f} ± "
-        f"{r['sim_std']:.3f} ({', '.join(f'{v:.3f}' for v in r['sim_values'])}) | "
-        f"{'yes' if r['within_spread'] else 'no'} |"
-        for r in rows
+        f"| {r['rule']} | {r['cluster_accuracy']:.3f} ({r['cluster_clock']}) | "
+        f"{':'.join(f'{s:.1f}' for s in r['measured_speeds'])} | "
+        f"{', '.join(str(c) for c in r.get('join_clocks', []))} | "
+        f"{r['sim_mean']:.3f} ± {r['sim_std']:.3f} [{min(r['sim_values']):.3f}, {max(r['sim_values']):.3f}] | "
+        f"**{'yes' if r['within_spread'] else 'no'}** | "
+        + (f"{ideal(r)} | " if has_ideal else "")
+        + f"{_staleness(r['cluster_staleness'])} | {_staleness(r['sim_staleness'])} |"
+        for r in done
     ]
+    header = (
+        "| rule | real cluster (updates) | measured step-time ratios | cluster join clocks | simulator, measured "
+        "speeds: mean ± std [min, max] | within | "
+        + ("simulator, exact 1:1:2:4: mean ± std (within) | " if has_ideal else "")
+        + "mean τ per worker, cluster | mean τ per worker, simulator |\n"
+        + "|---|---|---|---|---|---|"
+        + ("---|" if has_ideal else "")
+        + "---|---|\n"
+    )
+    outside = [
+        f"{r['rule']} ({r['cluster_accuracy']:.3f} against {r['sim_mean']:.3f} ± {r['sim_std']:.3f})"
+        for r in done
+        if not r["within_spread"]
+    ]
+    ran = f"Made with `{command}`. " if command else ""
     return (
         "## Real-cluster check\n\n"
-        "The same configuration over real gRPC with `psworker cluster` (4 worker processes slowed 1×, 1×, 2×, 4×, "
-        "one server, digits CNN, the time-to-target learning rates) and in the simulator with the same number of "
-        "updates. 'Within' means the cluster's accuracy lies inside the simulator's seed range widened by one std. "
-        f"{inside} of {len(rows)} rules land within it.\n\n"
-        "| rule | real cluster | simulator, mean ± std (seeds) | within |\n|---|---|---|---|\n"
+        f"{ran}Each rule runs once over real gRPC with `psworker cluster` (4 worker processes slowed "
+        "1×, 1×, 2×, 4×, one server, digits CNN, the time-to-target learning rates, until the server's clock "
+        "reaches the update budget). The simulator then replays the same experiment: the step times are drawn "
+        "from the ones that very cluster run measured (`--speeds profile:LOG_DIR`, from the workers' JSON logs: "
+        "each sample is one worker's mean step time over 10 steps, compute, slow-down sleep and communication "
+        "included; every step draws one of its worker's samples at random), and it stops at the cluster's final "
+        "clock. In both, worker r draws its batches from a generator seeded `1000·seed + r`; the cluster runs "
+        "seed 0, so its batch streams are exactly those of simulator seed 0. The other seeds change every "
+        "worker's batch stream and the draws from the measured step times; the data split and the initial model "
+        "stay fixed. What the simulator does not replay: the cluster's workers start one after another, so the "
+        "first to connect updates the model alone for a while (the join clocks: the server's clock when each "
+        "worker started; in the simulator all start at 0), and per-step jitter finer than the 10-step samples. "
+        "Under SSP and BSP a measured step time includes the wait at the bound or the barrier, so the workers "
+        "look equally fast and the replay of SSP does not follow the cluster's schedule (compare its staleness "
+        "columns); BSP's accuracy does not depend on timing at all. "
+        f"{check_seeds} simulator seeds per rule. 'Within' means the cluster's accuracy lies inside the "
+        "simulator's seed range widened by one std on each side. "
+        f"**{inside} of {len(done)} rules land within it.**"
+        + (
+            f" For comparison, the simulator with exact speed ratios 1:1:2:4 ({ideal_seeds} seeds) would put "
+            f"{ideal_inside} of {len(done)} within."
+            if has_ideal
+            else ""
+        )
+        + (f" Outside: {'; '.join(outside)}." if outside else "")
+        + (f" The cluster failed for: {', '.join(failed)}." if failed else "")
+        + "\n\n"
+        + header
         + "\n".join(lines)
         + "\n"
     )
@@ -346,10 +543,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--img-dir", type=Path, default=None, help="plots (default OUT)")
     parser.add_argument("--jobs", type=int, default=2, help="processes")
     parser.add_argument("--seeds", type=int, default=len(SEEDS))
-    parser.add_argument("--only", default=None, help="comma-separated experiment keys: agn,ab,ga,gem,ormo,ttt")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated experiment keys: agn,ab,ga,gem,ormo,ttt ('none': no experiments)"
+    )
     parser.add_argument("--real-cluster", action="store_true", help="also run the gRPC check")
     parser.add_argument("--real-cluster-rules", default=None, help="comma-separated labels (default all)")
     parser.add_argument("--updates", type=int, default=400, help="updates per real-cluster run")
+    parser.add_argument(
+        "--check-seeds",
+        type=int,
+        default=CHECK_SEEDS,
+        help="simulator seeds per rule for the real-cluster check (measured speeds; exact 1:1:2:4 uses --seeds)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     doc = args.doc or args.out / "reproduction.md"
@@ -361,12 +566,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{sum(len(e.points) for e in exps) * len(seeds)} runs in {len(exps)} experiments", flush=True)
     results = run_all(exps, args.jobs, seeds)
     real = None
+    command = None
     if args.real_cluster:
         rules = args.real_cluster_rules.split(",") if args.real_cluster_rules else None
-        real = real_cluster_check(args.updates, seeds, args.out, rules)
+        real = real_cluster_check(args.updates, range(args.check_seeds), seeds, args.out, rules, args.jobs)
         (args.out / "real_cluster.json").write_text(json.dumps(real, indent=1))
+        command = "python -m benchmarks.reproduce " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     elapsed = time.perf_counter() - started
-    summary = report(exps, results, args.out, img_dir, doc, args.quick, seeds, elapsed, real)
+    summary = report(exps, results, args.out, img_dir, doc, args.quick, seeds, elapsed, real, command)
     for key, data in summary["experiments"].items():
         print(f"{key}: {data['verdict']}")
     print(f"done in {elapsed:.0f} s; report {doc}")
