@@ -96,6 +96,20 @@ class ChunkPayload:
         chunk.data = bytes(self.data)
 
 
+def chunk_spans(length: int, dtype: int = ps_pb2.DTYPE_FLOAT32, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[range]:
+    """The element ranges ``payloads`` cuts a ``length``-element vector into for ``dtype``."""
+    per_chunk = max(1, chunk_bytes // _WIDTHS[wire_dtype(dtype)])
+    return [range(start, min(start + per_chunk, length)) for start in range(0, length, per_chunk)]
+
+
+def payload(flat: torch.Tensor, span: range, dtype: int = ps_pb2.DTYPE_FLOAT32) -> ChunkPayload:
+    """One chunk of a contiguous 1-D CPU tensor, converted to ``dtype`` (a view when no conversion is needed)."""
+    target = wire_dtype(dtype)
+    piece = flat[span.start : span.stop]
+    wire = piece if piece.dtype == target else piece.to(target)
+    return ChunkPayload(span.start, DTypeValue(dtype or ps_pb2.DTYPE_FLOAT32), wire.view(torch.uint8).numpy().data)
+
+
 def payloads(
     flat: torch.Tensor, dtype: int = ps_pb2.DTYPE_FLOAT32, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[ChunkPayload]:
@@ -105,15 +119,9 @@ def payloads(
     until a message is written, so the caller must not change ``flat`` before then.
     """
     target = wire_dtype(dtype)
-    tag = DTypeValue(dtype or ps_pb2.DTYPE_FLOAT32)
     wire = flat if flat.dtype == target else flat.to(target)
-    width = _WIDTHS[target]
-    per_chunk = max(1, chunk_bytes // width)
-    data = wire.view(torch.uint8).numpy().data if wire.numel() else None
-    for start in range(0, wire.numel(), per_chunk):
-        stop = min(start + per_chunk, wire.numel())
-        assert data is not None
-        yield ChunkPayload(start, tag, data[start * width : stop * width])
+    for span in chunk_spans(wire.numel(), dtype, chunk_bytes):
+        yield payload(wire, span, dtype)
 
 
 def encode(
@@ -132,10 +140,13 @@ class Assembler:
 
     Every chunk is checked before it is written; ``finish`` checks that the chunks did not
     overlap and covered the whole buffer. The buffer is scratch: nothing in it is trusted
-    until ``finish`` returns.
+    until ``finish`` returns. With ``track_finite`` (the server's side: gradients are refused
+    when any element is NaN or Inf) each chunk is also summed while it is in cache, for
+    ``all_finite``; a worker receiving parameters skips that pass.
     """
 
     out: torch.Tensor
+    track_finite: bool = True
 
     def __post_init__(self) -> None:
         self._spans: list[tuple[int, int]] = []
@@ -163,8 +174,9 @@ class Assembler:
         values = torch.frombuffer(chunk.data, dtype=dtype)
         destination = self.out[chunk.offset : chunk.offset + count]
         destination.copy_(values)
-        # Summed while the chunk is still in cache: any NaN or Inf makes the sum non-finite.
-        self._sum += float(destination.sum())
+        if self.track_finite:
+            # Summed while the chunk is still in cache: any NaN or Inf makes the sum non-finite.
+            self._sum += float(destination.sum())
         self._spans.append((chunk.offset, chunk.offset + count))
 
     def finish(self) -> None:
@@ -184,6 +196,8 @@ class Assembler:
 
     def all_finite(self) -> bool:
         """True when no element is NaN or Inf (exact: a non-finite sum of finite values is re-checked)."""
+        if not self.track_finite:
+            return bool(torch.isfinite(self.out).all())
         return math.isfinite(self._sum) or bool(torch.isfinite(self.out).all())
 
     def count_non_finite(self) -> int:

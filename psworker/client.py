@@ -389,7 +389,7 @@ class PSClient:
 
     @staticmethod
     def _receive_params(messages: Iterable[wire.PulledChunk], session: ShardSession, out: torch.Tensor) -> int:
-        assembler = codec.Assembler(out[session.range.offset : session.range.end])
+        assembler = codec.Assembler(out[session.range.offset : session.range.end], track_finite=False)
         clock = -1
         for message in messages:
             clock = message.clock

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -33,6 +33,7 @@ from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.observer import NullObserver, ShardObserver
 from psserver.core.rules import PayloadKind, PushContext, RuleSpec, Telemetry, UpdateRule
 from psserver.core.rules.options import RuleOptions
+from psserver.core.serialized_pull import MessageBuilder, SerializedPull
 from psserver.core.snapshots import SnapshotStore
 from psserver.core.workers import PushMemory, PushOutcome, WorkerRecord
 
@@ -93,7 +94,7 @@ class PullForm(enum.Enum):
     PUSH_PULL_RESPONSE = "push_pull"  # serialised PushPullResponse messages carrying params
 
 
-_MESSAGE_BUILDERS: dict[PullForm, Callable[[int, int, int, int, memoryview], bytes]] = {
+_MESSAGE_BUILDERS: dict[PullForm, MessageBuilder] = {
     PullForm.PULL_RESPONSE: wire.pull_response,
     PullForm.PUSH_PULL_RESPONSE: wire.push_pull_params,
 }
@@ -105,7 +106,7 @@ class PullResult:
     total_length: int
     # PullForm.PAYLOADS fills ``chunks``; the serialised forms fill ``messages``.
     chunks: list[codec.ChunkPayload] = field(default_factory=list)
-    messages: list[bytes] = field(default_factory=list)
+    messages: Sequence[bytes] | SerializedPull = ()
     data_bytes: int = 0
     wire_dtype: int = ps_pb2.DTYPE_FLOAT32
     form: PullForm = PullForm.PAYLOADS
@@ -174,6 +175,8 @@ class Shard:
         self._pull_cache: dict[tuple[int, int, PullForm], PullResult] = {}
         # Serialised pulls still referenced (being sent); the transport holds each until sent.
         self._live_pulls: weakref.WeakSet[PullResult] = weakref.WeakSet()
+        # Versions serialised from the live parameters as they are sent: frozen before a change.
+        self._reading_params: list[SerializedPull] = []
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
         self._bsp: BspRound | None = None
         self._receive: ReceiveBuffers | None = None
@@ -332,6 +335,7 @@ class Shard:
         with self._lock:
             if self.initialized:
                 return False, self.clock
+            self._freeze_pulls()
             self.params.copy_(assembler.out)
             self.initialized = True
             return True, self.clock
@@ -376,8 +380,8 @@ class Shard:
                 if source is None and form is PullForm.PAYLOADS:
                     source = self.params.clone()  # payload views need memory nobody changes
                 elif source is None:
-                    # The messages are the copy: serialising here costs what a clone would.
-                    result = self._encode_pull(self.params, clock, wire_dtype, form)
+                    # Read from the live parameters as the messages are sent; frozen before a change.
+                    result = self._encode_pull(self.params, clock, wire_dtype, form, self._lock)
                     self._cache_pull(key, result)
             if result is not None:
                 self.observer.pulled(worker, clock, result.data_bytes)
@@ -405,15 +409,33 @@ class Shard:
             return None
         return newest
 
-    def _encode_pull(self, source: torch.Tensor, clock: int, wire_dtype: int, form: PullForm) -> PullResult:
-        payloads = list(codec.payloads(source, wire_dtype, self.config.chunk_bytes))
-        data_bytes = sum(len(p.data) for p in payloads)
+    def _encode_pull(
+        self,
+        source: torch.Tensor,
+        clock: int,
+        wire_dtype: int,
+        form: PullForm,
+        source_lock: threading.Lock | None = None,
+    ) -> PullResult:
+        """``source`` in ``form``; ``source_lock`` is the shard's lock when ``source`` is the live parameters."""
         total = source.numel()
         if form is PullForm.PAYLOADS:
-            return PullResult(clock, total, chunks=payloads, data_bytes=data_bytes)
-        build = _MESSAGE_BUILDERS[form]
-        messages = [build(clock, total, p.offset, p.dtype, p.data) for p in payloads]
+            payloads = list(codec.payloads(source, wire_dtype, self.config.chunk_bytes))
+            return PullResult(clock, total, chunks=payloads, data_bytes=sum(len(p.data) for p in payloads))
+        spans = codec.chunk_spans(total, wire_dtype, self.config.chunk_bytes)
+        lock = source_lock or threading.Lock()
+        messages = SerializedPull(source, clock, wire_dtype, spans, _MESSAGE_BUILDERS[form], lock)
+        if source_lock is not None:
+            self._reading_params = [m for m in self._reading_params if not m.complete]
+            self._reading_params.append(messages)
+        data_bytes = total * codec.element_size(wire_dtype)
         return PullResult(clock, total, messages=messages, data_bytes=data_bytes, wire_dtype=wire_dtype, form=form)
+
+    def _freeze_pulls(self) -> None:
+        """Finish serialising every version still read from the parameters, before they change (lock held)."""
+        for messages in self._reading_params:
+            messages.freeze()
+        self._reading_params = []
 
     def _cache_pull(self, key: tuple[int, int, PullForm], result: PullResult) -> None:
         """Keep ``result`` for its clock; forms of older clocks are dropped (lock held)."""
@@ -559,6 +581,7 @@ class Shard:
             metadata=metadata,
             snapshot=lambda: snapshots.get(base_clock),
         )
+        self._freeze_pulls()
         started = time.perf_counter()
         telemetry: Telemetry = self.rule.apply(self.params, update, ctx)
         apply_seconds = time.perf_counter() - started
@@ -824,6 +847,7 @@ class Shard:
                         f"the saved state of rule {state['rule']} does not fit: {error} "
                         "(was it saved with other rule options?)"
                     ) from None
+                self._freeze_pulls()
                 self.params.copy_(params)
             now = self._now()
             memories = {str(name): PushMemory.from_state(m) for name, m in state["memories"].items()}

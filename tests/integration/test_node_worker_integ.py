@@ -4,6 +4,7 @@ worker train one model together on a live two-shard server: the protocol is lang
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import threading
@@ -25,6 +26,7 @@ NODE = shutil.which("node")
 FEATURES = 8
 NODE_STEPS = 150
 PYTHON_STEPS = 150
+INITIAL_LOSS = math.log(2.0)  # binary cross-entropy of the all-zero model, which predicts 0.5
 
 needs_node = pytest.mark.skipif(NODE is None, reason="node (Node.js) is not installed")
 
@@ -102,10 +104,12 @@ def test_node_and_python_workers_train_one_model(
     assert {e["rule"] for e in joined} == {"asgd"}
     step_losses = [e["loss"] for e in events if e["event"] == "step"]
     done = next(e for e in events if e["event"] == "done")
-    # The Node worker's evaluation loss falls: steadily across its log and by half overall.
+    # The Node worker's evaluation loss falls across its log, and to under half the loss of the
+    # all-zero initial model (ln 2). Its first logged loss is not the baseline: the Python worker
+    # may have trained the shared model for a while before Node.js has started.
     assert len(step_losses) == NODE_STEPS // 10 + 1
-    assert step_losses[-1] < step_losses[0] * 0.5, step_losses
-    assert done["final_loss"] < done["first_loss"] * 0.5
+    assert step_losses[-1] < INITIAL_LOSS * 0.5, step_losses
+    assert done["final_loss"] < done["first_loss"]
     later_halves = step_losses[len(step_losses) // 2 :]
     assert max(later_halves) < step_losses[0], step_losses
     assert done["pushes"] == NODE_STEPS

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.integration
 
 # rule -> (lr, rule options, updates, extra server arguments)
 CONFIGS: dict[str, tuple[float, tuple[str, ...], int, tuple[str, ...]]] = {
-    "asgd": (0.1, (), 600, ()),
+    # At 0.1 the final accuracy of plain ASGD dipped to 0.76–0.80 in about one run of 15; 0.05 over
+    # 1000 updates ended within 0.93–0.97 in 8 of 8.
+    "asgd": (0.05, (), 1000, ()),
     "momentum": (0.03, ("momentum=0.7",), 600, ()),
     "sa": (0.2, (), 600, ()),
     "dynsgd": (0.05, ("window=4",), 400, ()),

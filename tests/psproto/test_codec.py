@@ -90,6 +90,18 @@ def test_finite_check_is_exact_even_when_the_sum_overflows() -> None:
         assert assembler.count_non_finite() == 1
 
 
+@pytest.mark.parametrize("track_finite", [True, False])
+def test_finite_check_holds_with_or_without_the_running_sum(track_finite: bool) -> None:
+    values = torch.ones(8)
+    values[3] = float("nan")
+    for data, finite in ((torch.ones(8), True), (values, False)):
+        assembler = codec.Assembler(torch.empty(8), track_finite=track_finite)
+        for chunk in codec.encode(data, chunk_bytes=8):
+            assembler.add(chunk)
+        assembler.finish()
+        assert assembler.all_finite() is finite
+
+
 def test_payloads_fill_messages_in_place() -> None:
     flat = torch.arange(6, dtype=torch.float32)
     parts = list(codec.payloads(flat, ps_pb2.DTYPE_FLOAT16, chunk_bytes=4))

@@ -243,6 +243,38 @@ def test_serialised_pulls_parse_to_the_parameters_and_are_shared_per_clock(rule:
     assert shard.pull(first, dtype, form=PullForm.PULL_RESPONSE).messages is not result.messages
 
 
+def _decode_pull(messages: Iterable[bytes], length: int) -> torch.Tensor:
+    out = torch.empty(length)
+    assembler = codec.Assembler(out)
+    for data in messages:
+        assembler.add(ps_pb2.PushPullResponse.FromString(data).params.chunk)
+    assembler.finish()
+    return out
+
+
+@pytest.mark.parametrize("dtype", [ps_pb2.DTYPE_FLOAT32, ps_pb2.DTYPE_BFLOAT16])
+def test_a_version_being_sent_stays_that_version_when_a_push_changes_the_parameters(dtype: int) -> None:
+    # 8 bytes per chunk: 2 fp32 or 4 bf16 elements, so the version is several messages long.
+    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), chunk_bytes=8))
+    first = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    second = shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    upload(shard, first, torch.arange(8, dtype=torch.float32))
+    before = torch.arange(8, dtype=torch.float32).to(codec.wire_dtype(dtype)).float()
+
+    result = shard.pull(first, dtype, form=PullForm.PUSH_PULL_RESPONSE)
+    messages = iter(result.messages)
+    sent = [next(messages)]  # the transport has sent the first message only
+    push(shard, second, 1, 0, torch.ones(8))
+    sent += list(messages)
+
+    assert len(sent) == len(result.messages) > 1
+    torch.testing.assert_close(_decode_pull(sent, 8), before)
+    after = shard.pull(first, dtype, form=PullForm.PUSH_PULL_RESPONSE)
+    assert after.clock == result.clock + 1
+    expected_after = (torch.arange(8) - 0.5).to(codec.wire_dtype(dtype)).float()
+    torch.testing.assert_close(_decode_pull(after.messages, 8), expected_after)
+
+
 def test_old_push_ids_beyond_the_remembered_window_are_still_duplicates() -> None:
     from psserver.core import workers
 

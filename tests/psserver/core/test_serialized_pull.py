@@ -1,0 +1,57 @@
+"""SerializedPull builds each message on first read, once, and ``freeze`` builds the rest."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from psproto import codec, wire
+from psproto.v1 import ps_pb2
+from psserver.core.serialized_pull import MessageBuilder, SerializedPull
+
+
+def counting_builder(calls: list[int]) -> MessageBuilder:
+    def build(clock: int, total: int, offset: int, dtype: int, data: memoryview) -> bytes:
+        calls.append(offset)
+        return wire.pull_response(clock, total, offset, dtype, data)
+
+    return build
+
+
+def make(source: torch.Tensor, calls: list[int]) -> SerializedPull:
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
+    return SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, counting_builder(calls), threading.Lock())
+
+
+def parse(messages: list[bytes]) -> list[float]:
+    values: list[float] = []
+    for data in messages:
+        response = ps_pb2.PullResponse.FromString(data)
+        assert (response.clock, response.total_length) == (3, 6)
+        values += torch.frombuffer(bytearray(response.chunk.data), dtype=torch.float32).tolist()
+    return values
+
+
+def test_messages_are_built_when_read_and_shared_by_readers() -> None:
+    calls: list[int] = []
+    messages = make(torch.arange(6, dtype=torch.float32), calls)
+    assert len(messages) == 3 and calls == [] and not messages.complete
+    reader = iter(messages)
+    first = next(reader)
+    assert calls == [0]
+    assert list(messages) == [first, *reader]  # a second reader reuses the built messages
+    assert calls == [0, 2, 4] and messages.complete
+    assert parse(list(messages)) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_freeze_builds_the_rest_so_the_source_may_change() -> None:
+    calls: list[int] = []
+    source = torch.arange(6, dtype=torch.float32)
+    messages = make(source, calls)
+    reader = iter(messages)
+    first = next(reader)
+    messages.freeze()
+    assert calls == [0, 2, 4] and messages.complete
+    source.fill_(-1.0)
+    assert parse([first, *reader]) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
