@@ -57,6 +57,10 @@ class SerializedPull:
                     message = self._message_locked(index)
             yield message
 
+    def reads(self, tensor: torch.Tensor) -> bool:
+        """Whether messages not built yet will be read from ``tensor``."""
+        return self._source is tensor
+
     @property
     def complete(self) -> bool:
         """Every message is built: the source is no longer read."""

@@ -175,8 +175,6 @@ class Shard:
         self._pull_cache: dict[tuple[int, int, PullForm], PullResult] = {}
         # Serialised pulls still referenced (being sent); the transport holds each until sent.
         self._live_pulls: weakref.WeakSet[PullResult] = weakref.WeakSet()
-        # Versions serialised from the live parameters as they are sent: frozen before a change.
-        self._reading_params: list[SerializedPull] = []
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
         self._bsp: BspRound | None = None
         self._receive: ReceiveBuffers | None = None
@@ -335,7 +333,6 @@ class Shard:
         with self._lock:
             if self.initialized:
                 return False, self.clock
-            self._freeze_pulls()
             self.params.copy_(assembler.out)
             self.initialized = True
             return True, self.clock
@@ -381,7 +378,7 @@ class Shard:
                     source = self.params.clone()  # payload views need memory nobody changes
                 elif source is None:
                     # Read from the live parameters as the messages are sent; frozen before a change.
-                    result = self._encode_pull(self.params, clock, wire_dtype, form, self._lock)
+                    result = self._encode_pull(self.params, clock, wire_dtype, form)
                     self._cache_pull(key, result)
             if result is not None:
                 self.observer.pulled(worker, clock, result.data_bytes)
@@ -409,33 +406,27 @@ class Shard:
             return None
         return newest
 
-    def _encode_pull(
-        self,
-        source: torch.Tensor,
-        clock: int,
-        wire_dtype: int,
-        form: PullForm,
-        source_lock: threading.Lock | None = None,
-    ) -> PullResult:
-        """``source`` in ``form``; ``source_lock`` is the shard's lock when ``source`` is the live parameters."""
+    def _encode_pull(self, source: torch.Tensor, clock: int, wire_dtype: int, form: PullForm) -> PullResult:
+        """``source`` in ``form``. Messages read from the live parameters are built under the shard's
+        lock, and ``_freeze_pulls`` finishes them before the parameters change; a copy needs neither."""
         total = source.numel()
         if form is PullForm.PAYLOADS:
             payloads = list(codec.payloads(source, wire_dtype, self.config.chunk_bytes))
             return PullResult(clock, total, chunks=payloads, data_bytes=sum(len(p.data) for p in payloads))
         spans = codec.chunk_spans(total, wire_dtype, self.config.chunk_bytes)
-        lock = source_lock or threading.Lock()
+        lock = self._lock if source is self.params else threading.Lock()
         messages = SerializedPull(source, clock, wire_dtype, spans, _MESSAGE_BUILDERS[form], lock)
-        if source_lock is not None:
-            self._reading_params = [m for m in self._reading_params if not m.complete]
-            self._reading_params.append(messages)
         data_bytes = total * codec.element_size(wire_dtype)
         return PullResult(clock, total, messages=messages, data_bytes=data_bytes, wire_dtype=wire_dtype, form=form)
 
     def _freeze_pulls(self) -> None:
-        """Finish serialising every version still read from the parameters, before they change (lock held)."""
-        for messages in self._reading_params:
-            messages.freeze()
-        self._reading_params = []
+        """Before an update changes the parameters (lock held): every version still being sent from
+        them gets its remaining messages built now. The cached forms of this clock are dropped first,
+        being about to go stale, so a version no reply holds any more is not built for nothing."""
+        self._pull_cache = {}
+        for result in list(self._live_pulls):
+            if isinstance(result.messages, SerializedPull) and result.messages.reads(self.params):
+                result.messages.freeze()
 
     def _cache_pull(self, key: tuple[int, int, PullForm], result: PullResult) -> None:
         """Keep ``result`` for its clock; forms of older clocks are dropped (lock held)."""
@@ -847,7 +838,6 @@ class Shard:
                         f"the saved state of rule {state['rule']} does not fit: {error} "
                         "(was it saved with other rule options?)"
                     ) from None
-                self._freeze_pulls()
                 self.params.copy_(params)
             now = self._now()
             memories = {str(name): PushMemory.from_state(m) for name, m in state["memories"].items()}

@@ -12,6 +12,7 @@ from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
+from psserver.core.serialized_pull import SerializedPull
 from psserver.core.shard import PullForm, Shard, ShardConfig
 from psserver.core.workers import PushOutcome
 
@@ -273,6 +274,22 @@ def test_a_version_being_sent_stays_that_version_when_a_push_changes_the_paramet
     assert after.clock == result.clock + 1
     expected_after = (torch.arange(8) - 0.5).to(codec.wire_dtype(dtype)).float()
     torch.testing.assert_close(_decode_pull(after.messages, 8), expected_after)
+
+
+def test_a_version_no_reply_holds_any_more_is_not_built_at_the_next_push() -> None:
+    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), chunk_bytes=8))
+    first = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    second = shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    upload(shard, first, torch.arange(8, dtype=torch.float32))
+    being_sent = shard.pull(first, ps_pb2.DTYPE_FLOAT32, form=PullForm.PUSH_PULL_RESPONSE)
+    abandoned = shard.pull(second, ps_pb2.DTYPE_FLOAT32, form=PullForm.PULL_RESPONSE).messages
+    # The stream of ``abandoned`` was cancelled: only its message sequence is left, no reply.
+    assert isinstance(abandoned, SerializedPull) and isinstance(being_sent.messages, SerializedPull)
+
+    push(shard, second, 1, 0, torch.ones(8))
+
+    assert being_sent.messages.complete
+    assert not abandoned.complete
 
 
 def test_old_push_ids_beyond_the_remembered_window_are_still_duplicates() -> None:
