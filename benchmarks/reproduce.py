@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import re
 import shlex
 import statistics
 import sys
@@ -353,6 +354,15 @@ def _sim_summary(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _replay_fields(prefix: str, runs: dict[int, dict[str, Any]], cluster_accuracy: float) -> dict[str, Any]:
+    """A replay's summary as ``{prefix}_mean``, ``_std``, ``_values``, ``_staleness``, ``_steps`` and
+    ``_within`` (the cluster's accuracy inside its spread)."""
+    summary = _sim_summary(runs)
+    fields = {f"{prefix}_{key}": value for key, value in summary.items()}
+    fields[f"{prefix}_within"] = within_spread(cluster_accuracy, summary["values"])
+    return fields
+
+
 def real_cluster_check(
     updates: int,
     check_seeds: Sequence[int],
@@ -378,7 +388,7 @@ def real_cluster_check(
     work: list[tuple[str, str, int, SimConfig]] = []
     for label in labels:
         rule, options, consistency = TIME_TO_TARGET_RULES[label]
-        log_dir = out / "cluster" / label.replace(" ", "_").replace("/", "_").replace("(", "").replace(")", "")
+        log_dir = out / "cluster" / re.sub(r"[^\w.-]+", "_", label).strip("_")
         opts = tuple(f"{k}={v}" for k, v in options.items() if k != "lr")
         started = time.perf_counter()
         try:
@@ -432,27 +442,12 @@ def real_cluster_check(
     for label, row in rows.items():
         if "error" in row:
             continue
-        sim = _sim_summary(runs[(label, "profile")])
-        row.update(
-            sim_mean=sim["mean"],
-            sim_std=sim["std"],
-            sim_values=sim["values"],
-            sim_staleness=sim["staleness"],
-            sim_steps=sim["steps"],
-            within_spread=within_spread(row["cluster_accuracy"], sim["values"]),
-        )
+        row.update(_replay_fields("sim", runs[(label, "profile")], row["cluster_accuracy"]))
         if (label, "ideal") in runs:
-            exact = _sim_summary(runs[(label, "ideal")])
-            row.update(
-                ideal_mean=exact["mean"],
-                ideal_std=exact["std"],
-                ideal_values=exact["values"],
-                ideal_staleness=exact["staleness"],
-                ideal_within=within_spread(row["cluster_accuracy"], exact["values"]),
-            )
+            row.update(_replay_fields("ideal", runs[(label, "ideal")], row["cluster_accuracy"]))
         print(
             f"  {label}: cluster {row['cluster_accuracy']:.3f}, simulator (measured speeds) "
-            f"{sim['mean']:.3f} ± {sim['std']:.3f}, within: {row['within_spread']}",
+            f"{row['sim_mean']:.3f} ± {row['sim_std']:.3f}, within: {row['sim_within']}",
             flush=True,
         )
     return list(rows.values())
@@ -465,7 +460,7 @@ def _staleness(pairs: Sequence[Sequence[float]]) -> str:
 def _real_cluster_section(rows: list[dict[str, Any]], command: str | None = None) -> str:
     done = [r for r in rows if "error" not in r]
     failed = [r["rule"] for r in rows if "error" in r]
-    inside = sum(bool(r["within_spread"]) for r in done)
+    inside = sum(bool(r["sim_within"]) for r in done)
     ideal_inside = sum(bool(r.get("ideal_within")) for r in done)
     has_ideal = any("ideal_mean" in r for r in done)
     check_seeds = len(done[0]["sim_values"]) if done else 0
@@ -481,7 +476,7 @@ def _real_cluster_section(rows: list[dict[str, Any]], command: str | None = None
         f"{':'.join(f'{s:.1f}' for s in r['measured_speeds'])} | "
         f"{', '.join(str(c) for c in r.get('join_clocks', []))} | "
         f"{r['sim_mean']:.3f} ± {r['sim_std']:.3f} [{min(r['sim_values']):.3f}, {max(r['sim_values']):.3f}] | "
-        f"**{'yes' if r['within_spread'] else 'no'}** | "
+        f"**{'yes' if r['sim_within'] else 'no'}** | "
         + (f"{ideal(r)} | " if has_ideal else "")
         + f"{_staleness(r['cluster_staleness'])} | {_staleness(r['sim_staleness'])} |"
         for r in done
@@ -498,7 +493,7 @@ def _real_cluster_section(rows: list[dict[str, Any]], command: str | None = None
     outside = [
         f"{r['rule']} ({r['cluster_accuracy']:.3f} against {r['sim_mean']:.3f} ± {r['sim_std']:.3f})"
         for r in done
-        if not r["within_spread"]
+        if not r["sim_within"]
     ]
     ran = f"Made with `{command}`. " if command else ""
     return (
@@ -536,6 +531,16 @@ def _real_cluster_section(rows: list[dict[str, Any]], command: str | None = None
     )
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} seeds: the check needs at least one")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tiny subset (the smoke test)")
@@ -552,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--updates", type=int, default=400, help="updates per real-cluster run")
     parser.add_argument(
         "--check-seeds",
-        type=int,
+        type=_at_least_one,
         default=CHECK_SEEDS,
         help="simulator seeds per rule for the real-cluster check (measured speeds; exact 1:1:2:4 uses --seeds)",
     )

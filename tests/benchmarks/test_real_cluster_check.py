@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks.reproduce import _real_cluster_section, join_clocks, relative_speeds, within_spread
+from benchmarks.reproduce import (
+    _real_cluster_section,
+    _replay_fields,
+    join_clocks,
+    main,
+    relative_speeds,
+    within_spread,
+)
 
 
 def test_within_spread_is_the_seed_range_widened_by_one_std() -> None:
@@ -53,7 +60,7 @@ def _row(rule: str, cluster: float, sims: list[float], ideal: list[float]) -> di
         "sim_mean": sum(sims) / len(sims),
         "sim_std": 0.01,
         "sim_staleness": [[1.5, 3], [1.6, 4], [5.7, 8], [11.8, 16]],
-        "within_spread": within_spread(cluster, sims),
+        "sim_within": within_spread(cluster, sims),
         "ideal_mean": sum(ideal) / len(ideal),
         "ideal_std": 0.0,
         "ideal_values": ideal,
@@ -79,3 +86,27 @@ def test_the_section_counts_the_rows_it_shows() -> None:
     assert all(line.count("|") == table[0].count("|") for line in table)
     assert "| 1.0:1.1:2.6:5.2 | 0, 4, 2, 9 |" in table[1]
     assert "1.5 / 1.6 / 5.5 / 11.1" in table[2]
+
+
+def test_replay_fields_summarise_the_seeds_under_one_prefix() -> None:
+    runs = {
+        seed: {"test_accuracy": accuracy, "staleness": [[1.0, 2], [3.0, 6]], "steps": [10, 5]}
+        for seed, accuracy in enumerate([0.90, 0.94])
+    }
+    fields = _replay_fields("ideal", runs, 0.95)
+    assert fields["ideal_values"] == [0.90, 0.94]
+    assert fields["ideal_mean"] == pytest.approx(0.92) and fields["ideal_std"] == pytest.approx(0.02)
+    assert fields["ideal_staleness"] == [[1.0, 2], [3.0, 6]] and fields["ideal_steps"] == [10.0, 5.0]
+    assert fields["ideal_within"] is True  # 0.95 <= 0.94 + 0.02
+    assert _replay_fields("sim", runs, 0.97)["sim_within"] is False
+
+
+@pytest.mark.parametrize("seeds", ["0", "-2", "many"])
+def test_the_check_refuses_a_seed_count_it_cannot_use(
+    seeds: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--only", "none", "--real-cluster", "--check-seeds", seeds, "--out", str(tmp_path)])
+    assert exited.value.code == 2
+    assert "--check-seeds" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # refused before anything ran or was written
