@@ -16,8 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from psproto import codec, security
-from psproto.cli_options import client_security_from_flags, client_security_options
-from psproto.cli_options import path_option as _path_option
+from psproto.cli_options import client_security_from_flags, client_security_options, path_option
 from psproto.security import SecurityConfigError, bearer_metadata, read_token_file
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core import checkpoint
@@ -154,10 +153,10 @@ def main() -> None:
     help="updates (500), seconds (30s), or both (500,30s) between checkpoints",
 )
 @click.option("--checkpoint-keep", default=3, show_default=True, type=click.IntRange(min=1), help="checkpoints kept")
-@_path_option("--tls-cert", "PEM certificate chain of this server (turns TLS on; needs --tls-key)")
-@_path_option("--tls-key", "PEM private key of --tls-cert")
-@_path_option("--tls-client-ca", "require client certificates signed by this CA (mutual TLS; needs --tls-cert)")
-@_path_option("--auth-token-file", "require 'authorization: Bearer <token>' on every RPC but health")
+@path_option("--tls-cert", "PEM certificate chain of this server (turns TLS on; needs --tls-key)")
+@path_option("--tls-key", "PEM private key of --tls-cert")
+@path_option("--tls-client-ca", "require client certificates signed by this CA (mutual TLS; needs --tls-cert)")
+@path_option("--auth-token-file", "require 'authorization: Bearer <token>' on every RPC but health")
 @click.option(
     "--max-message-mb", default=64, show_default=True, type=click.IntRange(1, 2047), help="largest gRPC message"
 )
