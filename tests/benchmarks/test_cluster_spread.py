@@ -1,0 +1,30 @@
+"""benchmarks.cluster_spread: a tiny real run writes every run and the summary; bad counts are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cluster_spread import main
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_tiny_run_writes_each_run_and_the_summary(tmp_path: Path) -> None:
+    result = main(["--rule", "asgd", "--lr", "0.05", "--updates", "20", "--runs", "1", "--out", str(tmp_path)])
+    written = json.loads((tmp_path / "cluster_spread.json").read_text())
+    assert written == result
+    (run,) = written["runs"]
+    assert run["clock"] >= 20 and 0.0 <= run["test_accuracy"] <= 1.0
+    assert written["min"] == written["max"] == written["median"] == run["test_accuracy"]
+    assert len(run["max_staleness"]) == len(written["slowdowns"]) == 4
+
+
+@pytest.mark.parametrize("flag", ["--runs", "--updates"])
+def test_counts_below_one_are_refused(flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--lr", "0.05", flag, "0", "--out", str(tmp_path)])
+    assert exited.value.code == 2 and flag in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
