@@ -184,6 +184,13 @@ def _read_line(process: subprocess.Popen[str], prefix: str, timeout_s: float = 6
     raise RuntimeError(f"{process.args!r} did not print {prefix!r} within {timeout_s:.0f} s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) ``pid`` has used so far; clock-tick resolution."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command name: field 14 (utime) and 15 (stime) of proc(5) are the 12th and 13th here.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def vm_mb(pid: int, field_name: str) -> float:
     """A ``/proc/PID/status`` memory field (VmHWM, VmRSS) in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -347,6 +354,7 @@ def measure_steps(
     settings: Settings,
     hetps: dict[str, dict[int, list[str]]],
     bare: list[str],
+    server_pids: dict[str, int],
     console: Console,
 ) -> dict[str, Any]:
     """Worker steps through every system, interleaved step by step.
@@ -354,12 +362,20 @@ def measure_steps(
     A repeat of a model is ``steps[model]`` rounds; a round is one step of every system, in
     an order rotated every round. All systems therefore sample the same moments of a shared,
     noisy machine, and a repeat's ratio compares medians taken over the same few seconds.
+
+    Around every step (outside its timing) the CPU time of the system's server processes
+    (``server_pids``: address, or ``"peer"``, to pid) and of this process (the client) is read:
+    on a machine with fewer cores than busy threads the step's time follows the CPU both
+    sides spend on it.
     """
     specs = step_systems()
     generator = torch.Generator().manual_seed(0)
     runs: list[tuple[str, SystemSpec, StepSystem, torch.Tensor, torch.Tensor]] = []
     per_repeat: dict[tuple[str, str], list[float]] = {}
     samples: dict[tuple[str, str], list[float]] = {}
+    # (server seconds, client seconds) of CPU over every timed step, per (model, system)
+    cpu: dict[tuple[str, str], list[float]] = {}
+    pids_of: dict[str, list[int]] = {}
     try:
         for model in settings.models:
             shapes = MODELS[model]()
@@ -371,14 +387,19 @@ def measure_steps(
                 layout = Layout.from_named_shapes(shapes, spec.shards)
                 system: StepSystem
                 if spec.kind == "hetps":
-                    system = HetpsStep(hetps[model][spec.shards], layout, f"bench-{spec.name}", spec.wire_dtype, flat)
+                    addresses = hetps[model][spec.shards]
+                    system = HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat)
                 elif spec.kind == "bare":
-                    system = BareStep(bare[: spec.shards], layout, f"{model}-{spec.name}", spec.wire_dtype, flat)
+                    addresses = bare[: spec.shards]
+                    system = BareStep(addresses, layout, f"{model}-{spec.name}", spec.wire_dtype, flat)
                 else:
+                    addresses = ["peer"]
                     system = PeerStep(model, flat)
+                pids_of[spec.name] = [server_pids[address] for address in addresses]
                 runs.append((model, spec, system, update, out))
                 per_repeat[(model, spec.name)] = []
                 samples[(model, spec.name)] = []
+                cpu[(model, spec.name)] = [0.0, 0.0]
         for _, _, system, update, out in runs:
             _time_steps(system, update, out, settings.warmup)
         with console.status("steps") as status:
@@ -390,7 +411,12 @@ def measure_steps(
                     for round_index in range(settings.steps[model]):
                         shift = (repeat * settings.steps[model] + round_index) % len(mine)
                         for _, spec, system, update, out in mine[shift:] + mine[:shift]:
+                            server_before = sum(cpu_seconds(pid) for pid in pids_of[spec.name])
+                            client_before = time.process_time()
                             times[spec.name] += _time_steps(system, update, out, 1)
+                            used = cpu[(model, spec.name)]
+                            used[1] += time.process_time() - client_before
+                            used[0] += sum(cpu_seconds(pid) for pid in pids_of[spec.name]) - server_before
                             if not bool(torch.isfinite(out).all()):
                                 raise RuntimeError(f"{spec.name} returned non-finite parameters for {model}")
                     for name, taken in times.items():
@@ -399,7 +425,7 @@ def measure_steps(
     finally:
         for _, _, system, _, _ in runs:
             system.close()
-    return _step_results(settings, specs, per_repeat, samples)
+    return _step_results(settings, specs, per_repeat, samples, cpu)
 
 
 def _speed_ratio(
@@ -417,6 +443,7 @@ def _step_results(
     specs: list[SystemSpec],
     per_repeat: dict[tuple[str, str], list[float]],
     samples: dict[tuple[str, str], list[float]],
+    cpu: dict[tuple[str, str], list[float]],
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for model in settings.models:
@@ -426,6 +453,8 @@ def _step_results(
             repeats = per_repeat[(model, spec.name)]
             wire_bytes = length * (4 if spec.wire_dtype == "fp32" else 2)
             median_s = statistics.median(repeats)
+            taken = samples[(model, spec.name)]
+            server_cpu, client_cpu = (seconds / len(taken) for seconds in cpu[(model, spec.name)])
             systems[spec.name] = {
                 "kind": spec.kind,
                 "shards": spec.shards,
@@ -436,6 +465,12 @@ def _step_results(
                 "steps_per_s": 1.0 / median_s,
                 "gb_per_s_each_way": wire_bytes / median_s / 1e9,
                 "repeat_medians_ms": [t * 1e3 for t in repeats],
+                # Means over every timed step: server processes (all shards) and the client process.
+                "cpu_ms_per_step": {
+                    "server": server_cpu * 1e3,
+                    "client": client_cpu * 1e3,
+                    "busy_cores": (server_cpu + client_cpu) / statistics.fmean(taken),
+                },
             }
         pairs = [(spec.name, "peer-torch-rpc-fp32") for spec in specs if spec.kind == "hetps"]
         pairs += [(spec.name, spec.name.replace("hetps", "bare")) for spec in specs if spec.kind == "hetps"]
@@ -550,6 +585,10 @@ class WorkerPool:
             raise RuntimeError(f"pool worker {index} {got}: {payload.get('error', payload)}")
         return payload
 
+    @property
+    def pids(self) -> list[int]:
+        return [int(process.pid) for process in self.processes if process.pid is not None]
+
     def burst(self, key: str, workers: int, seconds: float) -> list[dict[str, Any]]:
         start_at = time.time() + 0.3
         for commands in self.commands[:workers]:
@@ -582,6 +621,10 @@ def measure_concurrency(
     first_errors: dict[tuple[str, int], str] = {}
     finite: dict[tuple[str, int], bool] = {}
     latencies: dict[tuple[str, int], list[float]] = {}
+    # Cores kept busy by the server and every pool process (idle ones included) per burst, and the
+    # server's CPU per step: how far the machine, not hetps, bounds the aggregate.
+    busy: dict[tuple[str, int], list[float]] = {}
+    server_per_step: dict[tuple[str, int], list[float]] = {}
     with console.status("concurrency") as status:
         for target in targets:
             for workers in settings.concurrency:
@@ -593,8 +636,17 @@ def measure_concurrency(
                 order = settings.concurrency if repeat % 2 == 0 else tuple(reversed(settings.concurrency))
                 for workers in order:
                     status.update(f"concurrency: {target.model}, {workers} workers, repeat {repeat + 1}")
+                    server_before = cpu_seconds(pids[target.addresses[0]])
+                    workers_before = sum(cpu_seconds(pid) for pid in pool.pids)
+                    started = time.perf_counter()
                     reports = pool.burst(target.key, workers, settings.concurrency_seconds)
+                    wall = time.perf_counter() - started
                     key = (target.model, workers)
+                    server_cpu = cpu_seconds(pids[target.addresses[0]]) - server_before
+                    workers_cpu = sum(cpu_seconds(pid) for pid in pool.pids) - workers_before
+                    busy.setdefault(key, []).append((server_cpu + workers_cpu) / wall)
+                    steps = sum(int(r["steps"]) for r in reports)
+                    server_per_step.setdefault(key, []).append(server_cpu / max(1, steps))
                     raw.setdefault(key, []).append(sum(r["steps"] / r["elapsed"] for r in reports))
                     errors[key] = errors.get(key, 0) + sum(int(r["errors"]) for r in reports)
                     first_errors.setdefault(key, next((r["error"] for r in reports if r["error"]), ""))
@@ -613,6 +665,8 @@ def measure_concurrency(
                 "first_error": first_errors[key],
                 "parameters_finite": finite[key],
                 "server_peak_rss_mb_after_warm_up": peak_rss[key],
+                "cores_busy": summarize(busy[key]),
+                "server_cpu_ms_per_step": _scaled(summarize(server_per_step[key]), 1e3),
             }
         results[target.model] = {"server": target.addresses[0], "rule": "asgd", "workers": levels}
     return results
@@ -836,10 +890,22 @@ def _spread(summary: Summary, digits: int = 1) -> str:
 def print_tables(results: dict[str, Any], console: Console) -> None:
     for model, data in results["steps"].items():
         table = Table(title=f"Worker step (push + pull), {model}: {data['parameters']:,} parameters")
-        for column in ("system", "median ms", "IQR ms", "min–max ms", "steps/s", "GB/s each way"):
+        step_columns = (
+            "system",
+            "median ms",
+            "IQR ms",
+            "min–max ms",
+            "steps/s",
+            "GB/s each way",
+            "server CPU ms",
+            "client CPU ms",
+            "cores busy",
+        )
+        for column in step_columns:
             table.add_column(column, justify="left" if column == "system" else "right")
         for name, system in data["systems"].items():
             step = system["step_ms"]
+            used = system["cpu_ms_per_step"]
             table.add_row(
                 name,
                 f"{step['median']:.1f}" if step["median"] >= 1 else f"{step['median']:.3f}",
@@ -847,6 +913,9 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
                 _spread(step, 1 if step["median"] >= 1 else 3),
                 f"{system['steps_per_s']:.1f}",
                 f"{system['gb_per_s_each_way']:.3f}",
+                f"{used['server']:.1f}",
+                f"{used['client']:.1f}",
+                f"{used['busy_cores']:.2f}",
             )
         console.print(table)
         ratios = Table(title=f"Speed ratios per repeat, {model}: A vs B = B's time / A's time (> 1: A is faster)")
@@ -871,6 +940,8 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
             "s/step per worker",
             "errors",
             "server peak RSS MB",
+            "server CPU ms/step",
+            "cores busy",
         )
         for column in columns:
             table.add_column(column, justify="right")
@@ -884,6 +955,8 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
                 f"{level['seconds_per_step_per_worker']['median']:.3f}",
                 str(level["errors"]),
                 f"{level['server_peak_rss_mb_after_warm_up']:.0f}",
+                f"{level['server_cpu_ms_per_step']['median']:.1f}",
+                f"{level['cores_busy']['median']:.2f}",
             )
         console.print(table)
     apply = results["apply"]
@@ -1007,7 +1080,8 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
             peer, line = fleet.start_module("peer-torch-rpc", "peer", "benchmarks._torch_rpc_peer", "peer rendezvous")
             _torch_rpc_peer.connect(int(line.rsplit(":", 1)[1]))
             peer_connected = True
-        results["steps"] = measure_steps(settings, hetps, [b.address for b in bare], console)
+        server_pids = {server.address: server.pid for server in fleet.servers} | {"peer": peer.pid}
+        results["steps"] = measure_steps(settings, hetps, [b.address for b in bare], server_pids, console)
         fleet.checkpoint("steps")
         peer_peak = vm_mb(peer.pid, "VmHWM")
         rpc.shutdown()

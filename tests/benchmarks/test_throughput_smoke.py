@@ -32,6 +32,8 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
         assert set(system["step_ms"]) == SUMMARY_KEYS
         assert system["step_ms"]["n"] == 2 and system["step_ms"]["median"] > 0
         assert system["steps_per_s"] > 0
+        used = system["cpu_ms_per_step"]
+        assert used["client"] > 0 and used["server"] >= 0 and used["busy_cores"] > 0
     assert "hetps-1shard-bf16 vs peer-torch-rpc-fp32" in steps["speed_ratios"]
     assert "hetps-2shard-fp32 vs bare-2shard-fp32" in steps["speed_ratios"]
 
@@ -41,6 +43,7 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
         assert level["errors"] == 0, level["first_error"]
         assert level["parameters_finite"]
         assert level["aggregate_steps_per_s"]["median"] > 0
+        assert level["cores_busy"]["median"] > 0 and level["server_cpu_ms_per_step"]["median"] >= 0
     assert results["gap_aware_load"]["errors"] == 0
 
     rules = results["apply"]["rules"]
