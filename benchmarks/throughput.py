@@ -375,7 +375,7 @@ def measure_steps(
     samples: dict[tuple[str, str], list[float]] = {}
     # (server seconds, client seconds) of CPU over every timed step, per (model, system)
     cpu: dict[tuple[str, str], list[float]] = {}
-    pids_of: dict[str, list[int]] = {}
+    pids_of: dict[tuple[str, str], list[int]] = {}
     try:
         for model in settings.models:
             shapes = MODELS[model]()
@@ -395,7 +395,7 @@ def measure_steps(
                 else:
                     addresses = ["peer"]
                     system = PeerStep(model, flat)
-                pids_of[spec.name] = [server_pids[address] for address in addresses]
+                pids_of[(model, spec.name)] = [server_pids[address] for address in addresses]
                 runs.append((model, spec, system, update, out))
                 per_repeat[(model, spec.name)] = []
                 samples[(model, spec.name)] = []
@@ -411,12 +411,12 @@ def measure_steps(
                     for round_index in range(settings.steps[model]):
                         shift = (repeat * settings.steps[model] + round_index) % len(mine)
                         for _, spec, system, update, out in mine[shift:] + mine[:shift]:
-                            server_before = sum(cpu_seconds(pid) for pid in pids_of[spec.name])
+                            server_before = sum(cpu_seconds(pid) for pid in pids_of[(model, spec.name)])
                             client_before = time.process_time()
                             times[spec.name] += _time_steps(system, update, out, 1)
                             used = cpu[(model, spec.name)]
                             used[1] += time.process_time() - client_before
-                            used[0] += sum(cpu_seconds(pid) for pid in pids_of[spec.name]) - server_before
+                            used[0] += sum(cpu_seconds(pid) for pid in pids_of[(model, spec.name)]) - server_before
                             if not bool(torch.isfinite(out).all()):
                                 raise RuntimeError(f"{spec.name} returned non-finite parameters for {model}")
                     for name, taken in times.items():
