@@ -181,6 +181,9 @@ class PSClient:
         self._push_id_lock = threading.Lock()
         self._session_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(addresses)), thread_name_prefix="psclient")
+        # Set when close() starts: a call still in flight then fails instead of retrying or joining
+        # again, or a worker stopped with Ctrl-C would come back to life on the shard it just left.
+        self._closing = threading.Event()
         self.sessions: list[ShardSession] = []
         try:
             for index, address in enumerate(addresses):
@@ -310,7 +313,7 @@ class PSClient:
                 return call(session)
             except grpc.RpcError as error:
                 code = error.code()
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or self._closing.is_set():
                     raise
                 details = error.details() or ""
                 if code == grpc.StatusCode.NOT_FOUND and ("not joined" in details or "evicted" in details):
@@ -514,6 +517,7 @@ class PSClient:
 
     def close(self, leave: bool = True) -> None:
         """Leave every shard (best effort) and close the channels."""
+        self._closing.set()
         for session in self.sessions:
             if leave:
                 # The server may already be gone; leaving is a courtesy.
