@@ -6,11 +6,17 @@ module imports nothing large before it may re-execute the process.
 
 from __future__ import annotations
 
+import signal
+
 from psproto.tuning import apply_malloc_tuning
 
 
 def run() -> None:
     apply_malloc_tuning()
+    # A process started in the background by a non-interactive shell (`cmd &` in a script, nohup
+    # under some supervisors) inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt: `kill -INT` would not make the worker leave its shards and stop.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from psworker.cli import main
 
     main()
