@@ -191,6 +191,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_of(pids: Sequence[int]) -> float:
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
 def vm_mb(pid: int, field_name: str) -> float:
     """A ``/proc/PID/status`` memory field (VmHWM, VmRSS) in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -411,12 +415,12 @@ def measure_steps(
                     for round_index in range(settings.steps[model]):
                         shift = (repeat * settings.steps[model] + round_index) % len(mine)
                         for _, spec, system, update, out in mine[shift:] + mine[:shift]:
-                            server_before = sum(cpu_seconds(pid) for pid in pids_of[(model, spec.name)])
-                            client_before = time.process_time()
+                            pids = pids_of[(model, spec.name)]
+                            server_before, client_before = _cpu_of(pids), time.process_time()
                             times[spec.name] += _time_steps(system, update, out, 1)
                             used = cpu[(model, spec.name)]
+                            used[0] += _cpu_of(pids) - server_before
                             used[1] += time.process_time() - client_before
-                            used[0] += sum(cpu_seconds(pid) for pid in pids_of[(model, spec.name)]) - server_before
                             if not bool(torch.isfinite(out).all()):
                                 raise RuntimeError(f"{spec.name} returned non-finite parameters for {model}")
                     for name, taken in times.items():
@@ -637,13 +641,13 @@ def measure_concurrency(
                 for workers in order:
                     status.update(f"concurrency: {target.model}, {workers} workers, repeat {repeat + 1}")
                     server_before = cpu_seconds(pids[target.addresses[0]])
-                    workers_before = sum(cpu_seconds(pid) for pid in pool.pids)
+                    workers_before = _cpu_of(pool.pids)
                     started = time.perf_counter()
                     reports = pool.burst(target.key, workers, settings.concurrency_seconds)
                     wall = time.perf_counter() - started
                     key = (target.model, workers)
                     server_cpu = cpu_seconds(pids[target.addresses[0]]) - server_before
-                    workers_cpu = sum(cpu_seconds(pid) for pid in pool.pids) - workers_before
+                    workers_cpu = _cpu_of(pool.pids) - workers_before
                     busy.setdefault(key, []).append((server_cpu + workers_cpu) / wall)
                     steps = sum(int(r["steps"]) for r in reports)
                     server_per_step.setdefault(key, []).append(server_cpu / max(1, steps))
