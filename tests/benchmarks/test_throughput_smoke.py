@@ -7,11 +7,13 @@ peer, the worker processes and the rule loop all work together and report what t
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.throughput import main, step_systems
+from benchmarks.throughput import cpu_seconds, main, step_systems
 from psserver.core.rules import RULES
 
 pytestmark = pytest.mark.integration
@@ -64,3 +66,12 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
     assert any("workers aggregate" in name for name in names)
     assert any(name.startswith("peak RSS") for name in names)
     assert all(isinstance(target["pass"], bool) for target in results["targets"])
+
+
+def test_cpu_seconds_counts_the_cpu_a_process_spends() -> None:
+    before = cpu_seconds(os.getpid())
+    started = time.process_time()
+    while time.process_time() - started < 0.3:
+        pass
+    # Clock-tick resolution (10 ms at most): 0.3 s of work shows as at least 0.2 s.
+    assert cpu_seconds(os.getpid()) - before >= 0.2
