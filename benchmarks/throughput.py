@@ -232,12 +232,19 @@ class Fleet:
         self.servers: list[ServerProcess] = []
 
     def start_hetps(
-        self, label: str, model: str, rule: str, rule_opts: Sequence[str], shard_index: int, num_shards: int
+        self,
+        label: str,
+        model: str,
+        rule: str,
+        rule_opts: Sequence[str],
+        shard_index: int,
+        num_shards: int,
+        extra_args: Sequence[str] = (),
     ) -> ServerProcess:
         shard_log = self.log_dir / label
         shard_log.mkdir(parents=True, exist_ok=True)
         process, address = start_server(
-            shard_log, rule, LR, list(rule_opts), shard_index, num_shards, extra_args=list(SERVER_ARGS)
+            shard_log, rule, LR, list(rule_opts), shard_index, num_shards, extra_args=[*SERVER_ARGS, *extra_args]
         )
         server = ServerProcess(label, "hetps", process, address, rule, tuple(rule_opts), model, shard_index, num_shards)
         server.rss_at_start_mb = vm_mb(server.pid, "VmRSS")
@@ -510,16 +517,20 @@ def _pool_worker(
     """A worker process: joins its targets, then runs timed bursts of steps on command."""
     torch.set_num_threads(TORCH_THREADS)
     clients: dict[str, tuple[PSClient, torch.Tensor, torch.Tensor]] = {}
+    # One update and one output per model, whatever the number of servers of that model.
+    tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     try:
         generator = torch.Generator().manual_seed(1000 + index)
         for target in targets:
             if index >= target.workers:
                 continue
             layout = Layout.from_named_shapes(MODELS[target.model](), len(target.addresses))
+            if target.model not in tensors:
+                length = layout.total_length
+                tensors[target.model] = (torch.randn(length, generator=generator) * 1e-4, torch.empty(length))
+            update, out = tensors[target.model]
             client = PSClient(list(target.addresses), layout, name=f"pool-{index}-{target.key}")
-            out = torch.empty(layout.total_length)
             client.pull(out)
-            update = torch.randn(layout.total_length, generator=generator) * 1e-4
             clients[target.key] = (client, update, out)
         results.put(("ready", index, {}))
         while True:
@@ -1125,6 +1136,17 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
     return results
 
 
+def prepare_output(out: Path) -> tuple[Console, Path]:
+    """A console for the tables, and the folder beside ``out`` where the servers' logs go."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=180)  # tables in a log file or a pipe keep their columns
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log_dir = out.parent / f"{out.stem}-logs"
+    log_dir.mkdir(exist_ok=True)
+    return console, log_dir
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter bursts (about 3 minutes)")
@@ -1137,12 +1159,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if args.repeats < 1:
             parser.error("--repeats must be at least 1")
         settings = replace(settings, repeats=args.repeats)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=180)  # tables in a log file or a pipe keep their columns
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    log_dir = args.out.parent / f"{args.out.stem}-logs"
-    log_dir.mkdir(exist_ok=True)
+    console, log_dir = prepare_output(args.out)
     results = run(settings, log_dir, console)
     results["command"] = " ".join(["python -m benchmarks.throughput", *(argv if argv is not None else sys.argv[1:])])
     print_tables(results, console)

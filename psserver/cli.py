@@ -27,6 +27,9 @@ from psserver.metrics import DEFAULT_METRICS_PORT, ShardMetrics, serve_metrics
 from psserver.rpc.latency import LatencyInterceptor
 from psserver.rpc.security import AuthInterceptor, ServerTls
 from psserver.rpc.server import (
+    DEFAULT_RECEIVE_WINDOW_BYTES,
+    MAX_RECEIVE_WINDOW_BYTES,
+    MIN_RECEIVE_WINDOW_BYTES,
     ServerLimits,
     serve_until_signalled,
     start_reaper,
@@ -77,6 +80,24 @@ def parse_checkpoint_every(text: str) -> tuple[int, float]:
         else:
             updates = int(match.group(1))
     return updates, seconds
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2}
+
+
+def parse_receive_window(text: str) -> int | None:
+    """``auto`` (None: gRPC probes the link) or a size in bytes, KiB or MiB (``1MiB``)."""
+    if text.strip().lower() == "auto":
+        return None
+    match = _SIZE.match(text)
+    size = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()] if match else None
+    if size is None or not MIN_RECEIVE_WINDOW_BYTES <= size <= MAX_RECEIVE_WINDOW_BYTES:
+        raise click.BadParameter(
+            f"{text!r}: give 'auto' or a size from 64KiB to {MAX_RECEIVE_WINDOW_BYTES} bytes (e.g. 1MiB, 4MiB)",
+            param_hint="--receive-window",
+        )
+    return size
 
 
 def open_channel(
@@ -191,6 +212,13 @@ def main() -> None:
     type=click.IntRange(min=1),
     help="pushes decoded at once, each into a buffer of the shard's size; more wait (bounds memory)",
 )
+@click.option(
+    "--receive-window",
+    default=f"{DEFAULT_RECEIVE_WINDOW_BYTES // 1024**2}MiB",
+    show_default=True,
+    help="HTTP/2 flow-control window per stream (bytes, KiB, MiB), or 'auto' to size it by probing the link; "
+    "a waiting push holds up to this much in memory",
+)
 def serve(
     host: str,
     port: int,
@@ -223,11 +251,13 @@ def serve(
     max_workers: int,
     max_parameters: int,
     receive_buffers: int,
+    receive_window: str,
 ) -> None:
     """Serve one shard of a model's parameters over gRPC until SIGTERM."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("psserver")
     every_updates, every_seconds = parse_checkpoint_every(checkpoint_every)
+    receive_window_bytes = parse_receive_window(receive_window)
     if (tls_cert is None) != (tls_key is None):
         raise click.BadParameter("give both --tls-cert and --tls-key, or neither", param_hint="--tls-cert/--tls-key")
     if tls_client_ca is not None and tls_cert is None:
@@ -300,7 +330,9 @@ def serve(
     if token is not None:
         # Counted in Status and the metrics like the shard's own refusals.
         interceptors.append(AuthInterceptor(token, lambda _method: shard.count_rejected("unauthenticated")))
-    limits = ServerLimits(max_message_mb * 1024 * 1024, max_concurrent_rpcs, max_streams_per_connection)
+    limits = ServerLimits(
+        max_message_mb * 1024 * 1024, max_concurrent_rpcs, max_streams_per_connection, receive_window_bytes
+    )
     try:
         running = start_server(
             shard,

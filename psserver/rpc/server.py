@@ -38,6 +38,14 @@ _LOGGER = logging.getLogger(__name__)
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 # Large enough for chunks of a few MiB plus headers; clients never need more.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# HTTP/2 lets a stream's window be at most 2^31 - 1 bytes; below 64 KiB (its default) a
+# multi-MiB push would stall on window updates.
+MIN_RECEIVE_WINDOW_BYTES = 64 * 1024
+MAX_RECEIVE_WINDOW_BYTES = 2**31 - 1
+# Covers 4 GB/s at a 1 ms round trip, more than gRPC's Python layer moves per stream, and two
+# 2 MiB chunks, so a push does not wait for a window update in the middle of each chunk
+# (1 and 2 MiB made a step 8-15% slower). See ServerLimits.receive_window_bytes.
+DEFAULT_RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,31 @@ class ServerLimits:
     max_concurrent_rpcs: int | None = 1024
     # Concurrent streams on one HTTP/2 connection (one client); more wait for a free one.
     max_streams_per_connection: int = 256
+    # Bytes a client may send on a stream before the server reads them (HTTP/2 flow-control
+    # window); None lets gRPC size it by probing the link's bandwidth-delay product. A push
+    # waiting for a receive buffer holds up to this much in the transport: with probing, a
+    # fast link grows it to 32 MiB per stream, so memory grew by that much per concurrently
+    # pushing worker (benchmarks/receive_window.py measures both).
+    receive_window_bytes: int | None = DEFAULT_RECEIVE_WINDOW_BYTES
+
+    def __post_init__(self) -> None:
+        window = self.receive_window_bytes
+        if window is not None and not MIN_RECEIVE_WINDOW_BYTES <= window <= MAX_RECEIVE_WINDOW_BYTES:
+            raise ValueError(
+                f"a receive window of {window} bytes is outside {MIN_RECEIVE_WINDOW_BYTES}..{MAX_RECEIVE_WINDOW_BYTES}"
+            )
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        """The gRPC server options these limits set."""
+        options = [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+        ]
+        if self.receive_window_bytes is not None:
+            # A fixed window, as grpc-java and grpc-go configure one: probing off, window set.
+            options += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", self.receive_window_bytes)]
+        return options
 
 
 class DrainInterceptor(_Interceptor):
@@ -170,12 +203,7 @@ def start_server(
     run in order, the first outermost (e.g. latency, then the bearer-token check); the drain
     gate that ``RunningServer.stop`` closes comes after them."""
     limits = limits or ServerLimits()
-    options = [
-        ("grpc.max_receive_message_length", limits.max_message_bytes),
-        ("grpc.max_send_message_length", limits.max_message_bytes),
-        ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
-        ("grpc.so_reuseport", 0),
-    ]
+    options = [*limits.channel_options(), ("grpc.so_reuseport", 0)]
     credentials = tls.credentials() if tls is not None else None
     # Innermost, so the other interceptors (latency) see its refusals while draining.
     drain = DrainInterceptor()
