@@ -2,6 +2,7 @@
 
     python -m benchmarks.cluster_spread --rule asgd --lr 0.1 --updates 600 --runs 8
     python -m benchmarks.cluster_spread --rule asgd --lr 0.05 --updates 1000 --runs 8 --out DIR
+    python -m benchmarks.cluster_spread --lr 0.1 --consistency ssp --ssp-bound 2
 
 Each run is ``psworker cluster`` as the rules' integration test runs it (4 worker processes
 slowed 1×, 1×, 2×, 4×, one server, digits CNN, seed 0): real processes over gRPC, so the runs
@@ -17,6 +18,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +30,38 @@ from psworker.launcher import ClusterConfig, run_cluster
 SLOWDOWNS = (1.0, 1.0, 2.0, 4.0)
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: at least 1")
-    return value
+def _whole_number(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value}: at least {minimum}")
+        return value
+
+    return parse
 
 
-def measure(rule: str, lr: float, rule_opts: list[str], updates: int, runs: int, log_root: Path) -> dict[str, Any]:
+def server_arguments(consistency: str, ssp_bound: int | None) -> list[str]:
+    """``psserver serve`` flags for a consistency model, as the integration tests pass them."""
+    if ssp_bound is not None and consistency != "ssp":
+        raise ValueError("--ssp-bound applies only with --consistency ssp")
+    arguments = ["--consistency", consistency]
+    if ssp_bound is not None:
+        arguments += ["--ssp-bound", str(ssp_bound)]
+    return arguments
+
+
+def measure(
+    rule: str,
+    lr: float,
+    rule_opts: list[str],
+    updates: int,
+    runs: int,
+    log_root: Path,
+    server_args: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """Run the cluster ``runs`` times; every run's accuracy, clock and staleness, and their summary."""
     rows: list[dict[str, Any]] = []
     accuracies: list[float] = []
@@ -53,6 +76,7 @@ def measure(rule: str, lr: float, rule_opts: list[str], updates: int, runs: int,
                 rule_opts=rule_opts,
                 until_clock=updates,
                 log_dir=log_root / f"run-{index}",
+                server_args=server_args,
             )
         )
         accuracies.append(report.test_accuracy)
@@ -69,6 +93,7 @@ def measure(rule: str, lr: float, rule_opts: list[str], updates: int, runs: int,
         "lr": lr,
         "rule_opts": rule_opts,
         "updates": updates,
+        "server_args": list(server_args),
         "slowdowns": list(SLOWDOWNS),
         "runs": rows,
         "min": min(accuracies),
@@ -82,14 +107,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rule", default="asgd")
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--rule-opt", action="append", default=[], help="key=value, repeatable")
-    parser.add_argument("--updates", type=_at_least_one, default=600)
-    parser.add_argument("--runs", type=_at_least_one, default=8)
+    parser.add_argument("--updates", type=_whole_number(1), default=600)
+    parser.add_argument("--runs", type=_whole_number(1), default=8)
+    parser.add_argument("--consistency", choices=("async", "bsp", "ssp"), default="async")
+    parser.add_argument("--ssp-bound", type=_whole_number(0), default=None, help="with --consistency ssp")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
+    try:
+        server_args = tuple(server_arguments(args.consistency, args.ssp_bound))
+    except ValueError as error:
+        parser.error(str(error))
     console = Console()
     with tempfile.TemporaryDirectory(prefix="hetps-spread-") as logs:
-        result = measure(args.rule, args.lr, args.rule_opt, args.updates, args.runs, Path(logs))
-    table = Table(title=f"{args.rule}, lr {args.lr}, {args.updates} updates, speeds 1:1:2:4")
+        result = measure(args.rule, args.lr, args.rule_opt, args.updates, args.runs, Path(logs), server_args)
+    bound = f" (bound {args.ssp_bound})" if args.ssp_bound is not None else ""
+    title = f"{args.rule}, {args.consistency}{bound}, lr {args.lr}, {args.updates} updates, speeds 1:1:2:4"
+    table = Table(title=title)
     for column in ("run", "test accuracy", "clock", "max staleness per worker", "wall s"):
         table.add_column(column, justify="right")
     for index, row in enumerate(result["runs"]):

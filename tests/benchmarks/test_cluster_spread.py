@@ -28,3 +28,18 @@ def test_counts_below_one_are_refused(flag: str, tmp_path: Path, capsys: pytest.
         main(["--lr", "0.05", flag, "0", "--out", str(tmp_path)])
     assert exited.value.code == 2 and flag in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_consistency_model_reaches_the_server_and_the_json(tmp_path: Path) -> None:
+    written = main(["--lr", "0.3", "--updates", "10", "--runs", "1", "--consistency", "bsp", "--out", str(tmp_path)])
+    assert written["server_args"] == ["--consistency", "bsp"]
+    (run,) = written["runs"]
+    # Under BSP every update waits for every worker: nothing is stale, as it would be asynchronously.
+    assert run["clock"] >= 10 and run["max_staleness"] == [0, 0, 0, 0]
+
+
+def test_ssp_bound_without_ssp_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--lr", "0.05", "--ssp-bound", "2", "--out", str(tmp_path)])
+    assert exited.value.code == 2 and "--ssp-bound applies only with --consistency ssp" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
