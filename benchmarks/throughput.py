@@ -352,6 +352,20 @@ def step_systems() -> list[SystemSpec]:
 # -- section 1: steps -----------------------------------------------------------------------
 
 
+def server_addresses(
+    spec: SystemSpec, model: str, hetps: dict[str, dict[int, list[str]]], bare: list[str]
+) -> list[str]:
+    """The servers a system's step for ``model`` goes through (``["peer"]`` for the peer).
+
+    hetps has servers per model and shard count; the bare service keeps a buffer per key on
+    the same servers for every model; the peer is one process for all."""
+    if spec.kind == "hetps":
+        return hetps[model][spec.shards]
+    if spec.kind == "bare":
+        return bare[: spec.shards]
+    return ["peer"]
+
+
 def _time_steps(system: StepSystem, update: torch.Tensor, out: torch.Tensor, count: int) -> list[float]:
     samples = []
     for _ in range(count):
@@ -396,15 +410,13 @@ def measure_steps(
             out = torch.empty(length)
             for spec in specs:
                 layout = Layout.from_named_shapes(shapes, spec.shards)
+                addresses = server_addresses(spec, model, hetps, bare)
                 system: StepSystem
                 if spec.kind == "hetps":
-                    addresses = hetps[model][spec.shards]
                     system = HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat)
                 elif spec.kind == "bare":
-                    addresses = bare[: spec.shards]
                     system = BareStep(addresses, layout, f"{model}-{spec.name}", spec.wire_dtype, flat)
                 else:
-                    addresses = ["peer"]
                     system = PeerStep(model, flat)
                 pids_of[(model, spec.name)] = [server_pids[address] for address in addresses]
                 runs.append((model, spec, system, update, out))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.throughput import cpu_seconds, main, step_systems
+from benchmarks.throughput import cpu_seconds, main, server_addresses, step_systems
 from psserver.core.rules import RULES
 
 pytestmark = pytest.mark.integration
@@ -75,3 +75,15 @@ def test_cpu_seconds_counts_the_cpu_a_process_spends() -> None:
         pass
     # Clock-tick resolution (10 ms at most): 0.3 s of work shows as at least 0.2 s.
     assert cpu_seconds(os.getpid()) - before >= 0.2
+
+
+def test_each_system_is_charged_the_cpu_of_its_own_servers() -> None:
+    hetps = {"resnet18": {1: ["r1"], 2: ["r2a", "r2b"]}, "small": {1: ["s1"], 2: ["s2a", "s2b"]}}
+    bare = ["b0", "b1"]
+    by_name = {spec.name: spec for spec in step_systems()}
+    for model, servers in hetps.items():
+        assert server_addresses(by_name["hetps-1shard-fp32"], model, hetps, bare) == servers[1]
+        assert server_addresses(by_name["hetps-2shard-bf16"], model, hetps, bare) == servers[2]
+        assert server_addresses(by_name["bare-1shard-bf16"], model, hetps, bare) == ["b0"]
+        assert server_addresses(by_name["bare-2shard-fp32"], model, hetps, bare) == ["b0", "b1"]
+        assert server_addresses(by_name["peer-torch-rpc-fp32"], model, hetps, bare) == ["peer"]
