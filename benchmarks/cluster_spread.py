@@ -47,6 +47,8 @@ def server_arguments(consistency: str, ssp_bound: int | None) -> list[str]:
     """``psserver serve`` flags for a consistency model, as the integration tests pass them."""
     if ssp_bound is not None and consistency != "ssp":
         raise ValueError("--ssp-bound applies only with --consistency ssp")
+    if ssp_bound is None and consistency == "ssp":
+        raise ValueError("--consistency ssp needs --ssp-bound N (the runs record the bound they used)")
     arguments = ["--consistency", consistency]
     if ssp_bound is not None:
         arguments += ["--ssp-bound", str(ssp_bound)]
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--updates", type=_whole_number(1), default=600)
     parser.add_argument("--runs", type=_whole_number(1), default=8)
     parser.add_argument("--consistency", choices=("async", "bsp", "ssp"), default="async")
-    parser.add_argument("--ssp-bound", type=_whole_number(0), default=None, help="with --consistency ssp")
+    parser.add_argument("--ssp-bound", type=_whole_number(0), default=None, help="needed with --consistency ssp")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     try:

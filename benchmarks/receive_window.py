@@ -6,13 +6,15 @@ One hetps shard (ResNet-18 size, ASGD unless ``--rule``, fp32 on the wire) per w
 (``psserver serve --receive-window``), all running at once on loopback:
 
 1. **steps** — one worker in this process per server, one step (push + pull) of each in
-   turn, the order rotated every round; every window's per-repeat median step time against
-   the first window's (``auto``: gRPC probes the link) in the same repeat.
+   turn, the order rotated every round; every window's speed against the first window's
+   (``auto``: gRPC sizes it) in the same repeat: the first's median step time over this
+   one's, so above 1 is faster.
 2. **concurrency** — ``workers`` worker processes joined to every server. Per server an
    untimed warm-up burst of all of them at once, then timed bursts, servers in rotating
-   order; aggregate steps/s against the first window's burst by burst, and each server's
-   peak RSS (VmHWM) after the step section and after its bursts, against the issue's limit
-   (1.5x the bytes it must hold, plus 300 MB).
+   order; aggregate steps/s over the first window's, burst by burst, and each server's
+   peak RSS (VmHWM) after the step section and after its bursts. The table's title gives
+   the limit benchmarks/throughput.py holds peaks to (1.5x the bytes the server must hold,
+   plus 300 MB).
 
 Prints a table and writes JSON (``--out``, default benchmarks/results/receive_window.json).
 """
@@ -31,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import click
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -54,6 +57,7 @@ from benchmarks.throughput import (
 )
 from psproto.layout import Layout
 from psproto.tuning import MALLOC_SETTINGS, apply_malloc_tuning
+from psserver.cli import parse_receive_window
 
 DEFAULT_WINDOWS = ("auto", "64KiB", "1MiB", "4MiB")
 
@@ -263,8 +267,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     settings = Settings.smoke() if args.smoke else Settings.quick() if args.quick else Settings()
     if args.windows is not None:
         windows = tuple(w.strip() for w in args.windows.split(",") if w.strip())
-        if len(windows) < 2 or len(set(windows)) != len(windows):
-            parser.error("--windows needs at least two different values")
+        try:
+            sizes = [parse_receive_window(window) for window in windows]
+        except click.BadParameter as error:
+            parser.error(f"--windows: {error.message}")
+        if len(windows) < 2 or len(set(sizes)) != len(sizes):
+            parser.error("--windows needs at least two different windows")
         settings = replace(settings, windows=windows)
     if args.workers is not None:
         if args.workers < 1:

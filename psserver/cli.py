@@ -82,19 +82,25 @@ def parse_checkpoint_every(text: str) -> tuple[int, float]:
     return updates, seconds
 
 
-_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2}
+_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib|gib)?\s*$", re.IGNORECASE | re.ASCII)
+_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
 
 def parse_receive_window(text: str) -> int | None:
-    """``auto`` (None: gRPC probes the link) or a size in bytes, KiB or MiB (``1MiB``)."""
+    """``auto`` (None: gRPC probes the link) or a whole number of bytes, KiB, MiB or GiB (``4MiB``)."""
     if text.strip().lower() == "auto":
         return None
     match = _SIZE.match(text)
-    size = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()] if match else None
-    if size is None or not MIN_RECEIVE_WINDOW_BYTES <= size <= MAX_RECEIVE_WINDOW_BYTES:
+    if match is None:
         raise click.BadParameter(
-            f"{text!r}: give 'auto' or a size from 64KiB to {MAX_RECEIVE_WINDOW_BYTES} bytes (e.g. 1MiB, 4MiB)",
+            f"{text!r}: give 'auto' or a whole number of bytes, KiB, MiB or GiB (e.g. 4MiB)",
+            param_hint="--receive-window",
+        )
+    size = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
+    if not MIN_RECEIVE_WINDOW_BYTES <= size <= MAX_RECEIVE_WINDOW_BYTES:
+        raise click.BadParameter(
+            f"{text!r} is {size} bytes; a window is 64KiB ({MIN_RECEIVE_WINDOW_BYTES}) to "
+            f"{MAX_RECEIVE_WINDOW_BYTES} bytes (HTTP/2's largest)",
             param_hint="--receive-window",
         )
     return size
@@ -214,10 +220,10 @@ def main() -> None:
 )
 @click.option(
     "--receive-window",
-    default=f"{DEFAULT_RECEIVE_WINDOW_BYTES // 1024**2}MiB",
+    default=str(DEFAULT_RECEIVE_WINDOW_BYTES),
     show_default=True,
-    help="HTTP/2 flow-control window per stream (bytes, KiB, MiB), or 'auto' to size it by probing the link; "
-    "a waiting push holds up to this much in memory",
+    help="HTTP/2 flow-control window per stream in bytes (or 1MiB, 4MiB...), or 'auto' to let gRPC size it; "
+    "a push waiting for a receive buffer holds up to this much in the server's memory",
 )
 def serve(
     host: str,

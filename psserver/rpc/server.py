@@ -38,13 +38,14 @@ _LOGGER = logging.getLogger(__name__)
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 # Large enough for chunks of a few MiB plus headers; clients never need more.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# HTTP/2 lets a stream's window be at most 2^31 - 1 bytes; below 64 KiB (its default) a
-# multi-MiB push would stall on window updates.
+# HTTP/2 lets a stream's window be at most 2^31 - 1 bytes; below 64 KiB (about HTTP/2's
+# default of 65,535) a multi-MiB push would stall on window updates.
 MIN_RECEIVE_WINDOW_BYTES = 64 * 1024
 MAX_RECEIVE_WINDOW_BYTES = 2**31 - 1
 # Covers 4 GB/s at a 1 ms round trip, more than gRPC's Python layer moves per stream, and two
 # 2 MiB chunks, so a push does not wait for a window update in the middle of each chunk
-# (1 and 2 MiB made a step 8-15% slower). See ServerLimits.receive_window_bytes.
+# (with 1 and 2 MiB a step was 8-15% slower than with gRPC's own sizing, with 4 MiB 3-5%).
+# See ServerLimits.receive_window_bytes.
 DEFAULT_RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024
 
 
@@ -59,10 +60,11 @@ class ServerLimits:
     # Concurrent streams on one HTTP/2 connection (one client); more wait for a free one.
     max_streams_per_connection: int = 256
     # Bytes a client may send on a stream before the server reads them (HTTP/2 flow-control
-    # window); None lets gRPC size it by probing the link's bandwidth-delay product. A push
-    # waiting for a receive buffer holds up to this much in the transport: with probing, a
-    # fast link grows it to 32 MiB per stream, so memory grew by that much per concurrently
-    # pushing worker (benchmarks/receive_window.py measures both).
+    # window); None lets gRPC size it: at least 4 MiB while its memory quota is not under
+    # pressure, twice the bandwidth-delay product it probes when that is more. A push waiting
+    # for a receive buffer holds up to this much in the transport; on loopback gRPC's sizing
+    # let 16 concurrently pushing workers add about 32 MiB each to the server's peak
+    # (benchmarks/receive_window.py measures both).
     receive_window_bytes: int | None = DEFAULT_RECEIVE_WINDOW_BYTES
 
     def __post_init__(self) -> None:

@@ -38,8 +38,17 @@ def test_a_consistency_model_reaches_the_server_and_the_json(tmp_path: Path) -> 
     assert run["clock"] >= 10 and run["max_staleness"] == [0, 0, 0, 0]
 
 
-def test_ssp_bound_without_ssp_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ssp-bound", "2"], "--ssp-bound applies only with --consistency ssp"),
+        (["--consistency", "ssp"], "--consistency ssp needs --ssp-bound N"),
+    ],
+)
+def test_an_ssp_bound_goes_with_ssp_only(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["--lr", "0.05", "--ssp-bound", "2", "--out", str(tmp_path)])
-    assert exited.value.code == 2 and "--ssp-bound applies only with --consistency ssp" in capsys.readouterr().err
+        main(["--lr", "0.05", *flags, "--out", str(tmp_path)])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

@@ -3,8 +3,10 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from psserver import cli
 from psserver.cli import main, parse_receive_window
 from psserver.core.rules import RULES
+from psserver.rpc.server import ServerLimits
 
 
 def test_rules_lists_every_rule_with_its_options() -> None:
@@ -25,9 +27,11 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         (["--rule-opt", "lr"], "is not key=value"),
         (["--lr", "-1"], "--lr"),
         (["--shard-index", "2", "--num-shards", "2"], "must be below --num-shards"),
-        (["--receive-window", "32KiB"], "give 'auto' or a size from 64KiB"),
-        (["--receive-window", "2GiB"], "give 'auto' or a size from 64KiB"),
-        (["--receive-window", "2147483648"], "give 'auto' or a size from 64KiB"),
+        (["--receive-window", "32KiB"], "is 32768 bytes; a window is 64KiB (65536) to 2147483647 bytes"),
+        (["--receive-window", "2GiB"], "is 2147483648 bytes; a window is 64KiB"),
+        (["--receive-window", "2048MiB"], "is 2147483648 bytes; a window is 64KiB"),
+        (["--receive-window", "4MB"], "give 'auto' or a whole number of bytes, KiB, MiB or GiB"),
+        (["--receive-window", "1.5MiB"], "give 'auto' or a whole number of bytes, KiB, MiB or GiB"),
         (["--receive-window", "large"], "--receive-window"),
     ],
 )
@@ -39,7 +43,15 @@ def test_serve_refuses_bad_configuration_with_exit_2(args: list[str], message: s
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("auto", None), ("AUTO", None), ("65536", 65536), ("64KiB", 65536), ("1MiB", 1024**2), (" 4 mib ", 4 * 1024**2)],
+    [
+        ("auto", None),
+        ("AUTO", None),
+        ("65536", 65536),
+        ("64KiB", 65536),
+        ("1MiB", 1024**2),
+        (" 4 mib ", 4 * 1024**2),
+        ("1GiB", 1024**3),
+    ],
 )
 def test_receive_window_sizes(text: str, size: int | None) -> None:
     assert parse_receive_window(text) == size
@@ -49,3 +61,22 @@ def test_status_of_an_unreachable_server_is_a_clear_error() -> None:
     result = CliRunner().invoke(main, ["status", "--server", "127.0.0.1:1", "--timeout", "1"])
     assert result.exit_code == 1
     assert "127.0.0.1:1" in result.output and "UNAVAILABLE" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flag", "window"),
+    [([], 4 * 1024**2), (["--receive-window", "auto"], None), (["--receive-window", "1MiB"], 1024**2)],
+)
+def test_serve_gives_the_server_the_receive_window_asked_for(
+    flag: list[str], window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given: list[ServerLimits] = []
+
+    def start_server(*args: object, limits: ServerLimits, **kwargs: object) -> None:
+        given.append(limits)
+        raise OSError("stopped by the test before binding")
+
+    monkeypatch.setattr(cli, "start_server", start_server)
+    result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flag], terminal_width=200)
+    assert result.exit_code == 1 and "stopped by the test" in result.output
+    assert [limits.receive_window_bytes for limits in given] == [window]

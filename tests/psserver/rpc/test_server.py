@@ -48,7 +48,7 @@ def _bytes_sent_to_a_stream_nobody_reads(limits: ServerLimits) -> int:
             call = channel.stream_unary("/test.Window/Stream", None, None).future(requests(), timeout=60)
             # Until the client stops getting further: the window is full.
             last, still_since = -1, time.monotonic()
-            while time.monotonic() - still_since < 0.5:
+            while time.monotonic() - still_since < 1.0:
                 if sent != last:
                     last, still_since = sent, time.monotonic()
                 time.sleep(0.05)
