@@ -1,9 +1,13 @@
 """How the server's HTTP/2 receive window moves a worker's step time and the server's memory.
 
     python -m benchmarks.receive_window [--quick] [--windows auto,64KiB,1MiB,4MiB]
+    python -m benchmarks.receive_window --windows 4MiB,4MiB+MALLOC_ARENA_MAX=1
 
 One hetps shard (ResNet-18 size, ASGD unless ``--rule``, fp32 on the wire) per window setting
-(``psserver serve --receive-window``), all running at once on loopback:
+(``psserver serve --receive-window``), all running at once on loopback. A setting may add
+environment variables for its server after ``+`` (``4MiB+MALLOC_ARENA_MAX=1``), so the same
+comparison weighs the allocator settings of ``psproto/tuning.py``, which the environment
+overrides.
 
 1. **steps** — one worker in this process per server, one step (push + pull) of each in
    turn, the order rotated every round; every window's speed against the first window's
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -60,6 +65,25 @@ from psproto.tuning import MALLOC_SETTINGS, apply_malloc_tuning
 from psserver.cli import parse_receive_window
 
 DEFAULT_WINDOWS = ("auto", "64KiB", "1MiB", "4MiB")
+_VARIABLE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def parse_setting(text: str) -> tuple[str, dict[str, str]]:
+    """``WINDOW[+NAME=VALUE...]``: the ``--receive-window`` value and the server's added environment.
+
+    Raises ValueError saying what is wrong."""
+    window, *assignments = (part.strip() for part in text.split("+"))
+    try:
+        parse_receive_window(window)
+    except click.BadParameter as error:
+        raise ValueError(error.message) from None
+    environment: dict[str, str] = {}
+    for assignment in assignments:
+        name, equals, value = assignment.partition("=")
+        if not equals or not _VARIABLE.match(name):
+            raise ValueError(f"{assignment!r} in {text!r} is not NAME=VALUE with an upper-case NAME")
+        environment[name] = value
+    return window, environment
 
 
 @dataclass(frozen=True)
@@ -91,6 +115,12 @@ class Settings:
             bursts=1,
             burst_seconds=0.3,
         )
+
+
+def process_environment(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` started its current program with (``/proc/PID/environ``)."""
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in entries if entry)
 
 
 def measure_steps(settings: Settings, servers: dict[str, ServerProcess], console: Console) -> dict[str, Any]:
@@ -187,20 +217,31 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
     try:
         with console.status("starting servers"):
             servers = {
-                window: fleet.start_hetps(
-                    f"window-{window}",
+                label: fleet.start_hetps(
+                    f"window-{label}",
                     settings.model,
                     settings.rule,
                     settings.rule_opts,
                     0,
                     1,
-                    extra_args=("--receive-window", window),
+                    extra_args=("--receive-window", parse_setting(label)[0]),
+                    environment=parse_setting(label)[1],
                 )
-                for window in settings.windows
+                for label in settings.windows
             }
             for server in servers.values():
                 _initialize(settings.model, [server.address])
         results["server_commands"] = {window: list(map(str, s.process.args)) for window, s in servers.items()}  # type: ignore[arg-type]
+        # What each server process really runs with: its entry point adds the allocator settings
+        # the environment does not set, so an added variable must survive that.
+        results["server_environment"] = {
+            label: {
+                name: value
+                for name, value in process_environment(server.pid).items()
+                if name in MALLOC_SETTINGS or name in parse_setting(label)[1]
+            }
+            for label, server in servers.items()
+        }
         results["steps"] = measure_steps(settings, servers, console)
         for window, server in servers.items():
             results["steps"][window]["peak_rss_mb"] = vm_mb(server.pid, "VmHWM")
@@ -258,7 +299,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter bursts")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, two workers (tests)")
-    parser.add_argument("--windows", default=None, help="comma-separated --receive-window values, the first the base")
+    parser.add_argument(
+        "--windows",
+        default=None,
+        help="comma-separated --receive-window values, each optionally +NAME=VALUE for the server's environment; "
+        "the first is the base",
+    )
     parser.add_argument("--workers", type=int, default=None, help="worker processes in the concurrency section")
     parser.add_argument("--rule", default=None, help="the servers' update rule (default asgd)")
     parser.add_argument("--rule-opt", action="append", default=[], help="a rule option KEY=VALUE (repeatable)")
@@ -268,11 +314,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.windows is not None:
         windows = tuple(w.strip() for w in args.windows.split(",") if w.strip())
         try:
-            sizes = [parse_receive_window(window) for window in windows]
-        except click.BadParameter as error:
-            parser.error(f"--windows: {error.message}")
-        if len(windows) < 2 or len(set(sizes)) != len(sizes):
-            parser.error("--windows needs at least two different windows")
+            parsed = [parse_setting(window) for window in windows]
+        except ValueError as error:
+            parser.error(f"--windows: {error}")
+        distinct = {(parse_receive_window(window), tuple(sorted(env.items()))) for window, env in parsed}
+        if len(windows) < 2 or len(distinct) != len(windows):
+            parser.error("--windows needs at least two different settings")
         settings = replace(settings, windows=windows)
     if args.workers is not None:
         if args.workers < 1:

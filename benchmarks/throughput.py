@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -240,11 +240,19 @@ class Fleet:
         shard_index: int,
         num_shards: int,
         extra_args: Sequence[str] = (),
+        environment: Mapping[str, str] | None = None,
     ) -> ServerProcess:
         shard_log = self.log_dir / label
         shard_log.mkdir(parents=True, exist_ok=True)
         process, address = start_server(
-            shard_log, rule, LR, list(rule_opts), shard_index, num_shards, extra_args=[*SERVER_ARGS, *extra_args]
+            shard_log,
+            rule,
+            LR,
+            list(rule_opts),
+            shard_index,
+            num_shards,
+            extra_args=[*SERVER_ARGS, *extra_args],
+            environment=environment,
         )
         server = ServerProcess(label, "hetps", process, address, rule, tuple(rule_opts), model, shard_index, num_shards)
         server.rss_at_start_mb = vm_mb(server.pid, "VmRSS")

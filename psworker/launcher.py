@@ -8,12 +8,13 @@ task's test set, stops the servers with SIGTERM and reports.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -86,10 +87,12 @@ def start_server(
     num_shards: int = 1,
     extra_args: Sequence[str] = (),
     log_name: str | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``psserver serve`` on a free loopback port; returns the process and its address.
 
-    Its log goes to ``log_dir/server-<shard>.log`` (or ``log_dir/<log_name>``, e.g. for a restart)."""
+    Its log goes to ``log_dir/server-<shard>.log`` (or ``log_dir/<log_name>``, e.g. for a restart).
+    ``environment`` adds to (or overrides) this process's environment for the server."""
     command = [
         *_python(),
         "psserver",
@@ -116,7 +119,8 @@ def start_server(
         command += ["--rule-opt", opt]
     command += list(extra_args)
     log = (log_dir / (log_name or f"server-{shard_index}.log")).open("w")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    env = {**os.environ, **environment} if environment else None
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     assert process.stdout is not None
     while time.monotonic() < deadline:

@@ -10,6 +10,7 @@ import pytest
 from benchmarks.receive_window import main
 from benchmarks.throughput import tiny_shapes
 from psproto.layout import Layout
+from psproto.tuning import MALLOC_SETTINGS
 
 pytestmark = pytest.mark.integration
 
@@ -18,13 +19,18 @@ SUMMARY_KEYS = {"median", "q1", "q3", "min", "max", "n"}
 
 def test_smoke_run_compares_every_window_with_the_first(tmp_path: Path) -> None:
     out = tmp_path / "receive_window.json"
-    main(["--smoke", "--windows", "auto,64KiB,1MiB", "--out", str(out)])
+    main(["--smoke", "--windows", "auto,64KiB,64KiB+HETPS_SMOKE_MARK=1", "--out", str(out)])
     results = json.loads(out.read_text())
-    windows = ["auto", "64KiB", "1MiB"]
+    windows = ["auto", "64KiB", "64KiB+HETPS_SMOKE_MARK=1"]
+    seen = results["server_environment"]
+    # The added variable reached its own server only, beside the entry point's allocator settings.
+    assert seen["64KiB+HETPS_SMOKE_MARK=1"]["HETPS_SMOKE_MARK"] == "1"
+    assert "HETPS_SMOKE_MARK" not in seen["auto"] and "HETPS_SMOKE_MARK" not in seen["64KiB"]
+    assert all(set(MALLOC_SETTINGS) <= set(environment) for environment in seen.values())
     assert list(results["steps"]) == windows and list(results["concurrency"]) == windows
     for window in windows:
         command = results["server_commands"][window]
-        assert command[command.index("--receive-window") + 1] == window
+        assert command[command.index("--receive-window") + 1] == window.split("+")[0]
         step = results["steps"][window]
         assert set(step["step_ms"]) == SUMMARY_KEYS and step["step_ms"]["n"] == 2 and step["step_ms"]["median"] > 0
         load = results["concurrency"][window]
@@ -41,8 +47,10 @@ def test_smoke_run_compares_every_window_with_the_first(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("windows", "message"),
     [
-        ("auto", "at least two different windows"),
-        ("4MiB,4194304", "at least two different windows"),
+        ("auto", "at least two different settings"),
+        ("4MiB,4194304", "at least two different settings"),
+        ("4MiB+MALLOC_ARENA_MAX=1,4194304+MALLOC_ARENA_MAX=1", "at least two different settings"),
+        ("4MiB,4MiB+arena=1", "is not NAME=VALUE with an upper-case NAME"),
         ("auto,4MB", "whole number of bytes, KiB, MiB or GiB"),
         ("auto,1KiB", "a window is 64KiB"),
     ],
