@@ -4,9 +4,12 @@ glibc returns big buffers to the OS and faults them in again on every allocation
 tens of MB per message through gRPC then costs 3-4x more. The thresholds below keep such
 buffers in the heap. Because kept buffers stay in the arena of the thread that freed them,
 the arenas are limited to two: a server whose 16 handler threads each kept their own peaked at
-1.4 GB with 16 ResNet-18-sized workers, and at 0.95 GB with two arenas, steps as fast
-(benchmarks/throughput.py measures both). They are read once, at process start, so the entry
-points re-execute themselves with them set. Set ``HETPS_MALLOC_TUNING=0`` to turn this off.
+1.4 GB with 16 ResNet-18-sized workers, and at 0.95 GB with two arenas, steps as fast. One
+arena held 12% less again but moved 3-6% fewer steps for 16 workers together
+(``benchmarks.receive_window --windows 4MiB,4MiB+MALLOC_ARENA_MAX=1`` compares them side by
+side); a variable already in the environment is left as it is. They are read once, at process
+start, so the entry points re-execute themselves with them set. Set ``HETPS_MALLOC_TUNING=0``
+to turn this off.
 """
 
 from __future__ import annotations
