@@ -42,10 +42,12 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # default of 65,535) a multi-MiB push would stall on window updates.
 MIN_RECEIVE_WINDOW_BYTES = 64 * 1024
 MAX_RECEIVE_WINDOW_BYTES = 2**31 - 1
+# HTTP/2's largest frame (SETTINGS_MAX_FRAME_SIZE may be 16 KiB to 2^24 - 1).
+MAX_FRAME_BYTES = 2**24 - 1
 # Covers 4 GB/s at a 1 ms round trip, more than gRPC's Python layer moves per stream, and two
 # 2 MiB chunks, so a push does not wait for a window update in the middle of each chunk
-# (with 1 and 2 MiB a step was 8-15% slower than with gRPC's own sizing, with 4 MiB 3-5%).
-# See ServerLimits.receive_window_bytes.
+# (with 1 and 2 MiB a step was 8-15% slower than with gRPC's own sizing; with 4 MiB and frames
+# as large, within the run-to-run noise of it). See ServerLimits.receive_window_bytes.
 DEFAULT_RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024
 
 
@@ -83,7 +85,14 @@ class ServerLimits:
         ]
         if self.receive_window_bytes is not None:
             # A fixed window, as grpc-java and grpc-go configure one: probing off, window set.
-            options += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", self.receive_window_bytes)]
+            # Probing also raised the largest frame a client may send above HTTP/2's 16 KiB; without
+            # it a 2 MiB chunk arrives as 128 frames, and a step was 3-6% slower (four runs of
+            # benchmarks/receive_window.py, with and without this setting side by side).
+            options += [
+                ("grpc.http2.bdp_probe", 0),
+                ("grpc.http2.lookahead_bytes", self.receive_window_bytes),
+                ("grpc.http2.max_frame_size", min(self.receive_window_bytes, MAX_FRAME_BYTES)),
+            ]
         return options
 
 

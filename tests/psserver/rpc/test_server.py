@@ -72,8 +72,12 @@ def test_the_window_is_fixed_unless_auto() -> None:
     fixed = dict(ServerLimits().channel_options())
     assert fixed["grpc.http2.bdp_probe"] == 0
     assert fixed["grpc.http2.lookahead_bytes"] == DEFAULT_RECEIVE_WINDOW_BYTES
+    # Frames as large as the window, within HTTP/2's largest.
+    assert fixed["grpc.http2.max_frame_size"] == DEFAULT_RECEIVE_WINDOW_BYTES
+    huge = dict(ServerLimits(receive_window_bytes=MAX_RECEIVE_WINDOW_BYTES).channel_options())
+    assert huge["grpc.http2.max_frame_size"] == 2**24 - 1
     probing = dict(ServerLimits(receive_window_bytes=None).channel_options())
-    assert "grpc.http2.bdp_probe" not in probing and "grpc.http2.lookahead_bytes" not in probing
+    assert not {"grpc.http2.bdp_probe", "grpc.http2.lookahead_bytes", "grpc.http2.max_frame_size"} & set(probing)
 
 
 @pytest.mark.parametrize("window", [0, MIN_RECEIVE_WINDOW_BYTES - 1, MAX_RECEIVE_WINDOW_BYTES + 1])
