@@ -68,13 +68,25 @@ DEFAULT_WINDOWS = ("auto", "64KiB", "1MiB", "4MiB")
 _VARIABLE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
-def parse_setting(text: str) -> tuple[str, dict[str, str]]:
-    """``WINDOW[+NAME=VALUE...]``: the ``--receive-window`` value and the server's added environment.
+@dataclass(frozen=True)
+class ServerSetting:
+    """One compared server: its ``--receive-window`` value and what it adds to its environment."""
 
-    Raises ValueError saying what is wrong."""
+    window: str
+    window_bytes: int | None  # None: gRPC sizes the window
+    environment: dict[str, str]
+
+    @property
+    def identity(self) -> tuple[int | None, tuple[tuple[str, str], ...]]:
+        """Equal for settings that would run the same server (``4MiB`` and ``4194304``)."""
+        return self.window_bytes, tuple(sorted(self.environment.items()))
+
+
+def parse_setting(text: str) -> ServerSetting:
+    """``WINDOW[+NAME=VALUE...]``; raises ValueError saying what is wrong."""
     window, *assignments = (part.strip() for part in text.split("+"))
     try:
-        parse_receive_window(window)
+        window_bytes = parse_receive_window(window)
     except click.BadParameter as error:
         raise ValueError(error.message) from None
     environment: dict[str, str] = {}
@@ -83,7 +95,7 @@ def parse_setting(text: str) -> tuple[str, dict[str, str]]:
         if not equals or not _VARIABLE.match(name):
             raise ValueError(f"{assignment!r} in {text!r} is not NAME=VALUE with an upper-case NAME")
         environment[name] = value
-    return window, environment
+    return ServerSetting(window, window_bytes, environment)
 
 
 @dataclass(frozen=True)
@@ -213,6 +225,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
         "must_hold_mb": must_hold_mb,
         "rss_limit_mb": RSS_FACTOR * must_hold_mb + RSS_SLACK_MB,
     }
+    chosen = {label: parse_setting(label) for label in settings.windows}
     fleet = Fleet(log_dir)
     try:
         with console.status("starting servers"):
@@ -224,10 +237,10 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
                     settings.rule_opts,
                     0,
                     1,
-                    extra_args=("--receive-window", parse_setting(label)[0]),
-                    environment=parse_setting(label)[1],
+                    extra_args=("--receive-window", setting.window),
+                    environment=setting.environment,
                 )
-                for label in settings.windows
+                for label, setting in chosen.items()
             }
             for server in servers.values():
                 _initialize(settings.model, [server.address])
@@ -238,7 +251,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
             label: {
                 name: value
                 for name, value in process_environment(server.pid).items()
-                if name in MALLOC_SETTINGS or name in parse_setting(label)[1]
+                if name in MALLOC_SETTINGS or name in chosen[label].environment
             }
             for label, server in servers.items()
         }
@@ -317,8 +330,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             parsed = [parse_setting(window) for window in windows]
         except ValueError as error:
             parser.error(f"--windows: {error}")
-        distinct = {(parse_receive_window(window), tuple(sorted(env.items()))) for window, env in parsed}
-        if len(windows) < 2 or len(distinct) != len(windows):
+        if len(windows) < 2 or len({setting.identity for setting in parsed}) != len(windows):
             parser.error("--windows needs at least two different settings")
         settings = replace(settings, windows=windows)
     if args.workers is not None:
