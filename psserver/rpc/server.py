@@ -86,8 +86,8 @@ class ServerLimits:
         if self.receive_window_bytes is not None:
             # A fixed window, as grpc-java and grpc-go configure one: probing off, window set.
             # Probing also raised the largest frame a client may send above HTTP/2's 16 KiB; without
-            # it a 2 MiB chunk arrives as 128 frames, and a step was 3-6% slower (four runs of
-            # benchmarks/receive_window.py, with and without this setting side by side).
+            # it a 2 MiB chunk arrives as 128 frames (docs/performance.md, Memory, gives what that
+            # cost and which of those numbers benchmarks/receive_window.py reproduces).
             options += [
                 ("grpc.http2.bdp_probe", 0),
                 ("grpc.http2.lookahead_bytes", self.receive_window_bytes),
