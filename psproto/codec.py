@@ -115,13 +115,13 @@ def payloads(
 ) -> Iterator[ChunkPayload]:
     """Slice a contiguous 1-D CPU tensor into chunks, converted to ``dtype`` on the way.
 
-    The chunks are views of the tensor's memory (or of its converted copy): nothing is copied
-    until a message is written, so the caller must not change ``flat`` before then.
+    Without a conversion the chunks are views of the tensor's memory: nothing is copied until
+    a message is written, so the caller must not change ``flat`` before then. With one, each
+    chunk is converted as it is reached, so no model-sized temporary is made and the converted
+    chunk is still in cache when its message is written.
     """
-    target = wire_dtype(dtype)
-    wire = flat if flat.dtype == target else flat.to(target)
-    for span in chunk_spans(wire.numel(), dtype, chunk_bytes):
-        yield payload(wire, span, dtype)
+    for span in chunk_spans(flat.numel(), dtype, chunk_bytes):
+        yield payload(flat, span, dtype)
 
 
 def encode(

@@ -45,6 +45,10 @@ class ShardRange:
         return self.offset + self.length
 
 
+# Characters the hash text puts between names and shapes (``name:d1,d2;name2:...``).
+HASH_SEPARATORS = (":", ";")
+
+
 class LayoutError(ValueError):
     """A layout that cannot be built (bad names, shapes or shard count)."""
 
@@ -67,12 +71,27 @@ class Layout:
         for name, shape in self.specs:
             if not name:
                 raise LayoutError("tensor names must be non-empty")
+            separators = sorted(set(name) & set(HASH_SEPARATORS))
+            if separators:
+                # The hash text joins names with these; allowing them would let two models share a hash.
+                raise LayoutError(
+                    f"tensor name {name!r} contains {' and '.join(map(repr, separators))}; names may not "
+                    f"contain any of {' '.join(HASH_SEPARATORS)}"
+                )
             if any(dim < 0 for dim in shape):
                 raise LayoutError(f"tensor {name!r} has a negative dimension: {shape}")
         if self.num_shards > len(self.specs):
             raise LayoutError(
                 f"{self.num_shards} shards for {len(self.specs)} tensors: shards are aligned to "
                 "tensor boundaries, so use at most one shard per tensor"
+            )
+        if self.total_length == 0:
+            raise LayoutError("the layout holds no parameters (every tensor has a zero dimension)")
+        empty = [shard.index for shard in self.shards if shard.length == 0]
+        if empty:
+            raise LayoutError(
+                f"shard(s) {', '.join(map(str, empty))} of {self.num_shards} would hold no parameters "
+                "(zero-size tensors at the cut); use fewer shards"
             )
 
     @classmethod

@@ -9,7 +9,7 @@ arena held 12% less again but moved 3-6% fewer steps for 16 workers together
 (``benchmarks.receive_window --windows 4MiB,4MiB+MALLOC_ARENA_MAX=1`` compares them side by
 side); a variable already in the environment is left as it is. They are read once, at process
 start, so the entry points re-execute themselves with them set. Set ``HETPS_MALLOC_TUNING=0``
-to turn this off.
+(or ``false``, ``no``, ``off``) to turn this off.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ MALLOC_SETTINGS = {
     "MALLOC_ARENA_MAX": "2",
 }
 DISABLE_VARIABLE = "HETPS_MALLOC_TUNING"
+OFF_VALUES = frozenset({"0", "false", "no", "off"})
 
 
 def wanted_environment(environ: dict[str, str]) -> dict[str, str]:
     """The settings missing from ``environ`` (empty when tuning is off or already applied)."""
-    if environ.get(DISABLE_VARIABLE, "1") == "0":
+    if environ.get(DISABLE_VARIABLE, "1").strip().lower() in OFF_VALUES:
         return {}
     return {key: value for key, value in MALLOC_SETTINGS.items() if key not in environ}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import grpc
 import torch
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
@@ -125,8 +126,20 @@ def main() -> None:
 @click.option("--rule", "rule_name", default="asgd", show_default=True, help="update rule (see `psserver rules`)")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None, help="learning rate of the rule")
 @click.option("--rule-opt", "rule_opts", multiple=True, metavar="KEY=VALUE", help="a rule option; repeatable")
-@click.option("--shard-index", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--num-shards", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--shard-index",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="which shard of the model this server holds, 0 to --num-shards - 1",
+)
+@click.option(
+    "--num-shards",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="how many servers the model is split over; every server and worker must say the same",
+)
 @click.option(
     "--shard-index-from-hostname",
     is_flag=True,
@@ -219,6 +232,14 @@ def main() -> None:
     help="pushes decoded at once, each into a buffer of the shard's size; more wait (bounds memory)",
 )
 @click.option(
+    "--receive-idle-seconds",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="a push holding a receive buffer that sends nothing for this long is cancelled (its worker sees "
+    "CANCELLED), so a stalled client cannot keep the buffer from the others",
+)
+@click.option(
     "--receive-window",
     default=str(DEFAULT_RECEIVE_WINDOW_BYTES),
     show_default=True,
@@ -257,6 +278,7 @@ def serve(
     max_workers: int,
     max_parameters: int,
     receive_buffers: int,
+    receive_idle_seconds: float,
     receive_window: str,
 ) -> None:
     """Serve one shard of a model's parameters over gRPC until SIGTERM."""
@@ -278,6 +300,8 @@ def serve(
     except SecurityConfigError as error:
         raise click.UsageError(str(error)) from None
     if shard_index_from_hostname:
+        if click.get_current_context().get_parameter_source("shard_index") is not ParameterSource.DEFAULT:
+            raise click.UsageError("give --shard-index or --shard-index-from-hostname, not both")
         hostname = os.environ.get("HOSTNAME") or socket.gethostname()
         try:
             shard_index = shard_index_from_ordinal(hostname, num_shards)
@@ -302,6 +326,7 @@ def serve(
             max_workers=max_workers,
             max_parameters=max_parameters,
             receive_buffers=receive_buffers,
+            receive_idle_seconds=receive_idle_seconds,
             # Pulled chunks plus their headers must fit under --max-message-mb, or Pull fails.
             chunk_bytes=min(codec.DEFAULT_CHUNK_BYTES, max_message_mb * 1024 * 1024 // 2),
         ),
@@ -364,7 +389,7 @@ def serve(
         err=False,
     )
     sys.stdout.flush()
-    reaper = start_reaper(shard, max(0.05, lease_seconds / 4))
+    reaper = start_reaper(shard, max(0.05, min(lease_seconds, receive_idle_seconds) / 4))
     serve_until_signalled(running, drain_seconds, stop)
     reaper.set()
     if checkpointer is not None:

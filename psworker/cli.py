@@ -16,7 +16,7 @@ from rich.table import Table
 from psproto import codec
 from psproto.cli_options import client_security_from_flags, client_security_options
 from psworker.binding import ModelBinding
-from psworker.client import PSClient
+from psworker.client import PSClient, ServerMismatchError
 from psworker.export import ExportError, named_tensors, save_state_dict, state_dict_from_checkpoints
 from psworker.launcher import ClusterConfig, ClusterError, run_cluster
 from psworker.procedures import ProcedureError
@@ -37,6 +37,17 @@ def _parse_slowdowns(text: str) -> list[float]:
     if not values or any(v < 1.0 for v in values):
         raise click.BadParameter("every slowdown must be >= 1 (1 = full speed)", param_hint="--slowdowns")
     return values
+
+
+def _server_failure(error: grpc.RpcError, servers: tuple[str, ...]) -> click.ClickException:
+    """A failed call as one line; "refused" only when a server answered."""
+    code = error.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return click.ClickException(
+            f"no answer from {', '.join(servers)} ({code.name}: {error.details()}); check the --server "
+            "addresses and that every shard is running"
+        )
+    return click.ClickException(f"server refused: {code.name}: {error.details()}")
 
 
 @click.group()
@@ -132,8 +143,8 @@ def train_command(
     try:
         summary = train(config, loaded)
     except grpc.RpcError as error:
-        raise click.ClickException(f"server refused: {error.code().name}: {error.details()}") from None
-    except (ProcedureError, ValueError) as error:
+        raise _server_failure(error, servers) from None
+    except (ProcedureError, ServerMismatchError, ValueError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(json.dumps(asdict(summary)))
 
@@ -292,7 +303,9 @@ def export_command(
                 client.pull(binding.params)
                 clock = client.clock
         except grpc.RpcError as error:
-            raise click.ClickException(f"server refused: {error.code().name}: {error.details()}") from None
+            raise _server_failure(error, servers) from None
+        except ServerMismatchError as error:
+            raise click.ClickException(str(error)) from None
         tensors = named_tensors(binding.layout, binding.params)
         click.echo(f"pulled clock {clock}")
     kind = save_state_dict(tensors, out)

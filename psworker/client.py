@@ -189,9 +189,9 @@ class PSClient:
             for index, address in enumerate(addresses):
                 self.sessions.append(self._first_join(index, address))
         except BaseException:
-            for session in self.sessions:
-                session.channel.close()
-            self._pool.shutdown(wait=False)
+            # Leave the shards already joined: a record left behind would count as a live worker
+            # (a BSP barrier would wait for it) until its lease ran out.
+            self.close()
             raise
         self.pulled_clocks = [s.join.clock for s in self.sessions]
         # The highest clock each shard has shown this client (pull or push); a lower one means a rollback.
@@ -205,7 +205,11 @@ class PSClient:
         return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
     def _first_join(self, index: int, address: str) -> ShardSession:
-        """Join with retries; a retry resumes, replacing a record an unanswered attempt may have left."""
+        """Join with retries; a retry resumes, replacing a record an unanswered attempt may have left.
+
+        A name still held by a joined worker (ALREADY_EXISTS: most often this worker's previous
+        process, not yet expired) is retried without resume until that record's lease runs out,
+        so a restarted worker comes back and two running workers never share a name."""
         channel = self._channel(address)
         deadline = time.monotonic() + max(self.connect_timeout, self.retry.give_up_seconds)
         backoff = self.retry.initial_backoff
@@ -214,11 +218,15 @@ class PSClient:
             try:
                 return self._join(index, address, channel, self.connect_timeout, resume=resume, close_on_error=False)
             except grpc.RpcError as error:
-                if error.code() not in self.retry.retry_codes or time.monotonic() >= deadline:
+                name_in_use = error.code() == grpc.StatusCode.ALREADY_EXISTS
+                if not (name_in_use or error.code() in self.retry.retry_codes) or time.monotonic() >= deadline:
                     channel.close()
                     raise
                 self.stats.retries += 1
-            resume = True
+                if name_in_use:
+                    _LOGGER.warning("%s: shard %d: %s; retrying", self.name, index, error.details())
+                else:
+                    resume = True
             time.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(self.retry.max_backoff, backoff * self.retry.multiplier)
 
@@ -250,6 +258,8 @@ class PSClient:
             raise
         expected = self.layout.shard(index)
         if reply.shard_index != index or (reply.shard_offset, reply.shard_length) != (expected.offset, expected.length):
+            with contextlib.suppress(grpc.RpcError):
+                stub.Leave(ps_pb2.LeaveRequest(worker_id=reply.worker_id), timeout=5.0, metadata=self._metadata)
             channel.close()
             raise ServerMismatchError(
                 f"{address} serves shard {reply.shard_index} [{reply.shard_offset}, "

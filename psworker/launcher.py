@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
+from psproto.layout import LayoutError
 from psproto.v1 import ps_pb2
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
-from psworker.tasks import evaluate, load_task
+from psworker.tasks import TaskError, evaluate, load_task
 
 _LISTENING = re.compile(r"psserver listening on (\S+):(\d+)")
 SERVER_START_TIMEOUT_S = 60.0
@@ -151,6 +152,11 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
     """Start the servers and workers, wait for the workers, evaluate, stop everything."""
     if len(config.slowdowns) != config.workers:
         raise ValueError(f"{len(config.slowdowns)} slowdowns for {config.workers} workers; give one per worker")
+    try:
+        # Before any process starts: a model that cannot be split this way fails here, not in every worker.
+        ModelBinding(load_task(config.task).build_model(), num_shards=config.shards)
+    except (LayoutError, TaskError) as error:
+        raise ClusterError(f"--task {config.task} with --shards {config.shards}: {error}") from None
     config.log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     servers: list[subprocess.Popen[str]] = []

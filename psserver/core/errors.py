@@ -24,6 +24,10 @@ class ErrorKind(enum.Enum):
     LIMIT_REACHED = "limit_reached"
     # An admin request for checkpoints on a server started without --checkpoint-dir.
     CHECKPOINTS_OFF = "checkpoints_off"
+    # A Join (without resume) under the name of a worker that is still joined.
+    NAME_IN_USE = "name_in_use"
+    # A push that held a receive buffer and sent nothing for --receive-idle-seconds (cancelled).
+    PUSH_STALLED = "push_stalled"
 
     @property
     def reason(self) -> str:
@@ -31,9 +35,13 @@ class ErrorKind(enum.Enum):
 
 
 class ShardError(Exception):
-    """A request the shard refused; nothing in the shard changed."""
+    """A request the shard refused; nothing in the shard changed.
 
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    ``counted``: already counted in the shard's refusals (Status ``rejected`` and metrics);
+    the transport counts the ones it raises itself."""
+
+    def __init__(self, kind: ErrorKind, message: str, counted: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.counted = counted

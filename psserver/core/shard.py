@@ -31,6 +31,12 @@ from psserver.core.buffers import ReceiveBuffers
 from psserver.core.consistency import Consistency, ConsistencyModel, bsp_round_complete, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.observer import NullObserver, ShardObserver
+from psserver.core.request_limits import (
+    MAX_DEVICE_CHARS,
+    MAX_NAME_CHARS,
+    numbers_problem,
+    text_problem,
+)
 from psserver.core.rules import PayloadKind, PushContext, RuleSpec, Telemetry, UpdateRule
 from psserver.core.rules.options import RuleOptions
 from psserver.core.serialized_pull import MessageBuilder, SerializedPull
@@ -62,6 +68,9 @@ class ShardConfig:
     receive_buffers: int = 2
     # How long a push waits for a receive buffer before it is refused (RESOURCE_EXHAUSTED).
     receive_wait_seconds: float = 120.0
+    # A push holding a receive buffer that sends nothing for this long is cancelled, so a
+    # stalled (or hostile) client cannot keep the buffer from everyone else.
+    receive_idle_seconds: float = 30.0
     # Serialised parameter versions being sent at once (asynchronous training). At the limit a
     # pull gets the newest version already being sent instead of a newer one: the reply carries
     # that version's clock, so the worker's next push counts the extra staleness.
@@ -112,13 +121,14 @@ class PullResult:
     form: PullForm = PullForm.PAYLOADS
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the shard tracks the pushes holding receive buffers
 class PendingPush:
     """A push whose header passed validation.
 
     Its chunks are decoded by ``assembler`` into a receive buffer taken at the first chunk and
     given back once the update is applied (or the push fails: ``Shard.discard_push``). A
-    retried push id comes back with ``replay`` set and its chunks are ignored.
+    retried push id comes back with ``replay`` set and its chunks are ignored. ``cancel``
+    (from the transport) ends the push's stream if it stalls while holding its buffer.
     """
 
     worker: WorkerRecord
@@ -130,6 +140,8 @@ class PendingPush:
     assembler: codec.Assembler | None = None
     buffers: ReceiveBuffers | None = None
     bytes_received: int = 0
+    cancel: Callable[[], object] | None = None
+    last_chunk_at: float = 0.0
 
 
 @dataclass
@@ -178,6 +190,9 @@ class Shard:
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
         self._bsp: BspRound | None = None
         self._receive: ReceiveBuffers | None = None
+        # Pushes holding a receive buffer while their chunks arrive (for ``cancel_stalled_pushes``).
+        self._receiving: set[PendingPush] = set()
+        self._receiving_lock = threading.Lock()
         self._reserved_by: int | None = None
         self._reserved_until = 0.0
         # Push-id memory per worker name, shared by every record of that name that resumed it.
@@ -192,7 +207,14 @@ class Shard:
         self, name: str, device: str, observer: bool, layout: Layout, layout_hash: str, resume: bool = False
     ) -> JoinResult:
         """Register a worker. With ``resume`` a worker of the same name continues: it keeps that
-        name's push-id memory (retried pushes stay exactly-once) and replaces a record left behind."""
+        name's push-id memory (retried pushes stay exactly-once) and replaces a record left behind.
+        Without it, a name another joined worker uses is refused."""
+        for problem in (
+            text_problem(name, "worker_name", MAX_NAME_CHARS),
+            text_problem(device, "device", MAX_DEVICE_CHARS),
+        ):
+            if problem:
+                self._refuse(ErrorKind.BAD_REQUEST, problem)
         if layout_hash and layout_hash != layout.hash:
             self._refuse(
                 ErrorKind.LAYOUT_MISMATCH,
@@ -215,6 +237,18 @@ class Shard:
                     f"({len(self.layout.specs)} tensors, {self.layout.total_length} parameters); the worker "
                     f"sent layout {layout.hash[:12]} ({len(layout.specs)} tensors, {layout.total_length} "
                     "parameters). Use the same model on every worker",
+                )
+            namesake = next((w for w in self.workers.values() if w.name == name), None)
+            if namesake is not None and not resume:
+                # Two running workers under one name would share its push-id memory, and a
+                # push one of them retries could be applied twice.
+                silent = self._now() - namesake.last_seen
+                self._refuse(
+                    ErrorKind.NAME_IN_USE,
+                    f"worker name {name!r} is in use by joined worker {namesake.worker_id} (last seen "
+                    f"{silent:.0f} s ago); give every worker a unique name. If that worker has stopped, its "
+                    f"record expires {max(0.0, self.config.lease_seconds - silent):.0f} s from now, or join "
+                    "with resume to continue it",
                 )
             previous = [w.worker_id for w in self.workers.values() if resume and w.name == name]
             if len(self.workers) - len(previous) >= self.config.max_workers:
@@ -263,6 +297,9 @@ class Shard:
         self.rule = self.config.rule.build(shard.length)
 
     def heartbeat(self, worker_id: int, stats: Mapping[str, float]) -> int:
+        problem = numbers_problem(stats, "stats", finite=False)
+        if problem:
+            self._refuse(ErrorKind.BAD_REQUEST, problem)
         with self._lock:
             worker = self._worker(worker_id)
             worker.stats = dict(stats)
@@ -311,7 +348,9 @@ class Shard:
     def begin_upload(self, worker_id: int, layout_hash: str) -> codec.Assembler:
         """Validate an Init header; the returned assembler collects the chunks."""
         with self._lock:
-            self._worker(worker_id)
+            worker = self._worker(worker_id)
+            if worker.observer:
+                self._refuse(ErrorKind.BAD_REQUEST, "observers cannot Init; join with role ROLE_WORKER", worker)
             assert self.layout is not None
             if layout_hash != self.layout.hash:
                 if self.initialized:
@@ -350,11 +389,15 @@ class Shard:
         with self._lock:
             worker = self._worker(worker_id)
             self._require_initialized()
+            if reserve:
+                self._check_may_reserve(worker)
             self._wait_for_ssp(worker)
             if reserve:
                 self._wait_until(worker, lambda: self._reservation_holder() in (None, worker.worker_id))
-                self._reserved_by = worker.worker_id
-                self._reserved_until = self._now() + self.config.reservation_seconds
+                if self._reserved_by != worker.worker_id:
+                    # Pulling again does not extend a reservation: it lapses on time without a push.
+                    self._reserved_by = worker.worker_id
+                    self._reserved_until = self._now() + self.config.reservation_seconds
             assert self.rule is not None
             clock = self.clock
             key = (clock, wire_dtype, form)
@@ -392,6 +435,19 @@ class Shard:
             else:
                 self._live_pulls.add(result)
         return result
+
+    def _check_may_reserve(self, worker: WorkerRecord) -> None:
+        """Only a worker of a rule that asks for reserved pulls (GEM's atomic mode) may hold off pushes."""
+        assert self.rule is not None
+        if worker.observer:
+            self._refuse(ErrorKind.BAD_REQUEST, "observers cannot reserve the shard; pull without reserve", worker)
+        if not self.rule.reserves_pulls:
+            self._refuse(
+                ErrorKind.BAD_REQUEST,
+                f"rule {self.rule.name} with these options takes no reserved pulls (only gem with atomic=true "
+                "does); pull without reserve",
+                worker,
+            )
 
     def _version_in_flight(self, wire_dtype: int, form: PullForm) -> PullResult | None:
         """The newest serialised version still being sent, when ``pull_versions`` are (lock held)."""
@@ -442,8 +498,18 @@ class Shard:
         kind: int,
         layout_hash: str,
         metadata: Mapping[str, float],
+        pull_dtype: int | None = None,
+        cancel: Callable[[], object] | None = None,
     ) -> PendingPush:
-        """Validate a push header. A retried push id comes back with ``replay`` set."""
+        """Validate a push header. A retried push id comes back with ``replay`` set.
+
+        ``pull_dtype``: the wire dtype of the parameters to send back after the push (PushPull),
+        checked now so a push is never applied and then answered with an error."""
+        if pull_dtype is not None:
+            self._check_dtype(pull_dtype)
+        problem = numbers_problem(metadata, "metadata", finite=True)
+        if problem:
+            self._refuse(ErrorKind.BAD_REQUEST, problem)
         with self._lock:
             worker = self._worker(worker_id)
             assert self.layout is not None and self.rule is not None
@@ -480,11 +546,14 @@ class Shard:
             previous = worker.previous_outcome(push_id)
             if self._receive is None or self._receive.length != self.params.numel():
                 self._receive = ReceiveBuffers(self.params.numel(), self.config.receive_buffers)
-            return PendingPush(worker, push_id, base_clock, payload, dict(metadata), previous, buffers=self._receive)
+            return PendingPush(
+                worker, push_id, base_clock, payload, dict(metadata), previous, buffers=self._receive, cancel=cancel
+            )
 
     def add_chunk(self, pending: PendingPush, chunk: codec.ChunkLike) -> None:
         """Decode one chunk of a push (outside the lock); a replayed push ignores its chunks."""
         pending.bytes_received += len(chunk.data)
+        pending.last_chunk_at = self._now()
         if pending.replay is None:
             self.decode_chunk(self._assembler(pending), chunk, pending.worker)
 
@@ -504,10 +573,39 @@ class Shard:
                     pending.worker,
                 )
             pending.assembler = codec.Assembler(buffer)
+            pending.last_chunk_at = self._now()
+            with self._receiving_lock:
+                self._receiving.add(pending)
         return pending.assembler
+
+    def end_of_chunks(self, pending: PendingPush) -> None:
+        """The push's stream ended: it no longer waits on its client, so it is never cancelled as stalled."""
+        with self._receiving_lock:
+            self._receiving.discard(pending)
+
+    def cancel_stalled_pushes(self) -> list[PendingPush]:
+        """Cancel every push that holds a receive buffer and has sent nothing for ``receive_idle_seconds``.
+
+        Its stream ends with CANCELLED and the handler gives the buffer back; returns them."""
+        deadline = self._now() - self.config.receive_idle_seconds
+        with self._receiving_lock:
+            stalled = [p for p in self._receiving if p.last_chunk_at < deadline]
+            self._receiving.difference_update(stalled)
+        for pending in stalled:
+            _LOGGER.warning(
+                "cancelled a push of worker %s (%s): it held a receive buffer and sent nothing for %.0f s",
+                pending.worker.worker_id,
+                pending.worker.name,
+                self.config.receive_idle_seconds,
+            )
+            self.count_rejected(ErrorKind.PUSH_STALLED.reason, pending.worker)
+            if pending.cancel is not None:
+                pending.cancel()
+        return stalled
 
     def discard_push(self, pending: PendingPush) -> None:
         """Give back a push's receive buffer; safe to call more than once, and after a commit."""
+        self.end_of_chunks(pending)
         if pending.assembler is not None and pending.buffers is not None:
             pending.buffers.release(pending.assembler.out)
             pending.assembler = None
@@ -521,6 +619,7 @@ class Shard:
             kind = {
                 "unknown_dtype": ErrorKind.UNKNOWN_DTYPE,
                 "chunk_out_of_range": ErrorKind.CHUNK_OUT_OF_RANGE,
+                "bad_chunk_size": ErrorKind.BAD_REQUEST,
             }.get(error.reason, ErrorKind.WRONG_LENGTH)
             self._refuse(kind, str(error), worker)
 
@@ -531,7 +630,9 @@ class Shard:
         if pending.replay is not None:
             return self._replay(pending.worker, pending.replay)
         try:
-            return self._commit_decoded(pending, self._assembler(pending))
+            assembler = self._assembler(pending)
+            self.end_of_chunks(pending)
+            return self._commit_decoded(pending, assembler)
         finally:
             self.discard_push(pending)
 
@@ -749,7 +850,7 @@ class Shard:
 
     def _refuse(self, kind: ErrorKind, message: str, worker: WorkerRecord | None = None) -> NoReturn:
         self.count_rejected(kind.reason, worker)
-        raise ShardError(kind, message)
+        raise ShardError(kind, message, counted=True)
 
     def count_rejected(self, reason: str, worker: WorkerRecord | None = None) -> None:
         """Count a refused request (Status and metrics), also ones refused before the shard (auth)."""

@@ -241,13 +241,15 @@ def start_server(
 
 
 def start_reaper(shard: Shard, interval_s: float) -> threading.Event:
-    """Evict workers whose lease expired, every ``interval_s``; set the returned event to stop."""
+    """Every ``interval_s``, evict workers whose lease expired and cancel pushes stalled while
+    holding a receive buffer; set the returned event to stop."""
     stop = threading.Event()
 
     def reap() -> None:
-        # The shard logs and counts each eviction.
+        # The shard logs and counts each eviction and cancellation.
         while not stop.wait(interval_s):
             shard.evict_expired()
+            shard.cancel_stalled_pushes()
 
     threading.Thread(target=reap, name="lease-reaper", daemon=True).start()
     return stop

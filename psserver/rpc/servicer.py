@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -38,19 +38,26 @@ def _translate_errors(method: F) -> F:
             result = method(self, request, context)
             if isinstance(result, Iterator):
                 # Server-streaming: errors surface while iterating.
-                return _guarded(result, context)
+                return _guarded(result, self.shard, context)
             return result
         except ShardError as error:
-            context.abort(STATUS_CODES[error.kind], error.message)
+            _abort(self.shard, error, context)
 
     return wrapper  # type: ignore[return-value]
 
 
-def _guarded(items: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+def _abort(shard: Shard, error: ShardError, context: grpc.ServicerContext) -> NoReturn:
+    if not error.counted:
+        # Refused here, before the shard saw it (a malformed stream): still counted in Status.
+        shard.count_rejected(error.kind.reason)
+    context.abort(STATUS_CODES[error.kind], error.message)
+
+
+def _guarded(items: Iterator[Any], shard: Shard, context: grpc.ServicerContext) -> Iterator[Any]:
     try:
         yield from items
     except ShardError as error:
-        context.abort(STATUS_CODES[error.kind], error.message)
+        _abort(shard, error, context)
 
 
 # Chunk messages arrive parsed by psproto.wire (a view of the received bytes, no copy); headers
@@ -92,6 +99,10 @@ def _chunk_of(message: PushMessage | InitMessage, stream: str) -> wire.ChunkView
     if message.WhichOneof("body") != "chunk":
         raise ShardError(ErrorKind.BAD_REQUEST, f"a {stream} stream carries one header, then only chunks")
     return message.chunk
+
+
+# ROLE_UNSPECIFIED (a client that leaves the field out) joins as a worker.
+_ROLES = frozenset({ps_pb2.ROLE_UNSPECIFIED, ps_pb2.ROLE_WORKER, ps_pb2.ROLE_OBSERVER})
 
 
 def _rule_info(shard: Shard) -> ps_pb2.RuleInfo:
@@ -189,6 +200,10 @@ class ParameterServerServicer:
             raise ShardError(ErrorKind.BAD_REQUEST, f"invalid layout: {error}") from None
         if not request.worker_name:
             raise ShardError(ErrorKind.BAD_REQUEST, "worker_name is empty; give every worker a unique name")
+        if request.role not in _ROLES:
+            raise ShardError(
+                ErrorKind.BAD_REQUEST, f"role {request.role} is unknown; use ROLE_WORKER (1) or ROLE_OBSERVER (2)"
+            )
         result = self.shard.join(
             request.worker_name,
             request.device,
@@ -230,7 +245,9 @@ class ParameterServerServicer:
         )
         return _send(result)
 
-    def _receive_push(self, request_iterator: Iterator[PushMessage]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
+    def _receive_push(
+        self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext, then_pull: bool
+    ) -> tuple[ps_pb2.PushHeader, PushOutcome]:
         first = next(request_iterator, None)
         if not isinstance(first, ps_pb2.PushRequest) or first.WhichOneof("body") != "header":
             raise ShardError(ErrorKind.BAD_REQUEST, "a Push stream must start with a PushHeader")
@@ -242,6 +259,8 @@ class ParameterServerServicer:
             header.kind or int(PayloadKind.GRADIENT),
             header.layout_hash,
             dict(header.metadata),
+            pull_dtype=header.pull_dtype if then_pull else None,
+            cancel=context.cancel,
         )
         try:
             for message in request_iterator:
@@ -253,7 +272,7 @@ class ParameterServerServicer:
 
     @_translate_errors
     def Push(self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
-        _, outcome = self._receive_push(request_iterator)
+        _, outcome = self._receive_push(request_iterator, context, then_pull=False)
         return _push_response(outcome)
 
     @_translate_errors
@@ -261,7 +280,7 @@ class ParameterServerServicer:
         self, request_iterator: Iterator[ps_pb2.PushRequest], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
-        header, outcome = self._receive_push(request_iterator)
+        header, outcome = self._receive_push(request_iterator, context, then_pull=True)
         result = self.shard.pull(header.worker_id, header.pull_dtype, form=PullForm.PUSH_PULL_RESPONSE)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         return _send(result, ack)

@@ -19,4 +19,7 @@ STATUS_CODES: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.LIMIT_REACHED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.CHECKPOINTS_OFF: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.NAME_IN_USE: grpc.StatusCode.ALREADY_EXISTS,
+    # The transport cancels a stalled push, so its worker sees CANCELLED.
+    ErrorKind.PUSH_STALLED: grpc.StatusCode.CANCELLED,
 }

@@ -22,7 +22,10 @@ CONFIGS: dict[str, tuple[float, tuple[str, ...], int, tuple[str, ...]]] = {
     # The same at lr 0.05 over 1000 updates: 0.950–0.975, a wider margin for the bar.
     "asgd": (0.05, (), 1000, ()),
     "momentum": (0.03, ("momentum=0.7",), 600, ()),
-    "sa": (0.2, (), 600, ()),
+    # At lr 0.2 over 600 updates a run beside other test runs ended at 0.839 (mean staleness 6.7);
+    # `python -m benchmarks.cluster_spread --rule sa --lr 0.2 --updates 600 --runs 6`: 0.942-0.972,
+    # and at lr 0.1 over 1000 updates 0.942-0.978: the smaller rate is hurt less by stale pushes.
+    "sa": (0.1, (), 1000, ()),
     "dynsgd": (0.05, ("window=4",), 400, ()),
     "downpour": (0.05, ("window=4",), 400, ()),
     "dc-asgd": (0.1, (), 600, ()),

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from psworker.launcher import ClusterConfig, ClusterReport, run_cluster
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psworker.binding import ModelBinding
+from psworker.client import NO_RETRY, PSClient, ServerMismatchError
+from psworker.launcher import ClusterConfig, ClusterError, ClusterReport, run_cluster
+from psworker.tasks import load_task
+from tests.integration.conftest import StartServer
 
 pytestmark = pytest.mark.integration
 
@@ -34,3 +42,37 @@ def test_bf16_on_the_wire_trains_digits(tmp_path: Path) -> None:
         ClusterConfig(workers=2, slowdowns=(1.0, 2.0), wire_dtype="bf16", until_clock=1000, log_dir=tmp_path)
     )
     assert report.test_accuracy >= 0.90
+
+
+def test_a_model_that_cannot_be_split_so_is_refused_before_any_process_starts(tmp_path: Path) -> None:
+    # The digits CNN has 8 tensors; shards are cut at tensor boundaries.
+    with pytest.raises(ClusterError, match="--task digits with --shards 9: 9 shards for 8 tensors"):
+        run_cluster(ClusterConfig(workers=1, slowdowns=(1.0,), shards=9, log_dir=tmp_path / "logs"))
+    assert not (tmp_path / "logs").exists()
+
+
+def _joined(stub: ps_pb2_grpc.ParameterServerStub) -> list[str]:
+    return [w.worker_name for w in stub.Status(ps_pb2.StatusRequest(), timeout=10).workers]
+
+
+def test_a_worker_refused_by_one_shard_leaves_the_shards_it_had_joined(
+    start_psserver: StartServer, stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub]
+) -> None:
+    first, second = (start_psserver("asgd", lr=0.1, shard_index=i, num_shards=2) for i in range(2))
+    layout = ModelBinding(load_task("digits").build_model(), num_shards=2).layout
+    # Listed out of order: shard 1's server is reached first and accepts the Join; shard 0's
+    # answer shows the order is wrong. A record left behind would hold a BSP barrier until its lease ran out.
+    with pytest.raises(ServerMismatchError, match="list the servers in shard order"):
+        PSClient([second, first], layout, name="misordered", retry=NO_RETRY)
+    assert _joined(stub_for(first)) == [] and _joined(stub_for(second)) == []
+    # The command says so in one line, with no traceback.
+    result = subprocess.run(
+        [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first, "--retry-seconds", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Error:" in result.stderr and "list the servers in shard order" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert _joined(stub_for(first)) == [] and _joined(stub_for(second)) == []

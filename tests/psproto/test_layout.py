@@ -81,11 +81,28 @@ def test_segments_are_relative_to_the_shard() -> None:
         ([("a", (-1,))], 1, "negative"),
         ([("a", (2,))], 2, "at most one shard per tensor"),
         ([("a", (2,))], 0, "num_shards"),
+        ([("a:2;b", (2,))], 1, "contains ':' and ';'"),
+        ([("a", (2,)), ("b;c", (2,))], 1, "contains ';'"),
+        ([("w", (0, 5))], 1, "no parameters"),
+        ([("a", (0,)), ("b", (4,))], 2, r"shard\(s\) 0 of 2 would hold no parameters"),
     ],
 )
 def test_invalid_layouts_are_refused(specs: list[tuple[str, tuple[int, ...]]], shards: int, message: str) -> None:
     with pytest.raises(LayoutError, match=message):
         Layout.from_named_shapes(specs, shards)
+
+
+def test_names_cannot_forge_another_layouts_hash_text() -> None:
+    """``a:2;b`` of shape [2] would write the same hash text as tensors ``a`` [2] and ``b`` [2]."""
+    genuine = Layout.from_named_shapes([("a", (2,)), ("b", (2,))], 1)
+    assert genuine.total_length == 4
+    with pytest.raises(LayoutError, match="names may not contain any of : ;"):
+        Layout.from_named_shapes([("a:2;b", (2,))], 1)
+
+
+def test_zero_size_tensors_are_allowed_beside_parameters() -> None:
+    layout = Layout.from_named_shapes([("empty", (0, 3)), ("w", (4,)), ("b", (2,))], 2)
+    assert [shard.length for shard in layout.shards] == [4, 2]
 
 
 def test_proto_round_trip() -> None:

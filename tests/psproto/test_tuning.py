@@ -9,7 +9,9 @@ from psproto import tuning
 
 def test_missing_settings_are_wanted_unless_turned_off() -> None:
     assert tuning.wanted_environment({}) == tuning.MALLOC_SETTINGS
-    assert tuning.wanted_environment({tuning.DISABLE_VARIABLE: "0"}) == {}
+    for off in ("0", "false", "No", " OFF "):
+        assert tuning.wanted_environment({tuning.DISABLE_VARIABLE: off}) == {}
+    assert tuning.wanted_environment({tuning.DISABLE_VARIABLE: "1"}) == tuning.MALLOC_SETTINGS
     already = dict(tuning.MALLOC_SETTINGS)
     assert tuning.wanted_environment(already) == {}
 

@@ -27,6 +27,11 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         (["--rule-opt", "lr"], "is not key=value"),
         (["--lr", "-1"], "--lr"),
         (["--shard-index", "2", "--num-shards", "2"], "must be below --num-shards"),
+        (
+            ["--shard-index", "0", "--num-shards", "2", "--shard-index-from-hostname"],
+            "give --shard-index or --shard-index-from-hostname, not both",
+        ),
+        (["--receive-idle-seconds", "0"], "--receive-idle-seconds"),
         (["--receive-window", "32KiB"], "is 32768 bytes; a window is 64KiB (65536) to 2147483647 bytes"),
         (["--receive-window", "2GiB"], "is 2147483648 bytes; a window is 64KiB"),
         (["--receive-window", "2048MiB"], "is 2147483648 bytes; a window is 64KiB"),

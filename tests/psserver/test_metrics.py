@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from psproto import codec
 from psproto.layout import Layout
 from psserver.cli import main
-from psserver.core.errors import ShardError
+from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.core.workers import PushOutcome
@@ -208,13 +208,19 @@ def test_an_evicted_workers_series_are_removed(shard: Shard, metrics: ShardMetri
     assert value(metrics, "hetps_active_workers", role="worker") == 1
 
 
-def test_a_name_shared_by_two_live_workers_keeps_its_series_until_both_leave(
+def test_a_name_resumed_keeps_one_series_and_a_second_live_holder_is_refused(
     shard: Shard, metrics: ShardMetrics
 ) -> None:
     assert shard.layout is not None
-    again = shard.join("fast", "cpu", False, shard.layout, shard.layout.hash).worker.worker_id
-    shard.leave(1)
-    push(shard, again, 1, 0)
+    push(shard, 1, 1, 0)
+    with pytest.raises(ShardError) as refused:
+        shard.join("fast", "cpu", False, shard.layout, shard.layout.hash)
+    assert refused.value.kind is ErrorKind.NAME_IN_USE
+    assert value(metrics, "hetps_pushes_total", worker="fast") == 1
+    again = shard.join("fast", "cpu", False, shard.layout, shard.layout.hash, resume=True).worker.worker_id
+    assert 1 not in shard.workers
+    push(shard, again, 2, 1)
+    # The replaced record took its series with it; the resumed one counts afresh (a counter reset).
     assert value(metrics, "hetps_pushes_total", worker="fast") == 1
     shard.leave(again)
     assert worker_label_values(metrics.registry) == {"slow"}

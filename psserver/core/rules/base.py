@@ -72,6 +72,11 @@ class UpdateRule(ABC, Generic[OptionsT]):
         """Options the worker procedure needs (sent in the Join reply)."""
         return {}
 
+    @property
+    def reserves_pulls(self) -> bool:
+        """Whether its workers pull with ``reserve`` (no other commit until their push); others may not."""
+        return False
+
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The rule's state, for checkpoints and tests."""
         return {}

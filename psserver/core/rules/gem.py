@@ -57,3 +57,7 @@ class Gem(UpdateRule[GemOptions]):
 
     def procedure_options(self) -> dict[str, str]:
         return self.options.as_strings()
+
+    @property
+    def reserves_pulls(self) -> bool:
+        return self.options.atomic

@@ -80,7 +80,8 @@ def test_resume_keeps_the_push_memory_and_replaces_the_old_record() -> None:
     again = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash, resume=True).worker
     assert 1 not in {w.worker_id for w in shard.worker_snapshot()}
     assert push(shard, again.worker_id, 2, shard.clock, torch.ones(8)).duplicate
-    # Without resume the name starts afresh: push ids count from the new client.
+    shard.leave(again.worker_id)
+    # Without resume a name no joined worker holds starts afresh: push ids count from the new client.
     fresh = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker
     assert not push(shard, fresh.worker_id, 2, shard.clock, torch.ones(8)).duplicate
 

@@ -12,7 +12,7 @@ from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core.consistency import Consistency, ConsistencyModel, bsp_round_complete, ssp_must_wait
-from psserver.core.errors import ShardError
+from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.core.workers import PushOutcome
@@ -29,10 +29,11 @@ class FakeClock:
         return self.now
 
 
-def make_shard(model: ConsistencyModel, bound: int = 3, lease: float = 30.0, clock: FakeClock | None = None) -> Shard:
-    config = ShardConfig(
-        RuleSpec.parse("asgd", {"lr": "1.0"}), lease_seconds=lease, consistency=Consistency(model, bound)
-    )
+def make_shard(
+    model: ConsistencyModel, bound: int = 3, lease: float = 30.0, clock: FakeClock | None = None, rule: str = "asgd"
+) -> Shard:
+    options = {"lr": "1.0"} if rule == "asgd" else {}
+    config = ShardConfig(RuleSpec.parse(rule, options), lease_seconds=lease, consistency=Consistency(model, bound))
     return Shard(config, clock or time.monotonic)
 
 
@@ -49,7 +50,9 @@ def init(shard: Shard, worker_id: int) -> None:
 
 def push(shard: Shard, worker_id: int, push_id: int, values: list[float]) -> PushOutcome:
     base = shard.workers[worker_id].pulled_clock
-    pending = shard.begin_push(worker_id, push_id, max(base, 0), int(PayloadKind.GRADIENT), LAYOUT.hash, {})
+    assert shard.rule is not None
+    kind = min(shard.rule.accepted_kinds)  # GRADIENT for asgd, DELTA for gem
+    pending = shard.begin_push(worker_id, push_id, max(base, 0), int(kind), LAYOUT.hash, {})
     for chunk in codec.encode(torch.tensor(values)):
         shard.add_chunk(pending, chunk)
     return shard.commit_push(pending)
@@ -165,7 +168,7 @@ def test_evict_expired_frees_only_silent_workers() -> None:
 
 
 def test_a_reservation_holds_other_pushes_until_its_holder_pushes() -> None:
-    shard = make_shard(ConsistencyModel.ASYNC)
+    shard = make_shard(ConsistencyModel.ASYNC, rule="gem")
     holder, other = join(shard, "gem"), join(shard, "other")
     init(shard, holder)
     shard.pull(other, FP32)
@@ -181,13 +184,55 @@ def test_a_reservation_holds_other_pushes_until_its_holder_pushes() -> None:
 
 def test_a_reservation_lapses() -> None:
     clock = FakeClock()
-    shard = make_shard(ConsistencyModel.ASYNC, clock=clock)
+    shard = make_shard(ConsistencyModel.ASYNC, clock=clock, rule="gem")
     holder, other = join(shard, "gem"), join(shard, "other")
     init(shard, holder)
     shard.pull(other, FP32)
     shard.pull(holder, FP32, reserve=True)
     clock.now += shard.config.reservation_seconds + 1
     assert push(shard, other, 1, [1.0, 0.0, 0.0, 0.0]).clock == 1
+
+
+def test_pulling_again_does_not_extend_a_reservation() -> None:
+    clock = FakeClock()
+    shard = make_shard(ConsistencyModel.ASYNC, clock=clock, rule="gem")
+    holder, other = join(shard, "gem"), join(shard, "other")
+    init(shard, holder)
+    shard.pull(other, FP32)
+    shard.pull(holder, FP32, reserve=True)
+    clock.now += shard.config.reservation_seconds / 2
+    shard.pull(holder, FP32, reserve=True)  # would hold the shard forever if it renewed the deadline
+    clock.now += shard.config.reservation_seconds / 2 + 1
+    assert push(shard, other, 1, [1.0, 0.0, 0.0, 0.0]).clock == 1
+
+
+@pytest.mark.parametrize(
+    ("rule", "observer", "message"),
+    [
+        ("asgd", False, "rule asgd with these options takes no reserved pulls"),
+        ("gem", True, "observers cannot reserve"),
+    ],
+)
+def test_reserved_pulls_are_refused_where_nothing_waits_for_them(rule: str, observer: bool, message: str) -> None:
+    shard = make_shard(ConsistencyModel.ASYNC, rule=rule)
+    writer = join(shard, "writer")
+    init(shard, writer)
+    reader = shard.join("reader", "cpu", observer, LAYOUT, LAYOUT.hash).worker.worker_id
+    with pytest.raises(ShardError, match=message) as refused:
+        shard.pull(reader, FP32, reserve=True)
+    assert refused.value.kind is ErrorKind.BAD_REQUEST
+    assert shard.rejected == {"bad_request": 1}
+    # Nobody holds the shard: a push goes straight through.
+    assert push(shard, writer, 1, [1.0, 0.0, 0.0, 0.0]).clock == 1
+
+
+def test_gem_without_atomic_takes_no_reserved_pulls() -> None:
+    config = ShardConfig(RuleSpec.parse("gem", {"atomic": "false"}))
+    shard = Shard(config)
+    worker = join(shard, "w")
+    init(shard, worker)
+    with pytest.raises(ShardError, match="rule gem with these options takes no reserved pulls"):
+        shard.pull(worker, FP32, reserve=True)
 
 
 def test_bsp_reports_the_round_once_and_every_contributor() -> None:

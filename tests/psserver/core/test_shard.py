@@ -318,3 +318,62 @@ def test_at_the_version_limit_a_pull_gets_the_newest_version_being_sent() -> Non
     assert fresh.clock == 2 and shard.workers[second].pulled_clock == 2
     # In-process pulls always see the latest clock.
     assert shard.pull(first, ps_pb2.DTYPE_FLOAT32).clock == 2
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_push_holding_its_buffer_without_sending_is_cancelled_once_idle_too_long() -> None:
+    clock = FakeClock()
+    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), receive_idle_seconds=5.0), clock_source=clock)
+    worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    upload(shard, worker, torch.zeros(8))
+    cancelled: list[int] = []
+    pending = shard.begin_push(worker, 1, 0, GRADIENT, LAYOUT.hash, {}, cancel=lambda: cancelled.append(1))
+    chunks = list(codec.encode(torch.ones(8), chunk_bytes=12))
+    shard.add_chunk(pending, chunks[0])
+    clock.now += 4.0
+    shard.add_chunk(pending, chunks[1])  # each chunk restarts the idle time
+    clock.now += 4.0
+    assert shard.cancel_stalled_pushes() == [] and cancelled == []
+    clock.now += 2.0
+    assert shard.cancel_stalled_pushes() == [pending] and cancelled == [1]
+    assert shard.rejected == {"push_stalled": 1}
+    assert shard.cancel_stalled_pushes() == []  # cancelled once
+    shard.discard_push(pending)  # what the handler does when its stream ends
+    assert pending.buffers is not None and pending.buffers.in_use == 0
+
+
+def test_a_push_whose_stream_ended_is_never_cancelled_as_stalled() -> None:
+    clock = FakeClock()
+    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), receive_idle_seconds=5.0), clock_source=clock)
+    worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    upload(shard, worker, torch.zeros(8))
+    pending = shard.begin_push(worker, 1, 0, GRADIENT, LAYOUT.hash, {}, cancel=lambda: pytest.fail("cancelled"))
+    for chunk in codec.encode(torch.ones(8)):
+        shard.add_chunk(pending, chunk)
+    assert shard.commit_push(pending).clock == 1
+    clock.now += 60.0
+    assert shard.cancel_stalled_pushes() == []
+
+
+def test_a_push_asking_for_an_unknown_pull_dtype_is_refused_at_its_header(shard: Shard) -> None:
+    with pytest.raises(ShardError, match="unknown chunk dtype 9") as refused:
+        shard.begin_push(1, 1, 0, GRADIENT, LAYOUT.hash, {}, pull_dtype=9)
+    assert refused.value.kind is ErrorKind.UNKNOWN_DTYPE and shard.clock == 0
+
+
+def test_a_join_under_a_joined_workers_name_is_refused_unless_it_resumes(shard: Shard) -> None:
+    push(shard, 1, 7, 0, torch.ones(8))
+    with pytest.raises(ShardError, match="worker name 'a' is in use by joined worker 1") as refused:
+        shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash)
+    assert refused.value.kind is ErrorKind.NAME_IN_USE
+    assert sorted(shard.workers) == [1, 2]
+    again = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash, resume=True).worker.worker_id
+    assert sorted(shard.workers) == [2, again]
+    assert push(shard, again, 7, 0, torch.ones(8)).duplicate  # its push ids came along
