@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -298,7 +300,12 @@ def export_command(
         binding = ModelBinding(model, num_shards=len(servers))
         try:
             with PSClient(
-                list(servers), binding.layout, name="export", observer=True, tls=tls, auth_token=token
+                list(servers),
+                binding.layout,
+                name=f"export-{socket.gethostname()}-{os.getpid()}",
+                observer=True,
+                tls=tls,
+                auth_token=token,
             ) as client:
                 client.pull(binding.params)
                 clock = client.clock

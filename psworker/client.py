@@ -54,9 +54,11 @@ class RetryPolicy:
     initial_backoff: float = 0.1
     max_backoff: float = 2.0
     multiplier: float = 2.0
-    # Status codes that mean "try again": the server is down, restarting, or the network dropped.
+    # Status codes that mean "try again": the server is down, restarting, or the network dropped;
+    # CANCELLED: the server cancelled a push that stalled (a paused process, a healed partition).
+    # A retried push keeps its push id, so it is applied once whatever the first attempt did.
     retry_codes: frozenset[grpc.StatusCode] = frozenset(
-        {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+        {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
     )
 
 
@@ -160,6 +162,12 @@ class PSClient:
         addresses = [servers] if isinstance(servers, str) else list(servers)
         if len(addresses) != layout.num_shards:
             raise ValueError(f"{len(addresses)} server address(es) for a layout of {layout.num_shards} shard(s)")
+        repeated = sorted({a for a in addresses if addresses.count(a) > 1})
+        if repeated:
+            raise ValueError(
+                f"server address(es) {', '.join(repeated)} listed more than once; give each shard's address once, "
+                "in shard order"
+            )
         if wire_dtype not in codec.WIRE_DTYPE_NAMES:
             raise ValueError(f"wire dtype {wire_dtype!r} is not one of {', '.join(codec.WIRE_DTYPE_NAMES)}")
         self.layout = layout
@@ -214,6 +222,8 @@ class PSClient:
         deadline = time.monotonic() + max(self.connect_timeout, self.retry.give_up_seconds)
         backoff = self.retry.initial_backoff
         resume = False
+        # Once another worker was seen holding the name, never resume: that would take its record over.
+        name_held = False
         while True:
             try:
                 return self._join(index, address, channel, self.connect_timeout, resume=resume, close_on_error=False)
@@ -224,9 +234,11 @@ class PSClient:
                     raise
                 self.stats.retries += 1
                 if name_in_use:
+                    name_held = True
+                    resume = False
                     _LOGGER.warning("%s: shard %d: %s; retrying", self.name, index, error.details())
                 else:
-                    resume = True
+                    resume = not name_held
             time.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(self.retry.max_backoff, backoff * self.retry.multiplier)
 

@@ -11,7 +11,7 @@
 //
 // Options (all optional but --server):
 //   --server HOST:PORT   a shard; repeat once per shard, in shard order
-//   --name NAME          worker name (default node-<pid>)
+//   --name NAME          worker name (default node-<host>-<pid>)
 //   --features F         input features (default 8)
 //   --steps N            local steps (default 200)
 //   --until-clock C      stop once shard 0's clock reaches C (checked after each push)
@@ -23,6 +23,7 @@
 //   --auth-token-file P  send `authorization: Bearer <token>` with every RPC
 //   --tls-ca P           connect with TLS, trusting this CA (--tls-cert/--tls-key for mTLS)
 
+const os = require('node:os');
 const fs = require('node:fs');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
@@ -34,7 +35,7 @@ const DEFAULT_PROTO = path.resolve(__dirname, '..', '..', 'protos', 'psproto', '
 function parseArgs(argv) {
   const options = {
     server: [],
-    name: `node-${process.pid}`,
+    name: `node-${os.hostname()}-${process.pid}`,
     features: 8,
     steps: 200,
     untilClock: 0,

@@ -22,16 +22,23 @@ def text_problem(value: str, what: str, limit: int) -> str | None:
     return None
 
 
-def numbers_problem(values: Mapping[str, float], what: str, finite: bool) -> str | None:
-    """``values`` (stats, metadata) must be few, with short keys; with ``finite``, finite numbers.
-
-    Push metadata feeds the rule, so it must be finite; Heartbeat stats are only reported (a
-    diverging worker's loss may be NaN, and refusing its heartbeat would evict it)."""
+def numbers_problem(values: Mapping[str, float], what: str) -> str | None:
+    """``values`` (stats, metadata) must be few, with short keys."""
     if len(values) > MAX_ENTRIES:
         return f"{what} has {len(values)} entries, more than the {MAX_ENTRIES} allowed"
-    for key, value in values.items():
+    for key in values:
         if len(key) > MAX_KEY_CHARS:
             return f"{what} key {key[:32]!r}... has {len(key)} characters, more than the {MAX_KEY_CHARS} allowed"
-        if finite and not math.isfinite(value):
+    return None
+
+
+def non_finite_problem(values: Mapping[str, float], what: str) -> str | None:
+    """A NaN or Inf among ``values``.
+
+    Push metadata is reported with the push and may steer a rule, so it must be finite (a NaN
+    there usually comes from NaN in the update itself); Heartbeat stats are not checked: a
+    diverging worker's loss may be NaN, and refusing its heartbeat would evict it."""
+    for key, value in values.items():
+        if not math.isfinite(value):
             return f"{what}[{key!r}] is {value}; send finite numbers"
     return None

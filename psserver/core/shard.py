@@ -34,6 +34,7 @@ from psserver.core.observer import NullObserver, ShardObserver
 from psserver.core.request_limits import (
     MAX_DEVICE_CHARS,
     MAX_NAME_CHARS,
+    non_finite_problem,
     numbers_problem,
     text_problem,
 )
@@ -142,6 +143,8 @@ class PendingPush:
     bytes_received: int = 0
     cancel: Callable[[], object] | None = None
     last_chunk_at: float = 0.0
+    # Set (under the shard's receiving lock) when the push was cancelled as stalled: never applied then.
+    cancelled: bool = False
 
 
 @dataclass
@@ -245,10 +248,10 @@ class Shard:
                 silent = self._now() - namesake.last_seen
                 self._refuse(
                     ErrorKind.NAME_IN_USE,
-                    f"worker name {name!r} is in use by joined worker {namesake.worker_id} (last seen "
-                    f"{silent:.0f} s ago); give every worker a unique name. If that worker has stopped, its "
-                    f"record expires {max(0.0, self.config.lease_seconds - silent):.0f} s from now, or join "
-                    "with resume to continue it",
+                    f"worker name {name!r} is in use by joined worker {namesake.worker_id} (last request "
+                    f"{silent:.0f} s ago); give every worker a unique name. A stopped worker's record is evicted "
+                    f"once it has been silent for {self.config.lease_seconds:g} s (--lease-seconds); a worker "
+                    "continuing its own record joins with resume",
                 )
             previous = [w.worker_id for w in self.workers.values() if resume and w.name == name]
             if len(self.workers) - len(previous) >= self.config.max_workers:
@@ -297,7 +300,7 @@ class Shard:
         self.rule = self.config.rule.build(shard.length)
 
     def heartbeat(self, worker_id: int, stats: Mapping[str, float]) -> int:
-        problem = numbers_problem(stats, "stats", finite=False)
+        problem = numbers_problem(stats, "stats")
         if problem:
             self._refuse(ErrorKind.BAD_REQUEST, problem)
         with self._lock:
@@ -507,9 +510,12 @@ class Shard:
         checked now so a push is never applied and then answered with an error."""
         if pull_dtype is not None:
             self._check_dtype(pull_dtype)
-        problem = numbers_problem(metadata, "metadata", finite=True)
+        problem = numbers_problem(metadata, "metadata")
         if problem:
             self._refuse(ErrorKind.BAD_REQUEST, problem)
+        problem = non_finite_problem(metadata, "metadata")
+        if problem:
+            self._refuse(ErrorKind.NON_FINITE, f"{problem}; nothing was applied")
         with self._lock:
             worker = self._worker(worker_id)
             assert self.layout is not None and self.rule is not None
@@ -579,7 +585,26 @@ class Shard:
         return pending.assembler
 
     def end_of_chunks(self, pending: PendingPush) -> None:
-        """The push's stream ended: it no longer waits on its client, so it is never cancelled as stalled."""
+        """The push's stream ended: it no longer waits on its client, so it is never cancelled as stalled.
+
+        Raises PUSH_STALLED if it was cancelled first (its stream may still have ended cleanly,
+        when the cancellation raced with the last message): a cancelled push is never applied."""
+        self._stop_watching(pending)
+        if pending.cancelled:
+            raise ShardError(ErrorKind.PUSH_STALLED, self._stalled_message(), counted=True)
+
+    def stalled(self, pending: PendingPush) -> ShardError | None:
+        """The refusal for a push whose stream broke because it was cancelled as stalled, else None."""
+        self._stop_watching(pending)
+        return ShardError(ErrorKind.PUSH_STALLED, self._stalled_message(), counted=True) if pending.cancelled else None
+
+    def _stalled_message(self) -> str:
+        return (
+            f"the push held a receive buffer and sent nothing for {self.config.receive_idle_seconds:g} s "
+            "(--receive-idle-seconds), so it was cancelled and not applied; retry it"
+        )
+
+    def _stop_watching(self, pending: PendingPush) -> None:
         with self._receiving_lock:
             self._receiving.discard(pending)
 
@@ -591,6 +616,8 @@ class Shard:
         with self._receiving_lock:
             stalled = [p for p in self._receiving if p.last_chunk_at < deadline]
             self._receiving.difference_update(stalled)
+            for pending in stalled:
+                pending.cancelled = True
         for pending in stalled:
             _LOGGER.warning(
                 "cancelled a push of worker %s (%s): it held a receive buffer and sent nothing for %.0f s",
@@ -605,7 +632,7 @@ class Shard:
 
     def discard_push(self, pending: PendingPush) -> None:
         """Give back a push's receive buffer; safe to call more than once, and after a commit."""
-        self.end_of_chunks(pending)
+        self._stop_watching(pending)
         if pending.assembler is not None and pending.buffers is not None:
             pending.buffers.release(pending.assembler.out)
             pending.assembler = None

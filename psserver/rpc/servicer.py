@@ -263,8 +263,16 @@ class ParameterServerServicer:
             cancel=context.cancel,
         )
         try:
-            for message in request_iterator:
-                self.shard.add_chunk(pending, _chunk_of(message, "Push"))
+            try:
+                for message in request_iterator:
+                    self.shard.add_chunk(pending, _chunk_of(message, "Push"))
+            except grpc.RpcError:
+                # The stream broke; if the shard cancelled it as stalled, say so (the RPC's status
+                # and latency are then CANCELLED with a reason, not an unknown error).
+                stalled = self.shard.stalled(pending)
+                if stalled is not None:
+                    raise stalled from None
+                raise
             return header, self.shard.commit_push(pending)
         finally:
             # A refused chunk or a broken stream must not keep its receive buffer.

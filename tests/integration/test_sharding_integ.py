@@ -7,8 +7,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
+from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psworker.binding import ModelBinding
 from psworker.client import NO_RETRY, PSClient, ServerMismatchError
@@ -60,11 +62,22 @@ def test_a_worker_refused_by_one_shard_leaves_the_shards_it_had_joined(
 ) -> None:
     first, second = (start_psserver("asgd", lr=0.1, shard_index=i, num_shards=2) for i in range(2))
     layout = ModelBinding(load_task("digits").build_model(), num_shards=2).layout
-    # Listed out of order: shard 1's server is reached first and accepts the Join; shard 0's
-    # answer shows the order is wrong. A record left behind would hold a BSP barrier until its lease ran out.
+    # A record left behind would hold a BSP barrier until its lease ran out.
+    # Listed out of order: the first server reached accepts the Join but answers shard 1.
     with pytest.raises(ServerMismatchError, match="list the servers in shard order"):
         PSClient([second, first], layout, name="misordered", retry=NO_RETRY)
     assert _joined(stub_for(first)) == [] and _joined(stub_for(second)) == []
+    # Shard 0 accepts; shard 1 already holds another model and refuses: shard 0 is left again.
+    accepting, holding = (start_psserver("asgd", lr=0.1, shard_index=i, num_shards=2) for i in range(2))
+    other_model = Layout.from_named_shapes([("x", (3,)), ("y", (5,))], 2)
+    stub_for(holding).Join(
+        ps_pb2.JoinRequest(worker_name="other", layout=other_model.to_proto(), layout_hash=other_model.hash),
+        timeout=10,
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        PSClient([accepting, holding], layout, name="refused", retry=NO_RETRY)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert _joined(stub_for(accepting)) == [] and _joined(stub_for(holding)) == ["other"]
     # The command says so in one line, with no traceback.
     result = subprocess.run(
         [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first, "--retry-seconds", "0"],

@@ -49,3 +49,10 @@ def test_a_call_refused_while_the_client_closes_does_not_join_again(served: tupl
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert calls == [joined]  # neither retried nor joined again
     assert shard.workers == {}
+
+
+def test_a_server_listed_twice_is_refused_before_any_join() -> None:
+    layout = Layout.from_named_shapes([("w", (4,)), ("b", (2,))], 2)
+    # Nothing listens there: the refusal must come before any connection is tried.
+    with pytest.raises(ValueError, match=r"127\.0\.0\.1:9 listed more than once; give each shard.s address once"):
+        PSClient(["127.0.0.1:9", "127.0.0.1:9"], layout, name="twice")

@@ -203,7 +203,10 @@ def test_pulling_again_does_not_extend_a_reservation() -> None:
     clock.now += shard.config.reservation_seconds / 2
     shard.pull(holder, FP32, reserve=True)  # would hold the shard forever if it renewed the deadline
     clock.now += shard.config.reservation_seconds / 2 + 1
-    assert push(shard, other, 1, [1.0, 0.0, 0.0, 0.0]).clock == 1
+    thread, results = in_thread(push, shard, other, 1, [1.0, 0.0, 0.0, 0.0])
+    thread.join(5)
+    assert not thread.is_alive(), "the reservation was extended by pulling again"
+    assert isinstance(results[0], PushOutcome) and results[0].clock == 1
 
 
 @pytest.mark.parametrize(

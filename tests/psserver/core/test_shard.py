@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 import pytest
@@ -349,17 +350,52 @@ def test_a_push_holding_its_buffer_without_sending_is_cancelled_once_idle_too_lo
     assert pending.buffers is not None and pending.buffers.in_use == 0
 
 
-def test_a_push_whose_stream_ended_is_never_cancelled_as_stalled() -> None:
+def test_a_push_whose_stream_ended_is_not_cancelled_while_it_waits_to_be_applied() -> None:
+    clock = FakeClock()
+    config = ShardConfig(RuleSpec.parse("gem", {}), receive_idle_seconds=5.0, reservation_seconds=10.0)
+    shard = Shard(config, clock_source=clock)
+    holder = shard.join("holder", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    other = shard.join("other", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    upload(shard, holder, torch.zeros(8))
+    shard.pull(other, ps_pb2.DTYPE_FLOAT32)
+    shard.pull(holder, ps_pb2.DTYPE_FLOAT32, reserve=True)
+    delta = int(PayloadKind.DELTA)
+    pending = shard.begin_push(other, 1, 0, delta, LAYOUT.hash, {}, cancel=lambda: pytest.fail("cancelled"))
+    for chunk in codec.encode(torch.ones(8)):
+        shard.add_chunk(pending, chunk)
+    results: list[PushOutcome] = []
+    waiting = threading.Thread(target=lambda: results.append(shard.commit_push(pending)), daemon=True)
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive()  # its buffer held, waiting for the holder's push
+    clock.now += 6.0  # past the idle limit, not past the reservation
+    assert shard.cancel_stalled_pushes() == []
+    mine = shard.begin_push(holder, 1, 0, delta, LAYOUT.hash, {})
+    for chunk in codec.encode(torch.zeros(8)):
+        shard.add_chunk(mine, chunk)
+    shard.commit_push(mine)
+    waiting.join(5)
+    assert results and results[0].clock == 2
+
+
+def test_a_push_cancelled_as_its_stream_ends_is_never_applied() -> None:
+    """The reaper may cancel a push whose last message has arrived but whose end has not."""
     clock = FakeClock()
     shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), receive_idle_seconds=5.0), clock_source=clock)
     worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     upload(shard, worker, torch.zeros(8))
-    pending = shard.begin_push(worker, 1, 0, GRADIENT, LAYOUT.hash, {}, cancel=lambda: pytest.fail("cancelled"))
+    pending = shard.begin_push(worker, 1, 0, GRADIENT, LAYOUT.hash, {}, cancel=lambda: None)
     for chunk in codec.encode(torch.ones(8)):
         shard.add_chunk(pending, chunk)
-    assert shard.commit_push(pending).clock == 1
-    clock.now += 60.0
-    assert shard.cancel_stalled_pushes() == []
+    clock.now += 6.0
+    assert shard.cancel_stalled_pushes() == [pending]
+    with pytest.raises(ShardError, match="sent nothing for 5 s") as refused:
+        shard.commit_push(pending)  # the stream then ended cleanly
+    assert refused.value.kind is ErrorKind.PUSH_STALLED and refused.value.counted
+    assert shard.clock == 0 and torch.equal(shard.params, torch.zeros(8))
+    assert shard.rejected == {"push_stalled": 1}
+    assert pending.buffers is not None and pending.buffers.in_use == 0
+    assert not push(shard, worker, 1, 0, torch.ones(8)).duplicate  # the retry is applied, once
 
 
 def test_a_push_asking_for_an_unknown_pull_dtype_is_refused_at_its_header(shard: Shard) -> None:
