@@ -45,7 +45,8 @@ def test_a_second_model_is_refused_by_the_wrapper(start_psserver: StartServer) -
 
 
 def test_worker_cli_reports_a_refusal_with_exit_1(start_psserver: StartServer) -> None:
-    address = start_psserver("momentum")
+    # Two one-shard servers listed as the two shards of one model: the first refuses the count.
+    address, other = start_psserver("momentum"), start_psserver("momentum")
     result = subprocess.run(
         [
             sys.executable,
@@ -55,7 +56,7 @@ def test_worker_cli_reports_a_refusal_with_exit_1(start_psserver: StartServer) -
             "--server",
             address,
             "--server",
-            address,
+            other,
             "--max-steps",
             "1",
             "--no-progress",
