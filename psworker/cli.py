@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 import click
 import grpc
@@ -39,6 +42,10 @@ def _parse_slowdowns(text: str) -> list[float]:
     if not values or any(v < 1.0 for v in values):
         raise click.BadParameter("every slowdown must be >= 1 (1 = full speed)", param_hint="--slowdowns")
     return values
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> NoReturn:
+    raise SystemExit(128 + signum)
 
 
 def _server_failure(error: grpc.RpcError, servers: tuple[str, ...]) -> click.ClickException:
@@ -117,6 +124,9 @@ def train_command(
     auth_token_file: Path | None,
 ) -> None:
     """Train a task against a running server."""
+    # SIGTERM (a pod being stopped) unwinds like Ctrl-C: the client leaves every shard, so no
+    # record of this worker is left for a barrier to wait on, or its replacement to wait out.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     torch.set_num_threads(torch_threads)
     tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
     if max_steps is None and until_clock is None:

@@ -4,6 +4,8 @@ refused with UNAVAILABLE, exit code 0."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -117,3 +119,35 @@ def test_while_draining_health_is_not_serving_and_new_rpcs_are_unavailable(tmp_p
         assert process.wait(10) == 0
     finally:
         stop_process(process)
+
+
+def test_a_worker_stopped_with_sigterm_leaves_the_shard_and_exits_143(tmp_path: Path) -> None:
+    process, address = start_server(tmp_path, "asgd", 0.05, (), extra_args=["--lease-seconds", "600"])
+    channel = grpc.insecure_channel(address)
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+
+    def joined() -> list[str]:
+        return [w.worker_name for w in stub.Status(ps_pb2.StatusRequest(), timeout=10).workers]
+
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "psworker", "train", "--server", address, "--name", "pod-0", "--until-clock", "9999999"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and stub.Status(ps_pb2.StatusRequest(), timeout=10).applied_pushes < 5:
+            time.sleep(0.2)
+        assert joined() == ["pod-0"]
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=30)
+        assert worker.returncode == 128 + signal.SIGTERM, stderr
+        # Gone at once, not after the 600 s lease: its replacement may join under the same name.
+        assert joined() == []
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        channel.close()
+        assert stop_process(process) == 0
