@@ -61,7 +61,11 @@ def test_two_workers_reach_90_percent(start_psserver: StartServer, tmp_path: Pat
 
 
 def test_local_cluster_reports_accuracy_and_staleness(tmp_path: Path) -> None:
-    report = run_cluster(ClusterConfig(workers=3, slowdowns=(1.0, 1.0, 3.0), until_clock=1000, log_dir=tmp_path))
+    # lr 0.05, not the server's default: like the asgd case of test_rules_cluster_integ.py, a run
+    # at the default rate once ended below the bar under CI load (0.883, mean staleness 4.0).
+    report = run_cluster(
+        ClusterConfig(workers=3, slowdowns=(1.0, 1.0, 3.0), lr=0.05, until_clock=1000, log_dir=tmp_path)
+    )
     assert report.test_accuracy >= 0.90
     assert report.clock >= 1000
     assert [w.name for w in report.workers] == ["worker-0", "worker-1", "worker-2"]
