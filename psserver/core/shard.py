@@ -589,20 +589,20 @@ class Shard:
 
         Raises PUSH_STALLED if it was cancelled first (its stream may still have ended cleanly,
         when the cancellation raced with the last message): a cancelled push is never applied."""
-        self._stop_watching(pending)
-        if pending.cancelled:
-            raise ShardError(ErrorKind.PUSH_STALLED, self._stalled_message(), counted=True)
+        stalled = self.stalled(pending)
+        if stalled is not None:
+            raise stalled
 
     def stalled(self, pending: PendingPush) -> ShardError | None:
         """The refusal for a push whose stream broke because it was cancelled as stalled, else None."""
         self._stop_watching(pending)
-        return ShardError(ErrorKind.PUSH_STALLED, self._stalled_message(), counted=True) if pending.cancelled else None
-
-    def _stalled_message(self) -> str:
-        return (
+        if not pending.cancelled:
+            return None
+        message = (
             f"the push held a receive buffer and sent nothing for {self.config.receive_idle_seconds:g} s "
             "(--receive-idle-seconds), so it was cancelled and not applied; retry it"
         )
+        return ShardError(ErrorKind.PUSH_STALLED, message, counted=True)
 
     def _stop_watching(self, pending: PendingPush) -> None:
         with self._receiving_lock:

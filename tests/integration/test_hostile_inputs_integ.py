@@ -16,6 +16,7 @@ from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from tests.integration.conftest import StartServer
+from tests.integration.test_limits_integ import _header
 from tests.integration.test_protocol_integ import LAYOUT, _init, _join, _params, _push
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -67,13 +68,7 @@ def test_a_push_pull_asking_for_an_unknown_dtype_is_refused_before_its_push_is_a
     before = _snapshot(stub, worker_id)
 
     def push_pull() -> list[ps_pb2.PushPullResponse]:
-        header = ps_pb2.PushHeader(
-            worker_id=worker_id,
-            push_id=7,
-            base_clock=0,
-            kind=ps_pb2.PAYLOAD_KIND_GRADIENT,
-            layout_hash=LAYOUT.hash,
-        )
+        header = _header(worker_id, 7)
         header.pull_dtype = 9  # type: ignore[assignment]
 
         def messages() -> Iterator[ps_pb2.PushRequest]:
@@ -237,11 +232,7 @@ def test_a_push_that_stalls_holding_the_receive_buffer_is_cancelled_and_frees_it
 
     def stall() -> None:
         def messages() -> Iterator[ps_pb2.PushRequest]:
-            yield ps_pb2.PushRequest(
-                header=ps_pb2.PushHeader(
-                    worker_id=staller, push_id=1, kind=ps_pb2.PAYLOAD_KIND_GRADIENT, layout_hash=LAYOUT.hash
-                )
-            )
+            yield ps_pb2.PushRequest(header=_header(staller, 1))
             yield ps_pb2.PushRequest(chunk=chunks[0])  # takes the only receive buffer
             release.wait(30)  # then sends nothing
 

@@ -182,24 +182,25 @@ def test_a_reservation_holds_other_pushes_until_its_holder_pushes() -> None:
     assert isinstance(results[0], PushOutcome) and results[0].clock == 2 and results[0].staleness == 1
 
 
-def test_a_reservation_lapses() -> None:
+def _reserved_gem_shard() -> tuple[FakeClock, Shard, int, int]:
+    """A GEM shard on a fake clock whose worker ``holder`` reserved it; ``other`` pulled too."""
     clock = FakeClock()
     shard = make_shard(ConsistencyModel.ASYNC, clock=clock, rule="gem")
     holder, other = join(shard, "gem"), join(shard, "other")
     init(shard, holder)
     shard.pull(other, FP32)
     shard.pull(holder, FP32, reserve=True)
+    return clock, shard, holder, other
+
+
+def test_a_reservation_lapses() -> None:
+    clock, shard, _, other = _reserved_gem_shard()
     clock.now += shard.config.reservation_seconds + 1
     assert push(shard, other, 1, [1.0, 0.0, 0.0, 0.0]).clock == 1
 
 
 def test_pulling_again_does_not_extend_a_reservation() -> None:
-    clock = FakeClock()
-    shard = make_shard(ConsistencyModel.ASYNC, clock=clock, rule="gem")
-    holder, other = join(shard, "gem"), join(shard, "other")
-    init(shard, holder)
-    shard.pull(other, FP32)
-    shard.pull(holder, FP32, reserve=True)
+    clock, shard, holder, other = _reserved_gem_shard()
     clock.now += shard.config.reservation_seconds / 2
     shard.pull(holder, FP32, reserve=True)  # would hold the shard forever if it renewed the deadline
     clock.now += shard.config.reservation_seconds / 2 + 1
