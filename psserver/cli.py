@@ -25,6 +25,7 @@ from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.core.shard import Shard, ShardConfig, StateError
 from psserver.metrics import DEFAULT_METRICS_PORT, ShardMetrics, serve_metrics
+from psserver.ready import ReadyInfo, write_ready_file
 from psserver.rpc.latency import LatencyInterceptor
 from psserver.rpc.security import AuthInterceptor, ServerTls
 from psserver.rpc.server import (
@@ -246,6 +247,12 @@ def main() -> None:
     help="HTTP/2 flow-control window per stream in bytes (or 1MiB, 4MiB...), or 'auto' to let gRPC size it; "
     "a push waiting for a receive buffer holds up to this much in the server's memory",
 )
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="once serving, write the bound address, port, pid and metrics port here as JSON (psserver/ready.py)",
+)
 def serve(
     host: str,
     port: int,
@@ -280,6 +287,7 @@ def serve(
     receive_buffers: int,
     receive_idle_seconds: float,
     receive_window: str,
+    ready_file: Path | None,
 ) -> None:
     """Serve one shard of a model's parameters over gRPC until SIGTERM."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -389,6 +397,20 @@ def serve(
         err=False,
     )
     sys.stdout.flush()
+    if ready_file is not None:
+        write_ready_file(
+            ready_file,
+            ReadyInfo(
+                host=host,
+                port=running.port,
+                pid=os.getpid(),
+                shard_index=shard_index,
+                num_shards=num_shards,
+                rule=spec.rule.name,
+                clock=shard.clock,
+                metrics_port=metrics_server.port if metrics_server else None,
+            ),
+        )
     reaper = start_reaper(shard, max(0.05, min(lease_seconds, receive_idle_seconds) / 4))
     serve_until_signalled(running, drain_seconds, stop)
     reaper.set()
