@@ -9,40 +9,17 @@ reason with its status code and what a client does about it.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-DOMAIN = "hetps"
+# The list of reasons is plain data (psproto.reasons, free of grpc); it is re-exported here
+# because clients reach for it beside reason_of.
+from psproto.reasons import DOMAIN, Reason
 
-
-class Reason(str, enum.Enum):
-    """Every reason a hetps server gives for a refusal (UPPER_SNAKE_CASE, as ErrorInfo asks)."""
-
-    UNKNOWN_WORKER = "UNKNOWN_WORKER"  # not joined (never, left, evicted, server restarted): Join again
-    LAYOUT_MISMATCH = "LAYOUT_MISMATCH"  # another model, shard count or layout hash
-    WRONG_LENGTH = "WRONG_LENGTH"  # chunks that do not cover the shard exactly
-    CHUNK_OUT_OF_RANGE = "CHUNK_OUT_OF_RANGE"  # a chunk past the end of the shard
-    UNKNOWN_DTYPE = "UNKNOWN_DTYPE"  # a wire dtype this server does not decode
-    NON_FINITE = "NON_FINITE"  # NaN or Inf in a tensor or in push metadata
-    INIT_CONFLICT = "INIT_CONFLICT"  # parameters already initialised with another layout
-    NOT_INITIALIZED = "NOT_INITIALIZED"  # pull or push before any Init
-    FUTURE_CLOCK = "FUTURE_CLOCK"  # a base clock ahead of the shard's (the server restarted behind)
-    BAD_REQUEST = "BAD_REQUEST"  # a malformed or contradictory request
-    LIMIT_REACHED = "LIMIT_REACHED"  # a configured limit (workers, parameters, receive buffers)
-    CHECKPOINTS_OFF = "CHECKPOINTS_OFF"  # a checkpoint asked of a server without --checkpoint-dir
-    CHECKPOINT_FAILED = "CHECKPOINT_FAILED"  # writing the checkpoint failed on the server
-    NAME_IN_USE = "NAME_IN_USE"  # another joined worker has this name
-    PUSH_STALLED = "PUSH_STALLED"  # a push that held a receive buffer and sent nothing for too long
-    UNAUTHENTICATED = "UNAUTHENTICATED"  # a missing or wrong bearer token
-
-    @property
-    def label(self) -> str:
-        """The reason as a metrics label and a key of Status' ``rejected`` counts."""
-        return self.value.lower()
+__all__ = ["DOMAIN", "Reason", "error_info", "reason_of", "rich_status"]
 
 
 def rich_status(

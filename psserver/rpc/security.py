@@ -1,8 +1,8 @@
 """The server's TLS credentials and the bearer-token interceptor.
 
 Every RPC except the standard health service must carry ``authorization: Bearer <token>``
-metadata when the server has a token; others are refused with UNAUTHENTICATED before any
-handler runs (nothing is read or changed). Tokens are compared in constant time.
+metadata when the server has a token; others are refused with UNAUTHENTICATED (and reason
+UNAUTHENTICATED) before any handler runs (nothing is read or changed). Tokens are compared in constant time.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 # The client's side (TLS files, token file, metadata) is shared with the worker through psproto.
+from psproto.errors import Reason
 from psproto.security import AUTH_METADATA_KEY, SecurityConfigError, read_pem
+from psserver.rpc.status_codes import refusal
 
 if TYPE_CHECKING:
     _Handler = grpc.RpcMethodHandler[Any, Any]
@@ -83,10 +85,11 @@ class AuthInterceptor(_Interceptor):
 
 
 def _refusal(handler: _Handler | None, reason: str) -> _Handler:
-    """A handler of the same shape that reads nothing and answers UNAUTHENTICATED."""
+    """A handler of the same shape that reads nothing and answers UNAUTHENTICATED (reason too)."""
+    refused = refusal(Reason.UNAUTHENTICATED, reason)
 
     def refuse(request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+        context.abort_with_status(refused)
 
     if handler is not None and handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(refuse)

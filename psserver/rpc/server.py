@@ -22,11 +22,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from psproto.errors import Reason
 from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer
 from psserver.core.shard import Shard
 from psserver.rpc.security import ServerTls
 from psserver.rpc.servicer import ParameterServerServicer, add_to_server
+from psserver.rpc.status_codes import refusal
 
 if TYPE_CHECKING:
     _Handler = grpc.RpcMethodHandler[Any, Any]
@@ -148,9 +150,11 @@ class DrainInterceptor(_Interceptor):
                     if not refused:
                         self._in_flight += 1
                 if refused:
-                    context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"{method} refused: this server is shutting down (draining); retry after it restarts",
+                    context.abort_with_status(
+                        refusal(
+                            Reason.DRAINING,
+                            f"{method} refused: this server is shutting down (draining); retry after it restarts",
+                        )
                     )
                 # Called when the RPC ends, however it ends (streams included).
                 if not context.add_callback(self._finished):

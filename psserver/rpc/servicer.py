@@ -22,7 +22,7 @@ from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind
 from psserver.core.shard import PendingPush, PullForm, PullResult, Shard
 from psserver.core.workers import PushOutcome, WorkerRecord
-from psserver.rpc.status_codes import STATUS_CODES
+from psserver.rpc.status_codes import refusal
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,7 +50,7 @@ def _abort(shard: Shard, error: ShardError, context: grpc.ServicerContext) -> No
     if not error.counted:
         # Refused here, before the shard saw it (a malformed stream): still counted in Status.
         shard.count_rejected(error.kind.reason)
-    context.abort(STATUS_CODES[error.kind], error.message)
+    context.abort_with_status(refusal(error.kind, error.message, error.metadata))
 
 
 def _guarded(items: Iterator[Any], shard: Shard, context: grpc.ServicerContext) -> Iterator[Any]:
@@ -331,5 +331,5 @@ class ParameterServerServicer:
         try:
             written = self.checkpointer.write_now()
         except CheckpointError as error:
-            context.abort(grpc.StatusCode.INTERNAL, str(error))
+            context.abort_with_status(refusal(ErrorKind.CHECKPOINT_FAILED, str(error)))
         return ps_pb2.CheckpointResponse(path=str(written.path), clock=written.clock)

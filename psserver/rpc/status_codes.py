@@ -1,25 +1,41 @@
-"""One gRPC status code per refusal kind, so clients can react without parsing messages."""
+"""One gRPC status code per refusal reason, and the rich status a refusal is sent with.
+
+The code is what generic gRPC tooling sees; the reason (a ``google.rpc.ErrorInfo`` in the
+status details, psproto.errors) is what clients decide on. Two reasons may share a code
+(FUTURE_CLOCK and CHUNK_OUT_OF_RANGE are both OUT_OF_RANGE); no reason has two codes.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 
-from psserver.core.errors import ErrorKind
+from psproto.errors import Reason, rich_status
 
-STATUS_CODES: dict[ErrorKind, grpc.StatusCode] = {
-    ErrorKind.UNKNOWN_WORKER: grpc.StatusCode.NOT_FOUND,
-    ErrorKind.LAYOUT_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorKind.WRONG_LENGTH: grpc.StatusCode.DATA_LOSS,
-    ErrorKind.CHUNK_OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
-    ErrorKind.UNKNOWN_DTYPE: grpc.StatusCode.UNIMPLEMENTED,
-    ErrorKind.NON_FINITE: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.INIT_CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorKind.NOT_INITIALIZED: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorKind.FUTURE_CLOCK: grpc.StatusCode.OUT_OF_RANGE,
-    ErrorKind.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.LIMIT_REACHED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.CHECKPOINTS_OFF: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorKind.NAME_IN_USE: grpc.StatusCode.ALREADY_EXISTS,
+STATUS_CODES: dict[Reason, grpc.StatusCode] = {
+    Reason.UNKNOWN_WORKER: grpc.StatusCode.NOT_FOUND,
+    Reason.LAYOUT_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.WRONG_LENGTH: grpc.StatusCode.DATA_LOSS,
+    Reason.CHUNK_OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
+    Reason.UNKNOWN_DTYPE: grpc.StatusCode.UNIMPLEMENTED,
+    Reason.NON_FINITE: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.INIT_CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.NOT_INITIALIZED: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.FUTURE_CLOCK: grpc.StatusCode.OUT_OF_RANGE,
+    Reason.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.LIMIT_REACHED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.CHECKPOINTS_OFF: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.CHECKPOINT_FAILED: grpc.StatusCode.INTERNAL,
+    Reason.NAME_IN_USE: grpc.StatusCode.ALREADY_EXISTS,
     # The transport cancels a stalled push, so its worker sees CANCELLED.
-    ErrorKind.PUSH_STALLED: grpc.StatusCode.CANCELLED,
+    Reason.PUSH_STALLED: grpc.StatusCode.CANCELLED,
+    Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.DRAINING: grpc.StatusCode.UNAVAILABLE,
 }
+
+
+def refusal(reason: Reason, message: str, metadata: Mapping[str, str] | None = None) -> grpc.Status:
+    """What a handler aborts with (``context.abort_with_status``): the reason's status code,
+    the message for people and an ErrorInfo of ``reason`` (with ``metadata``) for programs."""
+    return rich_status(STATUS_CODES[reason], reason, message, metadata)
