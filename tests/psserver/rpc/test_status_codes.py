@@ -27,6 +27,7 @@ def test_a_refusal_carries_the_reasons_code_message_and_error_info() -> None:
     assert status.code == grpc.StatusCode.NOT_FOUND
     assert status.details == "join again"
     [sent_bytes] = [value for key, value in status.trailing_metadata if key == "grpc-status-details-bin"]
+    assert isinstance(sent_bytes, bytes)
     sent = status_pb2.Status.FromString(sent_bytes)
     assert (sent.code, sent.message) == (grpc.StatusCode.NOT_FOUND.value[0], "join again")
     info = error_details_pb2.ErrorInfo()
