@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from psproto.errors import Reason, reason_of
 from psproto.layout import Layout
 from psproto.security import ClientTls
 from psproto.v1 import ps_pb2, ps_pb2_grpc
@@ -132,7 +133,7 @@ def test_wrong_credentials_are_refused_and_change_nothing(secured: tuple[str, Pk
     address, pki = secured
     before = _status(address, pki)
     good = (("authorization", f"Bearer {TOKEN}"),)
-    refusals: list[tuple[str, grpc.StatusCode]] = []
+    refusals: list[tuple[str, grpc.StatusCode, Reason | None]] = []
     cases: list[tuple[str, grpc.Channel, tuple[tuple[str, str], ...]]] = [
         ("no token", _channel(address, pki, pair=pki.client), ()),
         ("wrong token", _channel(address, pki, pair=pki.client), (("authorization", "Bearer guess"),)),
@@ -145,10 +146,11 @@ def test_wrong_credentials_are_refused_and_change_nothing(secured: tuple[str, Pk
     for label, channel, metadata in cases:
         with channel, pytest.raises(grpc.RpcError) as refused:
             _join(channel, metadata)
-        refusals.append((label, refused.value.code()))
-    assert refusals[:3] == [(label, grpc.StatusCode.UNAUTHENTICATED) for label, _, _ in cases[:3]]
-    # Handshake failures: the connection never carries an RPC.
-    assert all(code == grpc.StatusCode.UNAVAILABLE for _, code in refusals[3:]), refusals
+        refusals.append((label, refused.value.code(), reason_of(refused.value)))
+    unauthenticated = (grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED)
+    assert refusals[:3] == [(label, *unauthenticated) for label, _, _ in cases[:3]]
+    # Handshake failures: the connection never carries an RPC, so no server gave a reason.
+    assert all(code == grpc.StatusCode.UNAVAILABLE and reason is None for _, code, reason in refusals[3:]), refusals
     after = _status(address, pki)
     assert (after.clock, len(after.workers), after.initialized) == (before.clock, 0, before.initialized)
     assert after.rejected["unauthenticated"] - before.rejected["unauthenticated"] == 3
