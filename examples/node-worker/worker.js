@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 'use strict';
-// A hetps worker in Node.js, written against protos/psproto/v1/ps.proto only.
+// A hetps worker in Node.js, written against the .proto files under protos/ only.
 //
 // It trains logistic regression (tensors `w: [1, F]` and `b: [1]`) on data it generates:
 // Join every shard, Init the parameters if nobody has, then repeat Pull -> gradient -> Push.
@@ -23,12 +23,20 @@
 //   --auth-token-file P  send `authorization: Bearer <token>` with every RPC
 //   --tls-ca P           connect with TLS, trusting this CA (--tls-cert/--tls-key for mTLS)
 
+// A refused call is recovered from by its reason (errors.js: re-join on UNKNOWN_WORKER, rebase a
+// push on FUTURE_CLOCK, retry PUSH_STALLED, NAME_IN_USE and DRAINING); any other refusal ends the
+// worker with exit code 1, the status code and reason on stderr.
+
 const os = require('node:os');
 const fs = require('node:fs');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const lib = require('./lib');
+const errors = require('./errors');
+
+// How long one call keeps recovering from refusals (re-join, rebase, retry) before giving up.
+const RECOVERY_SECONDS = 60;
 
 const DEFAULT_PROTO = path.resolve(__dirname, '..', '..', 'protos', 'psproto', 'v1', 'ps.proto');
 
@@ -125,8 +133,11 @@ function serverStream(client, method, request, metadata, onMessage) {
 
 function describe(error) {
   const code = Object.keys(grpc.status).find((name) => grpc.status[name] === error.code) || error.code;
-  return `${code}: ${error.details || error.message}`;
+  const reason = errors.reasonOf(error);
+  return `${code}${reason ? ` (${reason})` : ''}: ${error.details || error.message}`;
 }
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 class Worker {
   constructor(options) {
@@ -152,20 +163,56 @@ class Worker {
     process.stdout.write(`${JSON.stringify({ event, worker: this.options.name, ...fields })}\n`);
   }
 
-  async join() {
+  // Run `call` against one shard, recovering from a refusal as its reason says (errors.js);
+  // a refusal to give up on, or one that lasts RECOVERY_SECONDS, is thrown.
+  async recovering(shard, call) {
+    const deadline = Date.now() + RECOVERY_SECONDS * 1000;
+    let backoffMs = 100;
+    for (;;) {
+      try {
+        return await call();
+      } catch (error) {
+        const reason = errors.reasonOf(error);
+        const action = errors.actionFor(reason);
+        if (action === errors.Action.GIVE_UP || Date.now() >= deadline) throw error;
+        this.log('recovering', { shard: this.shards.indexOf(shard), reason, action });
+        if (action === errors.Action.REJOIN) {
+          await this.recovering(shard, () => this.joinShard(shard, true));
+        } else if (action === errors.Action.REBASE) {
+          // Push against the shard's clock now: the clock the update was computed on is gone.
+          const reply = await unary(shard.client, 'Heartbeat', { worker_id: shard.workerId }, this.metadata);
+          shard.pulledClock = Math.min(shard.pulledClock, reply.clock);
+        } else {
+          await sleep(backoffMs * (0.5 + Math.random() / 2));
+          backoffMs = Math.min(backoffMs * 2, 2000);
+        }
+      }
+    }
+  }
+
+  // Join one shard; `resume` takes over this worker's own record (and its push ids) if the shard still has it.
+  async joinShard(shard, resume) {
     const request = {
       worker_name: this.options.name,
       device: 'cpu (node.js)',
       role: 'ROLE_WORKER',
       layout: { tensors: this.tensors, num_shards: this.numShards },
       layout_hash: this.layoutHash,
+      resume,
     };
+    const reply = await unary(shard.client, 'Join', request, this.metadata);
+    shard.workerId = reply.worker_id;
+    if (resume) this.log('rejoined', { shard: this.shards.indexOf(shard), worker_id: reply.worker_id, clock: reply.clock });
+    return reply;
+  }
+
+  async join() {
     let offset = 0;
     for (const [index, shard] of this.shards.entries()) {
       await new Promise((resolve, reject) =>
         shard.client.waitForReady(Date.now() + 30_000, (error) => (error ? reject(error) : resolve())),
       );
-      const reply = await unary(shard.client, 'Join', request, this.metadata);
+      const reply = await this.recovering(shard, () => this.joinShard(shard, false));
       if (reply.shard_index !== index || reply.shard_offset !== offset) {
         throw new Error(`${shard.address} serves shard ${reply.shard_index} at ${reply.shard_offset}; list the servers in shard order`);
       }
@@ -176,7 +223,6 @@ class Worker {
         );
       }
       Object.assign(shard, {
-        workerId: reply.worker_id,
         offset: reply.shard_offset,
         length: reply.shard_length,
         clock: reply.clock,
@@ -204,16 +250,19 @@ class Worker {
     await Promise.all(
       this.shards.map(async (shard) => {
         let received = 0;
-        await serverStream(
-          shard.client,
-          'Pull',
-          { worker_id: shard.workerId, wire_dtype: 'DTYPE_FLOAT32' },
-          this.metadata,
-          (message) => {
-            shard.pulledClock = message.clock;
-            received += lib.decodeChunk(message.chunk, this.params, shard.offset, shard.length);
-          },
-        );
+        await this.recovering(shard, () => {
+          received = 0;
+          return serverStream(
+            shard.client,
+            'Pull',
+            { worker_id: shard.workerId, wire_dtype: 'DTYPE_FLOAT32' },
+            this.metadata,
+            (message) => {
+              shard.pulledClock = message.clock;
+              received += lib.decodeChunk(message.chunk, this.params, shard.offset, shard.length);
+            },
+          );
+        });
         if (received !== shard.length) throw new Error(`pulled ${received} of ${shard.length} elements`);
       }),
     );
@@ -221,25 +270,31 @@ class Worker {
 
   async push() {
     this.pushId += 1; // unique per worker: a retried push with the same id is never applied twice
+    const pushId = this.pushId;
     return Promise.all(
       this.shards.map((shard) => {
-        const header = {
-          worker_id: shard.workerId,
-          push_id: this.pushId,
-          base_clock: shard.pulledClock, // the clock of the parameters this gradient was computed on
-          kind: 'PAYLOAD_KIND_GRADIENT',
-          layout_hash: this.layoutHash,
+        const chunks = lib.chunksOf(this.grad, shard.offset, shard.length);
+        // Built at each attempt: a re-join changes the worker id, a rebase the base clock.
+        const send = () => {
+          const header = {
+            worker_id: shard.workerId,
+            push_id: pushId,
+            base_clock: shard.pulledClock, // the clock of the parameters this gradient was computed on
+            kind: 'PAYLOAD_KIND_GRADIENT',
+            layout_hash: this.layoutHash,
+          };
+          return clientStream(shard.client, 'Push', [{ header }, ...chunks.map((chunk) => ({ chunk }))], this.metadata);
         };
-        const messages = [{ header }];
-        for (const chunk of lib.chunksOf(this.grad, shard.offset, shard.length)) messages.push({ chunk });
-        return clientStream(shard.client, 'Push', messages, this.metadata);
+        return this.recovering(shard, send);
       }),
     );
   }
 
   async heartbeat(stats) {
     await Promise.all(
-      this.shards.map((shard) => unary(shard.client, 'Heartbeat', { worker_id: shard.workerId, stats }, this.metadata)),
+      this.shards.map((shard) =>
+        this.recovering(shard, () => unary(shard.client, 'Heartbeat', { worker_id: shard.workerId, stats }, this.metadata)),
+      ),
     );
   }
 

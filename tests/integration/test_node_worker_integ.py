@@ -8,6 +8,7 @@ import math
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -136,10 +137,50 @@ def test_node_worker_sends_the_bearer_token(start_psserver: Callable[..., str], 
 
     refused = subprocess.run(base, cwd=NODE_WORKER, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1
-    assert "UNAUTHENTICATED" in refused.stderr
+    # The status code, and the reason the worker read from the ErrorInfo in the trailers.
+    assert "UNAUTHENTICATED (UNAUTHENTICATED)" in refused.stderr
 
     accepted = subprocess.run(
         [*base, "--auth-token-file", str(token)], cwd=NODE_WORKER, capture_output=True, text=True, timeout=60
     )
     assert accepted.returncode == 0, accepted.stderr
     assert '"event":"done"' in accepted.stdout
+
+
+@needs_node
+def test_node_worker_rejoins_when_the_shard_forgets_it(
+    start_psserver: Callable[..., str], stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub]
+) -> None:
+    """Its record removed mid-run (as an eviction or a restart would), the Node worker reads the
+    reason UNKNOWN_WORKER from its next refusal, joins again and trains on."""
+    require_node_modules()
+    assert NODE is not None
+    address = start_psserver("asgd", 0.5)
+    stub = stub_for(address)
+    until_clock = 1500
+    command = [NODE, "worker.js", "--name", "forgotten", "--server", address, "--steps", "100000"]
+    command += ["--until-clock", str(until_clock), "--log-every", "100"]
+    node = subprocess.Popen(command, cwd=NODE_WORKER, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            workers = stub.Status(ps_pb2.StatusRequest(), timeout=10).workers
+            joined = [w for w in workers if w.worker_name == "forgotten" and w.pushes >= 5]
+            if joined:
+                break
+            time.sleep(0.01)
+        assert joined, "the Node worker never pushed"
+        stub.Leave(ps_pb2.LeaveRequest(worker_id=joined[0].worker_id), timeout=10)
+        stdout, stderr = node.communicate(timeout=120)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+    assert node.returncode == 0, f"node worker failed:\n{stderr}\n{stdout}"
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    recovered = [e for e in events if e["event"] == "recovering"]
+    assert recovered and {(e["reason"], e["action"]) for e in recovered} == {("UNKNOWN_WORKER", "rejoin")}, events
+    rejoined = [e for e in events if e["event"] == "rejoined"]
+    assert rejoined and rejoined[0]["worker_id"] != joined[0].worker_id
+    done = next(e for e in events if e["event"] == "done")
+    assert done["clock"] >= until_clock

@@ -1,0 +1,67 @@
+'use strict';
+// Unit tests of reading a refusal's reason from its trailers, and what the worker does about it.
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const grpc = require('@grpc/grpc-js');
+const errors = require('../errors');
+
+// What a hetps server (Python: psproto.errors.rich_status) sends for
+// rich_status(NOT_FOUND, Reason.UNKNOWN_WORKER, "worker 7 is not joined", {"worker_id": "7"}).
+const FROM_PYTHON = Buffer.from(
+  '08051216776f726b65722037206973206e6f74206a6f696e65641a530a28747970652e676f6f676c65617069732e636f6d2f676f6f676c652e7270632e4572726f72496e666f12270a0e554e4b4e4f574e5f574f524b4552120568657470731a0e0a09776f726b65725f6964120137',
+  'hex',
+);
+
+function statusBytes(infos) {
+  const { Status, ErrorInfo } = errors.rpcTypes();
+  const details = infos.map((info) => ({
+    type_url: 'type.googleapis.com/google.rpc.ErrorInfo',
+    value: ErrorInfo.encode(ErrorInfo.create(info)).finish(),
+  }));
+  return Buffer.from(Status.encode(Status.create({ code: 9, message: 'refused', details })).finish());
+}
+
+// A refused call as @grpc/grpc-js reports it: code, details and the trailers as metadata.
+function refused(...trailers) {
+  const metadata = new grpc.Metadata();
+  for (const value of trailers) metadata.add(errors.DETAILS_KEY, value);
+  return Object.assign(new Error('refused'), { code: grpc.status.NOT_FOUND, details: 'refused', metadata });
+}
+
+test('the reason of a refusal a Python server sent', () => {
+  const error = refused(FROM_PYTHON);
+  assert.equal(errors.reasonOf(error), 'UNKNOWN_WORKER');
+  assert.deepEqual(errors.errorInfo(error), { reason: 'UNKNOWN_WORKER', domain: 'hetps', metadata: { worker_id: '7' } });
+});
+
+test('encoded here, decoded here', () => {
+  const bytes = statusBytes([{ reason: 'FUTURE_CLOCK', domain: 'hetps', metadata: { clock: '12' } }]);
+  assert.deepEqual(errors.errorInfoFromStatusBytes(bytes), { reason: 'FUTURE_CLOCK', domain: 'hetps', metadata: { clock: '12' } });
+});
+
+test('another domain, garbage and no details give no reason', () => {
+  assert.equal(errors.reasonOf(refused(statusBytes([{ reason: 'UNKNOWN_WORKER', domain: 'example.com' }]))), null);
+  assert.equal(errors.reasonOf(refused(Buffer.from([0xff, 0xff, 0xff]))), null);
+  assert.equal(errors.reasonOf(refused()), null);
+  assert.equal(errors.reasonOf(new Error('no metadata at all')), null);
+  assert.equal(errors.reasonOf(undefined), null);
+});
+
+test('the hetps detail is found among others', () => {
+  const bytes = statusBytes([
+    { reason: 'SOMETHING', domain: 'example.com' },
+    { reason: 'PUSH_STALLED', domain: 'hetps' },
+  ]);
+  assert.equal(errors.reasonOf(refused(bytes)), 'PUSH_STALLED');
+});
+
+test('each reason decides what the worker does; unknown reasons and none end it', () => {
+  const { Action, actionFor } = errors;
+  assert.equal(actionFor('UNKNOWN_WORKER'), Action.REJOIN);
+  assert.equal(actionFor('FUTURE_CLOCK'), Action.REBASE);
+  for (const reason of ['PUSH_STALLED', 'NAME_IN_USE', 'DRAINING']) assert.equal(actionFor(reason), Action.RETRY);
+  for (const reason of ['BAD_REQUEST', 'LAYOUT_MISMATCH', 'NON_FINITE', 'LIMIT_REACHED', 'UNAUTHENTICATED', 'A_NEW_ONE', null]) {
+    assert.equal(actionFor(reason), Action.GIVE_UP, reason);
+  }
+  assert.equal(actionFor('toString'), Action.GIVE_UP); // not fooled by Object's own properties
+});
