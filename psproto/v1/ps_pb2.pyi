@@ -7,6 +7,14 @@ Everything a client in any language needs to join a hetps shard, upload
 initial parameters, pull them and push updates. Tensors travel as chunks of
 one flat little-endian vector per shard: (offset, dtype, bytes), offsets in
 elements relative to the start of the shard's slice. See docs/protocol.md.
+
+Refusals: every call the server refuses ends with a status code and, in the
+`grpc-status-details-bin` trailer, a google.rpc.Status holding one
+google.rpc.ErrorInfo with domain "hetps" and a reason (UNKNOWN_WORKER,
+FUTURE_CLOCK, ...; google/rpc/error_details.proto, vendored under
+protos/google/rpc/). Decide on the reason, never on the message text;
+docs/protocol.md ("Errors") lists every reason, its status code and what a
+client does about it.
 """
 
 from collections import abc as _abc
@@ -506,7 +514,10 @@ class PushHeader(_message.Message):
     push_id: _builtins.int
     """Unique per worker; a push id already applied is acknowledged, never applied twice."""
     base_clock: _builtins.int
-    """The clock of the parameters the update was computed on (the last pull's clock)."""
+    """The clock of the parameters the update was computed on (the last pull's clock).
+    Ahead of the shard's clock (it restarted from an older checkpoint): refused
+    with reason FUTURE_CLOCK; send the push again against the shard's clock.
+    """
     kind: Global___PayloadKind.ValueType
     layout_hash: _builtins.str
     pull_dtype: Global___DType.ValueType

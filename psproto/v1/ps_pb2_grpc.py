@@ -26,7 +26,10 @@ if _version_not_supported:
 
 
 class ParameterServerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Every RPC may be refused with a reason (see the top of this file): for
+    example UNKNOWN_WORKER (NOT_FOUND, join again), LAYOUT_MISMATCH
+    (FAILED_PRECONDITION), UNAUTHENTICATED, DRAINING (UNAVAILABLE, retry).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -82,7 +85,10 @@ class ParameterServerStub:
 
 
 class ParameterServerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Every RPC may be refused with a reason (see the top of this file): for
+    example UNKNOWN_WORKER (NOT_FOUND, join again), LAYOUT_MISMATCH
+    (FAILED_PRECONDITION), UNAUTHENTICATED, DRAINING (UNAVAILABLE, retry).
+    """
 
     def Join(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -133,7 +139,8 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Checkpoint(self, request, context):
-        """Admin: write a checkpoint now (FAILED_PRECONDITION without --checkpoint-dir).
+        """Admin: write a checkpoint now. Refusals: CHECKPOINTS_OFF (FAILED_PRECONDITION)
+        without --checkpoint-dir, CHECKPOINT_FAILED (INTERNAL) when the write fails.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,7 +203,10 @@ def add_ParameterServerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ParameterServer:
-    """Missing associated documentation comment in .proto file."""
+    """Every RPC may be refused with a reason (see the top of this file): for
+    example UNKNOWN_WORKER (NOT_FOUND, join again), LAYOUT_MISMATCH
+    (FAILED_PRECONDITION), UNAUTHENTICATED, DRAINING (UNAVAILABLE, retry).
+    """
 
     @staticmethod
     def Join(request,

@@ -7,6 +7,14 @@ Everything a client in any language needs to join a hetps shard, upload
 initial parameters, pull them and push updates. Tensors travel as chunks of
 one flat little-endian vector per shard: (offset, dtype, bytes), offsets in
 elements relative to the start of the shard's slice. See docs/protocol.md.
+
+Refusals: every call the server refuses ends with a status code and, in the
+`grpc-status-details-bin` trailer, a google.rpc.Status holding one
+google.rpc.ErrorInfo with domain "hetps" and a reason (UNKNOWN_WORKER,
+FUTURE_CLOCK, ...; google/rpc/error_details.proto, vendored under
+protos/google/rpc/). Decide on the reason, never on the message text;
+docs/protocol.md ("Errors") lists every reason, its status code and what a
+client does about it.
 """
 
 from collections import abc as _abc
@@ -33,6 +41,11 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class ParameterServerStub:
+    """Every RPC may be refused with a reason (see the top of this file): for
+    example UNKNOWN_WORKER (NOT_FOUND, join again), LAYOUT_MISMATCH
+    (FAILED_PRECONDITION), UNAUTHENTICATED, DRAINING (UNAVAILABLE, retry).
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -46,10 +59,17 @@ class ParameterServerStub:
     Leave: _grpc.UnaryUnaryMultiCallable[_ps_pb2.LeaveRequest, _ps_pb2.LeaveResponse]
     Status: _grpc.UnaryUnaryMultiCallable[_ps_pb2.StatusRequest, _ps_pb2.StatusResponse]
     Checkpoint: _grpc.UnaryUnaryMultiCallable[_ps_pb2.CheckpointRequest, _ps_pb2.CheckpointResponse]
-    """Admin: write a checkpoint now (FAILED_PRECONDITION without --checkpoint-dir)."""
+    """Admin: write a checkpoint now. Refusals: CHECKPOINTS_OFF (FAILED_PRECONDITION)
+    without --checkpoint-dir, CHECKPOINT_FAILED (INTERNAL) when the write fails.
+    """
 
 @_typing.type_check_only
 class ParameterServerAsyncStub(ParameterServerStub):
+    """Every RPC may be refused with a reason (see the top of this file): for
+    example UNKNOWN_WORKER (NOT_FOUND, join again), LAYOUT_MISMATCH
+    (FAILED_PRECONDITION), UNAUTHENTICATED, DRAINING (UNAVAILABLE, retry).
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     Join: _aio.UnaryUnaryMultiCallable[_ps_pb2.JoinRequest, _ps_pb2.JoinResponse]  # type: ignore[assignment]
     Init: _aio.StreamUnaryMultiCallable[_ps_pb2.InitRequest, _ps_pb2.InitResponse]  # type: ignore[assignment]
@@ -60,9 +80,16 @@ class ParameterServerAsyncStub(ParameterServerStub):
     Leave: _aio.UnaryUnaryMultiCallable[_ps_pb2.LeaveRequest, _ps_pb2.LeaveResponse]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_ps_pb2.StatusRequest, _ps_pb2.StatusResponse]  # type: ignore[assignment]
     Checkpoint: _aio.UnaryUnaryMultiCallable[_ps_pb2.CheckpointRequest, _ps_pb2.CheckpointResponse]  # type: ignore[assignment]
-    """Admin: write a checkpoint now (FAILED_PRECONDITION without --checkpoint-dir)."""
+    """Admin: write a checkpoint now. Refusals: CHECKPOINTS_OFF (FAILED_PRECONDITION)
+    without --checkpoint-dir, CHECKPOINT_FAILED (INTERNAL) when the write fails.
+    """
 
 class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
+    """Every RPC may be refused with a reason (see the top of this file): for
+    example UNKNOWN_WORKER (NOT_FOUND, join again), LAYOUT_MISMATCH
+    (FAILED_PRECONDITION), UNAUTHENTICATED, DRAINING (UNAVAILABLE, retry).
+    """
+
     @_abc_1.abstractmethod
     def Join(
         self,
@@ -125,6 +152,8 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request: _ps_pb2.CheckpointRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.CheckpointResponse, _abc.Awaitable[_ps_pb2.CheckpointResponse]]:
-        """Admin: write a checkpoint now (FAILED_PRECONDITION without --checkpoint-dir)."""
+        """Admin: write a checkpoint now. Refusals: CHECKPOINTS_OFF (FAILED_PRECONDITION)
+        without --checkpoint-dir, CHECKPOINT_FAILED (INTERNAL) when the write fails.
+        """
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
