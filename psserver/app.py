@@ -62,6 +62,11 @@ class BindError(ServerAppError):
     """The gRPC server cannot listen on its address (port in use, address not local)."""
 
 
+def _require(holds: bool, problem: str) -> None:
+    if not holds:
+        raise ServerConfigError(problem)
+
+
 @dataclass(frozen=True)
 class SecurityConfig:
     """TLS (mutual when ``tls.client_ca`` is set) and the bearer token every RPC but health must carry."""
@@ -85,6 +90,10 @@ class ShardLimits:
     # Cap on parameter versions kept for gap-measuring rules (GA, DC-ASGD).
     snapshot_memory_bytes: int = 2048 * 1024 * 1024
 
+    def __post_init__(self) -> None:
+        counts = (self.max_workers, self.max_parameters, self.receive_buffers, self.snapshot_memory_bytes)
+        _require(min(counts) >= 1 and self.receive_idle_seconds > 0, f"every shard limit must be positive: {self}")
+
 
 @dataclass(frozen=True)
 class CheckpointConfig:
@@ -95,6 +104,10 @@ class CheckpointConfig:
     every_updates: int = 1000
     every_seconds: float = 0.0
 
+    def __post_init__(self) -> None:
+        _require(self.keep >= 1, f"keep at least 1 checkpoint, not {self.keep}")
+        _require(self.every_updates >= 0 and self.every_seconds >= 0, f"negative checkpoint interval: {self}")
+
 
 @dataclass(frozen=True)
 class MetricsConfig:
@@ -104,6 +117,9 @@ class MetricsConfig:
     port: int | None = None
     # Also export the process's CPU, memory and file descriptors.
     process_metrics: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.port is None or 0 <= self.port <= 65535, f"metrics port {self.port} is not 0..65535")
 
 
 @dataclass(frozen=True)
@@ -135,32 +151,15 @@ class ServerConfig:
     ready_file: Path | None = None
 
     def __post_init__(self) -> None:
-        problems = []
-        if not 0 <= self.port <= 65535:
-            problems.append(f"port {self.port} is not 0..65535")
-        if self.num_shards < 1 or not 0 <= self.shard_index < self.num_shards:
-            problems.append(
-                f"shard index {self.shard_index} must be 0..{self.num_shards - 1} ({self.num_shards} shards)"
-            )
-        if self.lease_seconds <= 0:
-            problems.append(f"lease_seconds must be > 0, got {self.lease_seconds}")
-        if self.threads < 1 or (self.torch_threads is not None and self.torch_threads < 1):
-            problems.append("threads and torch_threads must be >= 1")
-        if self.drain_seconds < 0:
-            problems.append(f"drain_seconds must be >= 0, got {self.drain_seconds}")
-        if (
-            self.limits.receive_idle_seconds <= 0
-            or min(self.limits.max_workers, self.limits.max_parameters, self.limits.receive_buffers) < 1
-        ):
-            problems.append(f"every shard limit must be positive: {self.limits}")
-        if self.metrics is not None and self.metrics.port is not None and not 0 <= self.metrics.port <= 65535:
-            problems.append(f"metrics port {self.metrics.port} is not 0..65535")
-        if self.checkpoints is not None:
-            every = self.checkpoints
-            if every.keep < 1 or every.every_updates < 0 or every.every_seconds < 0:
-                problems.append(f"checkpoints keep >= 1 and never a negative interval: {every}")
-        if problems:
-            raise ServerConfigError("; ".join(problems))
+        _require(0 <= self.port <= 65535, f"port {self.port} is not 0..65535")
+        _require(
+            0 <= self.shard_index < self.num_shards,
+            f"shard index {self.shard_index} must be 0..{self.num_shards - 1} ({self.num_shards} shards)",
+        )
+        _require(self.lease_seconds > 0, f"lease_seconds must be > 0, got {self.lease_seconds}")
+        _require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        _require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads must be >= 1")
+        _require(self.drain_seconds >= 0, f"drain_seconds must be >= 0, got {self.drain_seconds}")
 
     @property
     def metrics_port(self) -> int | None:

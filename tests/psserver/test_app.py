@@ -31,6 +31,7 @@ from psserver.app import (
     ServerAppError,
     ServerConfig,
     ServerConfigError,
+    ShardLimits,
 )
 from psserver.core.checkpoint import list_checkpoints, write_checkpoint
 from psserver.core.rules import RuleSpec
@@ -141,6 +142,10 @@ def test_drain_finishes_the_push_in_flight_and_refuses_new_rpcs() -> None:
 def test_every_failure_to_build_or_start_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(ServerConfigError, match=r"shard index 2 must be 0\.\.1"):
         _config(shard_index=2, num_shards=2)
+    with pytest.raises(ServerConfigError, match="keep at least 1"):
+        CheckpointConfig(tmp_path, keep=0)
+    with pytest.raises(ServerConfigError, match="every shard limit must be positive"):
+        ShardLimits(receive_buffers=0)
     with pytest.raises(SecurityFilesError, match="--auth-token-file"):
         ServerApp.build(_config(security=SecurityConfig(auth_token_file=tmp_path / "missing")))
     missing = tmp_path / "missing.pem"
