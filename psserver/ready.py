@@ -1,8 +1,9 @@
 """The ready file: how a process that started ``psserver serve`` learns it is serving, and where.
 
 ``psserver serve --ready-file PATH`` writes one JSON object to PATH once the server accepts
-RPCs (written to a temporary name and renamed, so a reader never sees half of it). Launchers,
-tests and benchmarks wait for that file instead of reading the server's stdout.
+RPCs (written to a temporary name and renamed, so a reader never sees half of it), and removes
+it when it starts draining. Launchers, tests and benchmarks wait for that file instead of
+reading the server's stdout; ``psserver.app.ServerApp`` writes it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ReadyFileError(RuntimeError):
 
 
 def write_ready_file(path: Path, info: ReadyInfo) -> None:
+    """Write ``info`` to ``path`` at once: readers see no file or all of it."""
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(asdict(info)) + "\n")
     os.replace(partial, path)
@@ -59,7 +61,9 @@ def read_ready_file(path: Path) -> ReadyInfo:
 def wait_for_ready_file(
     path: Path, process: subprocess.Popen[bytes] | subprocess.Popen[str] | None = None, timeout_s: float = 60.0
 ) -> ReadyInfo:
-    """Wait until ``path`` exists and return what it says; fails early when ``process`` exits."""
+    """Wait until ``path`` exists and return what it says; fails early when ``process`` exits.
+
+    A server that crashed leaves its file behind: remove ``path`` before starting the process."""
     deadline = time.monotonic() + timeout_s
     while True:
         if path.exists():

@@ -1,4 +1,5 @@
-"""Build and run the gRPC server for one shard: the servicer, health and reflection.
+"""Build the gRPC server for one shard: the servicer, health, reflection, transport limits and
+the drain gate. ``psserver.app.ServerApp`` composes it with the rest of a running shard server.
 
 Stopping drains: the health service turns NOT_SERVING and keeps answering, new
 ParameterServer RPCs are refused with UNAVAILABLE (clients retry them after a restart or
@@ -9,13 +10,11 @@ server stops and cancels whatever is left.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -242,38 +241,3 @@ def start_server(
     running = RunningServer(server, port, health_servicer, drain)
     running.set_serving(True)
     return running
-
-
-def start_reaper(shard: Shard, interval_s: float) -> threading.Event:
-    """Every ``interval_s``, evict workers whose lease expired and cancel pushes stalled while
-    holding a receive buffer; set the returned event to stop."""
-    stop = threading.Event()
-
-    def reap() -> None:
-        # The shard logs and counts each eviction and cancellation.
-        while not stop.wait(interval_s):
-            shard.evict_expired()
-            shard.cancel_stalled_pushes()
-
-    threading.Thread(target=reap, name="lease-reaper", daemon=True).start()
-    return stop
-
-
-def stop_on_signals() -> threading.Event:
-    """Turn SIGTERM and SIGINT into an event; install before announcing the server, so none is lost."""
-    stop = threading.Event()
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        _LOGGER.info("received %s, draining", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    return stop
-
-
-def serve_until_signalled(running: RunningServer, grace_seconds: float, stop: threading.Event) -> None:
-    """Block until ``stop`` is set, then drain in-flight RPCs for up to ``grace_seconds`` and return."""
-    stop.wait()
-    running.stop(grace_seconds)
-    _LOGGER.info("stopped")

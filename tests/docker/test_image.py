@@ -3,8 +3,9 @@
 `make image` (docker/build-image.sh) builds the image with podman and unpacks its filesystem
 into build/image/rootfs. No container runtime is needed to run what it holds: the test
 starts the image's `psserver serve` under chroot as the image's non-root user, with the
-image's environment, and asks it `grpc.health.v1.Health/Check` twice: with the image's
-own health check script (the HEALTHCHECK command) and from outside with grpcio.
+image's environment, waits for its ready file (--ready-file, written inside the image), and
+asks it `grpc.health.v1.Health/Check` twice: with the image's own health check script (the
+HEALTHCHECK command) and from outside with grpcio.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from psproto import tuning
+from psserver.ready import ReadyFileError, ReadyInfo, wait_for_ready_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -35,7 +36,6 @@ ROOTFS = IMAGE_DIR / "rootfs"
 IMAGE_USER = "10001:10001"
 # The image sets what the entry points set.
 MALLOC_ENV = tuning.MALLOC_SETTINGS
-_LISTENING = re.compile(r"psserver listening on \S+:(\d+).*metrics=(\d+)")
 
 # In CI the image must have been built (`make image` runs before the tests); elsewhere it may be absent.
 _REQUIRED = os.environ.get("HETPS_REQUIRE_IMAGE") == "1"
@@ -114,25 +114,22 @@ def image_command(root: Path, *argv: str) -> list[str]:
     return ["chroot", f"--userspec={IMAGE_USER}", str(root), "/usr/bin/env", "-i", *env, *argv]
 
 
-def wait_for_listening(process: subprocess.Popen[str], timeout_s: float = 90.0) -> tuple[int, int]:
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    seen = []
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        match = _LISTENING.search(line)
-        if match:
-            return int(match.group(1)), int(match.group(2))
-    process.kill()
-    raise AssertionError("the image's psserver did not start:\n" + "".join(seen))
+def wait_until_ready(root: Path, ready_file: str, process: subprocess.Popen[bytes], log: Path) -> ReadyInfo:
+    """What the image's psserver wrote to ``ready_file`` (a path inside the image) once serving."""
+    try:
+        return wait_for_ready_file(root / ready_file.lstrip("/"), process, timeout_s=90)
+    except ReadyFileError as error:
+        process.kill()
+        raise AssertionError(f"the image's psserver did not start ({error}):\n{log.read_text()}") from None
 
 
 @needs_image
 @needs_root
-def test_image_psserver_answers_grpc_health_check(image_root: Path) -> None:
+def test_image_psserver_answers_grpc_health_check(image_root: Path, tmp_path: Path) -> None:
+    # In the image's /tmp, which its user may write (it stays writable under a read-only root).
+    ready_file = f"/tmp/psserver-ready-{os.getpid()}.json"
+    (image_root / ready_file.lstrip("/")).unlink(missing_ok=True)
+    log = tmp_path / "psserver.log"
     server = subprocess.Popen(
         image_command(
             image_root,
@@ -150,15 +147,16 @@ def test_image_psserver_answers_grpc_health_check(image_root: Path) -> None:
             "8",
             "--drain-seconds",
             "1",
+            "--ready-file",
+            ready_file,
         ),
-        stdout=subprocess.PIPE,
+        stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
-        text=True,
         cwd="/",
     )
     try:
-        port, metrics_port = wait_for_listening(server)
-        address = f"127.0.0.1:{port}"
+        ready = wait_until_ready(image_root, ready_file, server, log)
+        address = ready.address
 
         # The image's HEALTHCHECK command, run as the container would run it.
         check = subprocess.run(
@@ -177,7 +175,7 @@ def test_image_psserver_answers_grpc_health_check(image_root: Path) -> None:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
 
-        with urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        with urlopen(f"http://127.0.0.1:{ready.metrics_port}/metrics", timeout=10) as response:
             assert b"hetps_clock" in response.read()
 
         # The other command of the image works too.
@@ -193,7 +191,8 @@ def test_image_psserver_answers_grpc_health_check(image_root: Path) -> None:
         except subprocess.TimeoutExpired:
             server.kill()
             code = server.wait()
-    assert code == 0, f"psserver in the image exited with {code} after SIGTERM"
+    assert code == 0, f"psserver in the image exited with {code} after SIGTERM:\n{log.read_text()}"
+    assert not (image_root / ready_file.lstrip("/")).exists(), "the stopped server left its ready file"
 
     # A stopped server fails the health check (exit 1), as a container runtime expects.
     failed = subprocess.run(

@@ -7,7 +7,6 @@ Prometheus scraped can be compared exactly with the server's Status RPC.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import socket
@@ -26,6 +25,7 @@ import grpc
 import pytest
 
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.ready import wait_for_ready_file
 from psworker.launcher import stop_process
 from tests.docker.test_dashboard import as_promql, load_dashboard, queries
 
@@ -36,7 +36,6 @@ needs_prometheus = pytest.mark.skipif(
     PROMETHEUS is None,
     reason="Debian's prometheus is not installed; make test installs it (apt-get install prometheus)",
 )
-_LISTENING = re.compile(r"psserver listening on \S+:(\d+) .* metrics=(\d+|off)$")
 T = TypeVar("T")
 
 # Dashboard queries that have nothing to show in this cluster: no checkpoints, ASGD measures no
@@ -52,19 +51,22 @@ MAY_BE_EMPTY = {
 class Server:
     process: subprocess.Popen[str]
     address: str
-    metrics: str  # the port, or "off"
+    metrics_port: int | None  # None with --no-metrics
 
 
 @contextmanager
-def psserver(*args: str) -> Iterator[Server]:
+def psserver(tmp_path: Path, *args: str) -> Iterator[Server]:
+    ready_file = tmp_path / "psserver-ready.json"
     command = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0", "--torch-threads", "1"]
-    process = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(
+        [*command, "--ready-file", str(ready_file), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline().strip()
-        match = _LISTENING.match(line)
-        assert match, f"unexpected start-up line {line!r}"
-        yield Server(process, f"127.0.0.1:{match.group(1)}", match.group(2))
+        ready = wait_for_ready_file(ready_file, process)
+        yield Server(process, ready.address, ready.metrics_port)
     finally:
         assert stop_process(process) == 0
 
@@ -76,8 +78,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def prometheus(tmp_path: Path, metrics_port: str) -> Iterator[str]:
-    assert PROMETHEUS is not None
+def prometheus(tmp_path: Path, metrics_port: int | None) -> Iterator[str]:
+    assert PROMETHEUS is not None and metrics_port is not None
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 500ms, scrape_timeout: 400ms}\n"
@@ -152,7 +154,7 @@ def worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.Po
     return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
-def scrape(metrics_port: str) -> str:
+def scrape(metrics_port: int | None) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
         return str(reply.read().decode())
 
@@ -160,8 +162,8 @@ def scrape(metrics_port: str) -> str:
 @needs_prometheus
 def test_prometheus_sees_per_worker_staleness_that_agrees_with_status(tmp_path: Path) -> None:
     with (
-        psserver("--rule", "asgd", "--lr", "0.05", "--metrics-port", "0") as server,
-        prometheus(tmp_path, server.metrics) as base,
+        psserver(tmp_path, "--rule", "asgd", "--lr", "0.05", "--metrics-port", "0") as server,
+        prometheus(tmp_path, server.metrics_port) as base,
         grpc.insecure_channel(server.address) as channel,
     ):
         stub = ps_pb2_grpc.ParameterServerStub(channel)
@@ -231,7 +233,7 @@ def test_prometheus_sees_per_worker_staleness_that_agrees_with_status(tmp_path: 
                     process.wait()
 
         # A departed worker's series are gone from the endpoint, and so from Prometheus.
-        wait_for(lambda: 'worker="' not in scrape(server.metrics), 10, "departed workers' series remain")
+        wait_for(lambda: 'worker="' not in scrape(server.metrics_port), 10, "departed workers' series remain")
         wait_for(lambda: not query(base, "hetps_push_staleness_count"), 10, "Prometheus still shows departed workers")
         assert scalar(base, 'hetps_active_workers{role="worker"}') == 0
         # A push frozen mid-stream may have been applied on the way out; the totals still agree.
@@ -244,8 +246,8 @@ def test_prometheus_sees_per_worker_staleness_that_agrees_with_status(tmp_path: 
         )
 
 
-def test_no_metrics_turns_the_endpoint_off() -> None:
-    with psserver("--no-metrics") as server, grpc.insecure_channel(server.address) as channel:
-        assert server.metrics == "off"
+def test_no_metrics_turns_the_endpoint_off(tmp_path: Path) -> None:
+    with psserver(tmp_path, "--no-metrics") as server, grpc.insecure_channel(server.address) as channel:
+        assert server.metrics_port is None
         reply = ps_pb2_grpc.ParameterServerStub(channel).Status(ps_pb2.StatusRequest(), timeout=10)
         assert reply.clock == 0  # serving, without metrics

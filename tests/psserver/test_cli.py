@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from psserver import cli
+from psserver import app
 from psserver.cli import main, parse_receive_window
 from psserver.core.rules import RULES
 from psserver.rpc.server import ServerLimits
@@ -81,7 +81,7 @@ def test_serve_gives_the_server_the_receive_window_asked_for(
         given.append(limits)
         raise OSError("stopped by the test before binding")
 
-    monkeypatch.setattr(cli, "start_server", start_server)
+    monkeypatch.setattr(app, "start_server", start_server)
     result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flag], terminal_width=200)
     assert result.exit_code == 1 and "stopped by the test" in result.output
     assert [limits.receive_window_bytes for limits in given] == [window]

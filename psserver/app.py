@@ -1,0 +1,401 @@
+"""The server application: a frozen ``ServerConfig`` in, a running shard server out.
+
+``ServerApp.build(config)`` checks the configuration and builds the shard (restoring the newest
+checkpoint), its metrics and checkpointer; ``start()`` binds the metrics endpoint and the gRPC
+port, starts the lease reaper and the checkpointer, and writes the ready file; ``drain()`` and
+``stop()`` take it down again, writing the final checkpoint. Used as a context manager it
+starts on entry and stops on exit, so a test can serve a shard on port 0 in-process.
+
+The application never installs signal handlers nor ends the process: ``psserver serve``
+(``psserver.serve_cli``) maps its flags into a ``ServerConfig``, turns SIGTERM into ``drain``
+and exits. Everything that can go wrong while building or starting raises a ``ServerAppError``
+subclass, which the CLI maps to its exit codes and flag names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import torch
+
+from psproto import codec
+from psproto.security import SecurityConfigError, read_token_file
+from psserver.core import checkpoint
+from psserver.core.consistency import Consistency
+from psserver.core.rules import RuleSpec
+from psserver.core.shard import Shard, ShardConfig, StateError
+from psserver.metrics import DEFAULT_METRICS_PORT, MetricsServer, ShardMetrics, serve_metrics
+from psserver.ready import ReadyInfo, write_ready_file
+from psserver.rpc.latency import LatencyInterceptor
+from psserver.rpc.security import AuthInterceptor, ServerTls
+from psserver.rpc.server import RunningServer, ServerLimits, start_server
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class ServerAppError(Exception):
+    """The server could not be built or started; the message says why."""
+
+
+class ServerConfigError(ServerAppError, ValueError):
+    """A ``ServerConfig`` value out of range."""
+
+
+class SecurityFilesError(ServerAppError):
+    """A TLS or token file that cannot be read or used; the message names the file and its flag."""
+
+
+class CheckpointRestoreError(ServerAppError):
+    """The checkpoint directory holds no readable checkpoint, or one of another rule or shard."""
+
+
+class MetricsBindError(ServerAppError):
+    """The Prometheus endpoint cannot listen on its address."""
+
+
+class BindError(ServerAppError):
+    """The gRPC server cannot listen on its address (port in use, address not local)."""
+
+
+def _require(holds: bool, problem: str) -> None:
+    if not holds:
+        raise ServerConfigError(problem)
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """TLS (mutual when ``tls.client_ca`` is set) and the bearer token every RPC but health must carry."""
+
+    tls: ServerTls | None = None
+    auth_token_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class ShardLimits:
+    """What one shard admits at once; past each, requests wait or are refused with RESOURCE_EXHAUSTED."""
+
+    # Workers and observers joined at once.
+    max_workers: int = 1024
+    # Parameters this shard may hold; a larger model's Join is refused.
+    max_parameters: int = 2**31
+    # Pushes decoded at once, each into a buffer of the shard's size.
+    receive_buffers: int = 2
+    # A push holding a receive buffer that sends nothing for this long is cancelled.
+    receive_idle_seconds: float = 30.0
+    # Cap on parameter versions kept for gap-measuring rules (GA, DC-ASGD).
+    snapshot_memory_bytes: int = 2048 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        counts = (self.max_workers, self.max_parameters, self.receive_buffers, self.snapshot_memory_bytes)
+        _require(min(counts) >= 1 and self.receive_idle_seconds > 0, f"every shard limit must be positive: {self}")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where checkpoints go (the newest is restored on build), how many are kept and how often."""
+
+    directory: Path
+    keep: int = 3
+    every_updates: int = 1000
+    every_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.keep >= 1, f"keep at least 1 checkpoint, not {self.keep}")
+        _require(self.every_updates >= 0 and self.every_seconds >= 0, f"negative checkpoint interval: {self}")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus scrape endpoint, served on the server's host."""
+
+    # None: DEFAULT_METRICS_PORT + the shard index; 0 picks a free port.
+    port: int | None = None
+    # Also export the process's CPU, memory and file descriptors.
+    process_metrics: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.port is None or 0 <= self.port <= 65535, f"metrics port {self.port} is not 0..65535")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Every setting of one shard server; ``psserver serve``'s flags map onto it one to one."""
+
+    rule: RuleSpec
+    host: str = "0.0.0.0"
+    # 0 picks a free port (``ServerApp.port`` tells which).
+    port: int = 50051
+    shard_index: int = 0
+    num_shards: int = 1
+    lease_seconds: float = 30.0
+    consistency: Consistency = field(default_factory=Consistency)
+    # RPC worker threads; under ssp/bsp a waiting request holds one.
+    threads: int = 128
+    # Threads torch uses for updates; None leaves the process's setting alone (in-process use).
+    torch_threads: int | None = None
+    # How long in-progress RPCs may run on after a drain starts before they are cancelled.
+    drain_seconds: float = 10.0
+    transport: ServerLimits = field(default_factory=ServerLimits)
+    limits: ShardLimits = field(default_factory=ShardLimits)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    # None: no Prometheus endpoint.
+    metrics: MetricsConfig | None = field(default_factory=MetricsConfig)
+    # None: no checkpoints, nothing restored.
+    checkpoints: CheckpointConfig | None = None
+    # Written (atomically) once the server accepts RPCs; removed when it drains.
+    ready_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, f"port {self.port} is not 0..65535")
+        _require(
+            0 <= self.shard_index < self.num_shards,
+            f"shard index {self.shard_index} must be 0..{self.num_shards - 1} ({self.num_shards} shards)",
+        )
+        _require(self.lease_seconds > 0, f"lease_seconds must be > 0, got {self.lease_seconds}")
+        _require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        _require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads must be >= 1")
+        _require(self.drain_seconds >= 0, f"drain_seconds must be >= 0, got {self.drain_seconds}")
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the metrics endpoint is asked to bind (None: no endpoint)."""
+        if self.metrics is None:
+            return None
+        return DEFAULT_METRICS_PORT + self.shard_index if self.metrics.port is None else self.metrics.port
+
+    def shard_config(self) -> ShardConfig:
+        return ShardConfig(
+            self.rule,
+            shard_index=self.shard_index,
+            num_shards=self.num_shards,
+            lease_seconds=self.lease_seconds,
+            consistency=self.consistency,
+            snapshot_memory_bytes=self.limits.snapshot_memory_bytes,
+            max_workers=self.limits.max_workers,
+            max_parameters=self.limits.max_parameters,
+            receive_buffers=self.limits.receive_buffers,
+            receive_idle_seconds=self.limits.receive_idle_seconds,
+            # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
+            chunk_bytes=min(codec.DEFAULT_CHUNK_BYTES, self.transport.max_message_bytes // 2),
+        )
+
+
+class _Reaper:
+    """Evicts workers whose lease expired and cancels pushes stalled while holding a receive buffer."""
+
+    def __init__(self, shard: Shard, interval_s: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(shard, interval_s), name="lease-reaper", daemon=True)
+        self._thread.start()
+
+    def _run(self, shard: Shard, interval_s: float) -> None:
+        # The shard logs and counts each eviction and cancellation.
+        while not self._stop.wait(interval_s):
+            shard.evict_expired()
+            shard.cancel_stalled_pushes()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+class ServerApp:
+    """One shard served over gRPC, with its metrics endpoint, checkpointer, reaper and ready file."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        shard: Shard,
+        metrics: ShardMetrics | None,
+        checkpointer: checkpoint.Checkpointer | None,
+        auth_token: str | None,
+    ) -> None:
+        """Use ``ServerApp.build``; this only assembles what it built."""
+        self.config = config
+        self.shard = shard
+        self.metrics = metrics
+        self.checkpointer = checkpointer
+        self.auth_token = auth_token
+        # The checkpoint ``stop`` wrote last (None until then, or without checkpoints).
+        self.final_checkpoint: checkpoint.Written | None = None
+        self._running: RunningServer | None = None
+        self._metrics_server: MetricsServer | None = None
+        self._metrics_port: int | None = None
+        self._reaper: _Reaper | None = None
+        self._drained = False
+        self._stopped = False
+
+    @classmethod
+    def build(cls, config: ServerConfig) -> ServerApp:
+        """Read the security files, build the shard and restore the newest checkpoint; binds nothing.
+
+        Raises ``SecurityFilesError`` or ``CheckpointRestoreError``."""
+        security = config.security
+        try:
+            token = read_token_file(security.auth_token_file) if security.auth_token_file is not None else None
+            if security.tls is not None:
+                security.tls.credentials()  # fail now, naming the file, rather than at bind time
+        except SecurityConfigError as error:
+            raise SecurityFilesError(str(error)) from None
+        if config.torch_threads is not None:
+            torch.set_num_threads(config.torch_threads)
+        metrics = None
+        if config.metrics is not None:
+            info = {
+                "rule": config.rule.rule.name,
+                "consistency": config.consistency.model.value,
+                "num_shards": str(config.num_shards),
+            }
+            metrics = ShardMetrics(config.shard_index, info, process_metrics=config.metrics.process_metrics)
+        shard = Shard(config.shard_config(), observer=metrics)
+        checkpointer = None
+        if config.checkpoints is not None:
+            every = config.checkpoints
+            try:
+                restored = checkpoint.restore(shard, every.directory, metrics)
+            except (checkpoint.CheckpointError, StateError) as error:
+                raise CheckpointRestoreError(str(error)) from None
+            if restored is not None:
+                _LOGGER.info(
+                    "restored checkpoint %s: clock %d, %d worker(s)",
+                    restored,
+                    shard.clock,
+                    len(shard.worker_snapshot()),
+                )
+            checkpointer = checkpoint.Checkpointer(
+                shard, every.directory, every.keep, every.every_updates, every.every_seconds, observer=metrics
+            )
+        return cls(config, shard, metrics, checkpointer, token)
+
+    def start(self) -> ServerApp:
+        """Serve metrics, bind the gRPC port, start the checkpointer and the reaper, write the ready file.
+
+        Raises ``MetricsBindError`` or ``BindError`` (after closing whatever it opened)."""
+        if self._running is not None:
+            raise RuntimeError("this server has already been started")
+        config = self.config
+        scrape_port = config.metrics_port
+        if self.metrics is not None and scrape_port is not None:
+            try:
+                self._metrics_server = serve_metrics(self.metrics.registry, config.host, scrape_port)
+            except OSError as error:
+                raise MetricsBindError(f"cannot serve metrics on {config.host}:{scrape_port}: {error}") from None
+            self._metrics_port = self._metrics_server.port
+            _LOGGER.info("Prometheus metrics at http://%s:%d/metrics", config.host, self._metrics_port)
+        try:
+            self._running = start_server(
+                self.shard,
+                f"{config.host}:{config.port}",
+                max_workers=config.threads,
+                interceptors=self._interceptors(),
+                tls=config.security.tls,
+                limits=config.transport,
+                checkpointer=self.checkpointer,
+            )
+        except (OSError, RuntimeError) as error:
+            self._close_metrics()
+            self._metrics_port = None
+            raise BindError(f"cannot listen on {config.host}:{config.port}: {error}") from None
+        if self.checkpointer is not None:
+            self.checkpointer.start()
+        limits = config.limits
+        self._reaper = _Reaper(self.shard, max(0.05, min(config.lease_seconds, limits.receive_idle_seconds) / 4))
+        if config.ready_file is not None:
+            write_ready_file(config.ready_file, self.ready_info)
+        return self
+
+    def _interceptors(self) -> list[LatencyInterceptor | AuthInterceptor]:
+        # In order, the first outermost: latency sees the token check's refusals.
+        interceptors: list[LatencyInterceptor | AuthInterceptor] = []
+        if self.metrics is not None:
+            interceptors.append(LatencyInterceptor(self.metrics))
+        if self.auth_token is not None:
+            shard = self.shard
+            # Counted in Status and the metrics like the shard's own refusals.
+            interceptors.append(
+                AuthInterceptor(self.auth_token, lambda _method: shard.count_rejected("unauthenticated"))
+            )
+        return interceptors
+
+    @property
+    def port(self) -> int:
+        """The bound gRPC port (the one picked when the config asked for 0)."""
+        if self._running is None:
+            raise RuntimeError("the server has not been started")
+        return self._running.port
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound metrics port; None without metrics."""
+        return self._metrics_port
+
+    @property
+    def ready_info(self) -> ReadyInfo:
+        """What the ready file says: where this server listens, and what it serves."""
+        return ReadyInfo(
+            host=self.config.host,
+            port=self.port,
+            pid=os.getpid(),
+            shard_index=self.config.shard_index,
+            num_shards=self.config.num_shards,
+            rule=self.config.rule.rule.name,
+            clock=self.shard.clock,
+            metrics_port=self.metrics_port,
+        )
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT to dial this server at (loopback when it listens on every interface)."""
+        return self.ready_info.address
+
+    def drain(self, grace_seconds: float | None = None) -> None:
+        """Stop serving: health turns NOT_SERVING, new ParameterServer RPCs are refused with
+        UNAVAILABLE, those in progress get up to ``grace_seconds`` (default: the config's
+        ``drain_seconds``) to finish, then the gRPC server stops and cancels what is left."""
+        if self._drained or self._running is None:
+            return
+        self._drained = True
+        if self.config.ready_file is not None:
+            # The file says "serving"; a draining server no longer is.
+            self.config.ready_file.unlink(missing_ok=True)
+        self._running.stop(self.config.drain_seconds if grace_seconds is None else grace_seconds)
+        _LOGGER.info("stopped")
+
+    def stop(self) -> None:
+        """Drain (if not done yet), stop the reaper and checkpointer, write the final checkpoint and
+        close the metrics endpoint. A failed final checkpoint is logged, not raised."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.drain()
+        if self._reaper is not None:
+            self._reaper.stop()
+        if self.checkpointer is not None and self._running is not None:
+            # Every push has finished or was cancelled: the last checkpoint holds all acknowledged ones.
+            self.checkpointer.stop()
+            try:
+                self.final_checkpoint = self.checkpointer.write_now()
+                _LOGGER.info("final checkpoint %s (clock %d)", self.final_checkpoint.path, self.final_checkpoint.clock)
+            except checkpoint.CheckpointError as error:
+                _LOGGER.error("final checkpoint failed: %s", error)
+        self._close_metrics()
+
+    def _close_metrics(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+            self._metrics_server = None
+
+    def __enter__(self) -> ServerApp:
+        if self._running is None:
+            self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
