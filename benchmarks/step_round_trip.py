@@ -4,8 +4,8 @@
 
 For a ResNet-18-sized model (11,689,512 fp32 parameters) and a ~100k-parameter model, one
 worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on the wire); a
-bare gRPC byte mover with the same chunking (``benchmarks._bare_grpc``, the transport's
-ceiling); and a ``torch.distributed.rpc`` parameter server (``benchmarks._torch_rpc_peer``,
+bare gRPC byte mover with the same chunking (``benchmarks.harness.bare_grpc``, the transport's
+ceiling); and a ``torch.distributed.rpc`` parameter server (``benchmarks.harness.torch_rpc_peer``,
 TensorPipe over TCP, fp32). Every server runs in its own process on loopback. Systems are
 interleaved step by step, so ratios compare like with like on a busy machine; around every
 step the CPU time of the system's servers and of this process is read.
@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from torch.distributed import rpc
 
-from benchmarks import _torch_rpc_peer
+from benchmarks.harness import torch_rpc_peer
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, cpu_of
 from benchmarks.harness.report import (
@@ -92,9 +92,9 @@ def hetps_addresses(settings: Settings, by_label: dict[str, ServerProcess]) -> d
 
 def start_comparisons(fleet: Fleet) -> tuple[list[ServerProcess], ServerProcess]:
     """Two bare gRPC movers and the torch.distributed.rpc peer, which this process then joins."""
-    bare = [fleet.start_helper(f"bare-grpc-{i}", "bare", "benchmarks._bare_grpc") for i in range(2)]
-    peer = fleet.start_helper("peer-torch-rpc", "peer", "benchmarks._torch_rpc_peer")
-    _torch_rpc_peer.connect(peer.ready.port)
+    bare = [fleet.start_helper(f"bare-grpc-{i}", "bare", "benchmarks.harness.bare_grpc") for i in range(2)]
+    peer = fleet.start_helper("peer-torch-rpc", "peer", "benchmarks.harness.torch_rpc_peer")
+    torch_rpc_peer.connect(peer.ready.port)
     return bare, peer
 
 

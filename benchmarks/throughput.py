@@ -10,8 +10,8 @@ Sections, each also a script of its own (``python -m benchmarks.NAME``):
 1. **steps** (``step_round_trip``) — a worker step (push a gradient, get the parameters back)
    for a ResNet-18-sized model (11,689,512 fp32 parameters) and a ~100k-parameter model
    through: hetps (1 and 2 shards, fp32 and bf16 on the wire); a bare gRPC byte mover with
-   the same chunking (``benchmarks._bare_grpc``, the transport's ceiling); and a
-   ``torch.distributed.rpc`` parameter server (``benchmarks._torch_rpc_peer``, TensorPipe
+   the same chunking (``benchmarks.harness.bare_grpc``, the transport's ceiling); and a
+   ``torch.distributed.rpc`` parameter server (``benchmarks.harness.torch_rpc_peer``, TensorPipe
    over TCP, fp32). Systems are interleaved step by step, so ratios compare like with like
    on a busy machine.
 2. **concurrency** (``worker_scaling``) — aggregate steps/s of 1, 4 and 16 worker processes

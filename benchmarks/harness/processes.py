@@ -158,7 +158,7 @@ class Fleet:
         return {server.label: server for server in started}
 
     def start_helper(self, label: str, kind: str, module: str) -> ServerProcess:
-        """A comparison server (``benchmarks._bare_grpc``, ``benchmarks._torch_rpc_peer``) of ``kind``."""
+        """A comparison server (``benchmarks.harness.bare_grpc``, ``benchmarks.harness.torch_rpc_peer``) of ``kind``."""
         command = [sys.executable, "-m", module, "--torch-threads", str(TORCH_THREADS)]
         process, ready = self._start(label, command, None)
         return self._add(ServerProcess(label, kind, process, ready))

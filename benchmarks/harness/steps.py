@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 from torch.distributed import rpc
 
-from benchmarks import _bare_grpc, _torch_rpc_peer
+from benchmarks.harness import bare_grpc, torch_rpc_peer
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.settings import LR
 from psproto import codec
@@ -43,7 +43,7 @@ class HetpsStep:
 
 class BareStep:
     def __init__(self, addresses: list[str], layout: Layout, key: str, wire_dtype: str, flat: torch.Tensor) -> None:
-        self.client = _bare_grpc.BareClient(addresses, layout, key, wire_dtype, codec.DEFAULT_CHUNK_BYTES)
+        self.client = bare_grpc.BareClient(addresses, layout, key, wire_dtype, codec.DEFAULT_CHUNK_BYTES)
         self.client.init(flat)
 
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:
@@ -56,10 +56,10 @@ class BareStep:
 class PeerStep:
     def __init__(self, key: str, flat: torch.Tensor) -> None:
         self.key = key
-        rpc.rpc_sync(_torch_rpc_peer.SERVER_NAME, _torch_rpc_peer.init_params, args=(key, flat, LR))
+        rpc.rpc_sync(torch_rpc_peer.SERVER_NAME, torch_rpc_peer.init_params, args=(key, flat, LR))
 
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:
-        params = rpc.rpc_sync(_torch_rpc_peer.SERVER_NAME, _torch_rpc_peer.push_and_pull, args=(self.key, update))
+        params = rpc.rpc_sync(torch_rpc_peer.SERVER_NAME, torch_rpc_peer.push_and_pull, args=(self.key, update))
         out.copy_(params)  # into the worker's buffer, as hetps does
 
     def close(self) -> None:

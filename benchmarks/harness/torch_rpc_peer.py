@@ -1,6 +1,6 @@
 """The peer: a parameter server on ``torch.distributed.rpc`` (TensorPipe over TCP), PyTorch's tutorial pattern.
 
-    python -m benchmarks._torch_rpc_peer --torch-threads 1 [--ready-file PATH]
+    python -m benchmarks.harness.torch_rpc_peer --torch-threads 1 [--ready-file PATH]
 
 The server is rank 0 (``ps``) of a world of two; the benchmark process joins as rank 1
 (``worker``) and calls ``rpc_sync("ps", push_and_pull, args=(key, gradient))``, which applies

@@ -1,6 +1,6 @@
 """The transport's ceiling: a bare gRPC service that only moves a step's bytes, with hetps's chunking.
 
-    python -m benchmarks._bare_grpc [--ready-file PATH]   # prints "bare grpc listening on 127.0.0.1:PORT"
+    python -m benchmarks.harness.bare_grpc [--ready-file PATH]   # prints "bare grpc listening on 127.0.0.1:PORT"
 
 No protobuf and no parameter-server logic. ``Init`` (unary) hands the server a byte buffer
 under a key (invocation metadata ``key``); ``PushPull`` (client-streaming in,
