@@ -1,1 +1,1 @@
-"""Benchmarks: scripts that print a table and write JSON; never run by the test suite."""
+"""Benchmarks: a shared harness (``benchmarks.harness``) and one script per measurement (tables and JSON)."""

@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.models import ShapedModel, resnet18_shapes
+from benchmarks.harness.models import ShapedModel, resnet18_shapes
 from psworker.binding import ModelBinding
 
 

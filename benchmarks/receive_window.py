@@ -17,7 +17,7 @@ overrides.
    untimed warm-up burst of all of them at once, then timed bursts, servers in rotating
    order; aggregate steps/s over the first window's, burst by burst, and each server's
    peak RSS (VmHWM) after the step section and after its bursts. The table's title gives
-   the limit benchmarks/throughput.py holds peaks to (1.5x the bytes the server must hold,
+   the limit benchmarks/server_memory.py holds peaks to (1.5x the bytes the server must hold,
    plus 300 MB).
 
 Prints a table and writes JSON (``--out``, default benchmarks/results/receive_window.json).
@@ -43,23 +43,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.throughput import (
-    MODELS,
-    RSS_FACTOR,
-    RSS_SLACK_MB,
-    TORCH_THREADS,
-    Fleet,
-    HetpsStep,
-    PoolTarget,
-    ServerProcess,
-    WorkerPool,
-    _initialize,
-    _rule_state_bytes,
-    _time_steps,
-    prepare_output,
-    summarize,
-    vm_mb,
-)
+from benchmarks.harness.memory import rss_limit_mb, rule_state_bytes
+from benchmarks.harness.models import MODELS
+from benchmarks.harness.pool import PoolTarget, WorkerPool
+from benchmarks.harness.processes import Fleet, ServerProcess, vm_mb
+from benchmarks.harness.report import prepare_output
+from benchmarks.harness.settings import TORCH_THREADS
+from benchmarks.harness.stats import summarize
+from benchmarks.harness.steps import HetpsStep, initialize_parameters, time_steps
 from psproto.layout import Layout
 from psproto.tuning import MALLOC_SETTINGS, apply_malloc_tuning
 from psserver.cli import parse_receive_window
@@ -150,7 +141,7 @@ def measure_steps(settings: Settings, servers: dict[str, ServerProcess], console
     per_repeat: dict[str, list[float]] = {window: [] for window in systems}
     try:
         for system in systems.values():
-            _time_steps(system, update, out, settings.warmup)
+            time_steps(system, update, out, settings.warmup)
         order = list(systems)
         with console.status("steps") as status:
             for repeat in range(settings.repeats):
@@ -159,7 +150,7 @@ def measure_steps(settings: Settings, servers: dict[str, ServerProcess], console
                 for round_index in range(settings.steps):
                     shift = (repeat * settings.steps + round_index) % len(order)
                     for window in order[shift:] + order[:shift]:
-                        taken[window] += _time_steps(systems[window], update, out, 1)
+                        taken[window] += time_steps(systems[window], update, out, 1)
                         if not bool(torch.isfinite(out).all()):
                             raise RuntimeError(f"the server with window {window} returned non-finite parameters")
                 for window, samples in taken.items():
@@ -215,7 +206,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
     torch.set_num_threads(TORCH_THREADS)
     started = time.perf_counter()
     length = Layout.from_named_shapes(MODELS[settings.model]()).total_length
-    state, needs_snapshot = _rule_state_bytes(settings.rule, settings.rule_opts, length)
+    state, needs_snapshot = rule_state_bytes(settings.rule, settings.rule_opts, length)
     # The parameters, the rule's state, and a snapshot per worker for rules that measure gaps.
     must_hold_mb = (length * 4 * (1 + (settings.workers if needs_snapshot else 0)) + state) / 1e6
     results: dict[str, Any] = {
@@ -223,7 +214,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
         "settings": asdict(settings),
         "malloc_tuning": {key: os.environ.get(key, "") for key in MALLOC_SETTINGS},
         "must_hold_mb": must_hold_mb,
-        "rss_limit_mb": RSS_FACTOR * must_hold_mb + RSS_SLACK_MB,
+        "rss_limit_mb": rss_limit_mb(must_hold_mb),
     }
     chosen = {label: parse_setting(label) for label in settings.windows}
     fleet = Fleet(log_dir)
@@ -243,7 +234,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
                 for label, setting in chosen.items()
             }
             for server in servers.values():
-                _initialize(settings.model, [server.address])
+                initialize_parameters(settings.model, [server.address])
         results["server_commands"] = {window: list(map(str, s.process.args)) for window, s in servers.items()}  # type: ignore[arg-type]
         # What each server process really runs with: its entry point adds the allocator settings
         # the environment does not set, so an added variable must survive that.

@@ -53,6 +53,12 @@ class Experiment:
     notes: list[str] = field(default_factory=list)
 
 
+def as_float(value: object) -> float:
+    """An aggregate's number (``Aggregates`` values are typed ``object``)."""
+    assert isinstance(value, float)
+    return value
+
+
 def _mean(agg: Aggregates, series: str, x: float) -> float:
     value = agg[(series, x)]["mean"]
     assert isinstance(value, float)

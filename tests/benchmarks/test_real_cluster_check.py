@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks.reproduce import (
-    _real_cluster_section,
-    _replay_fields,
+from benchmarks.repro_real_cluster import (
     join_clocks,
-    main,
+    real_cluster_section,
     relative_speeds,
+    replay_fields,
     within_spread,
 )
+from benchmarks.reproduce import main
 
 
 def test_within_spread_is_the_seed_range_widened_by_one_std() -> None:
@@ -74,7 +74,7 @@ def test_the_section_counts_the_rows_it_shows() -> None:
         _row("DynSGD", 0.95, [0.90, 0.91], [0.90, 0.92]),
         {"rule": "GEM", "error": "worker-1 exited with 1"},
     ]
-    text = _real_cluster_section(rows, "python -m benchmarks.reproduce --only none --real-cluster")
+    text = real_cluster_section(rows, "python -m benchmarks.reproduce --only none --real-cluster")
     assert text.startswith("## Real-cluster check\n")
     assert "**1 of 2 rules land within it.**" in text
     assert "would put 0 of 2 within" in text
@@ -93,12 +93,12 @@ def test_replay_fields_summarise_the_seeds_under_one_prefix() -> None:
         seed: {"test_accuracy": accuracy, "staleness": [[1.0, 2], [3.0, 6]], "steps": [10, 5]}
         for seed, accuracy in enumerate([0.90, 0.94])
     }
-    fields = _replay_fields("ideal", runs, 0.95)
+    fields = replay_fields("ideal", runs, 0.95)
     assert fields["ideal_values"] == [0.90, 0.94]
     assert fields["ideal_mean"] == pytest.approx(0.92) and fields["ideal_std"] == pytest.approx(0.02)
     assert fields["ideal_staleness"] == [[1.0, 2], [3.0, 6]] and fields["ideal_steps"] == [10.0, 5.0]
     assert fields["ideal_within"] is True  # 0.95 <= 0.94 + 0.02
-    assert _replay_fields("sim", runs, 0.97)["sim_within"] is False
+    assert replay_fields("sim", runs, 0.97)["sim_within"] is False
 
 
 @pytest.mark.parametrize("seeds", ["0", "-2", "many"])

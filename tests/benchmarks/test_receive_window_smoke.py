@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.models import tiny_shapes
 from benchmarks.receive_window import main
-from benchmarks.throughput import tiny_shapes
 from psproto.layout import Layout
 from psproto.tuning import MALLOC_SETTINGS
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.reproduce import main, series_styles
+from benchmarks.repro_plots import series_styles
+from benchmarks.reproduce import main
 
 
 def test_quick_reproduction_writes_json_plots_and_markdown(tmp_path: Path) -> None:

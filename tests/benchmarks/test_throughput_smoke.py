@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.throughput import cpu_seconds, main, server_addresses, step_systems
+from benchmarks.harness.processes import cpu_seconds
+from benchmarks.step_round_trip import server_addresses, step_systems
+from benchmarks.throughput import main
 from psserver.core.rules import RULES
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """The peer: a parameter server on ``torch.distributed.rpc`` (TensorPipe over TCP), PyTorch's tutorial pattern.
 
-    python -m benchmarks._torch_rpc_peer --torch-threads 1
+    python -m benchmarks.harness.torch_rpc_peer --torch-threads 1 [--ready-file PATH]
 
 The server is rank 0 (``ps``) of a world of two; the benchmark process joins as rank 1
 (``worker``) and calls ``rpc_sync("ps", push_and_pull, args=(key, gradient))``, which applies
@@ -8,7 +8,9 @@ The server is rank 0 (``ps``) of a world of two; the benchmark process joins as 
 is restricted to its ``uv`` (TCP) transport and ``basic`` channel, so tensors cross loopback TCP
 like hetps's bytes do (the shared-memory and cross-memory-attach channels would not).
 
-The server prints ``peer rendezvous on 127.0.0.1:PORT`` before it waits for the worker.
+The server prints ``peer rendezvous on 127.0.0.1:PORT`` before it waits for the worker, and
+writes that port to ``--ready-file`` in the format of ``psserver serve --ready-file``
+(``psserver/ready.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import socket
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import torch
 from torch.distributed import rpc
+
+from psserver.ready import ReadyInfo, write_ready_file
 
 SERVER_NAME = "ps"
 WORKER_NAME = "worker"
@@ -79,11 +84,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def serve(torch_threads: int) -> None:
+def serve(torch_threads: int, ready_file: Path | None = None) -> None:
     loopback_environment()
     torch.set_num_threads(torch_threads)
     port = free_port()
     print(f"peer rendezvous on 127.0.0.1:{port}", flush=True)
+    if ready_file is not None:
+        write_ready_file(ready_file, ReadyInfo("127.0.0.1", port, os.getpid(), 0, 1, "torch-rpc-peer", 0, None))
     _init_rpc(SERVER_NAME, 0, port)
     # Blocks until the worker calls shutdown too (the tutorial's graceful exit).
     rpc.shutdown()
@@ -98,8 +105,9 @@ def connect(port: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="torch.distributed.rpc parameter server (the benchmark's peer)")
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--ready-file", type=Path, default=None, help="write the rendezvous port here (JSON)")
     args = parser.parse_args(argv)
-    serve(args.torch_threads)
+    serve(args.torch_threads, args.ready_file)
     sys.exit(0)
 
 

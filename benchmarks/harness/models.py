@@ -1,9 +1,13 @@
-"""Models of known sizes for benchmarks, built without torchvision."""
+"""The benchmarks' models: tensor shapes of known sizes, built without torchvision, by name."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+
+Shapes = list[tuple[str, tuple[int, ...]]]
 
 
 def resnet18_shapes() -> list[tuple[str, tuple[int, ...]]]:
@@ -53,3 +57,13 @@ class ShapedModel(nn.Module):
 def small_shapes() -> list[tuple[str, tuple[int, ...]]]:
     """About 100k parameters: a two-layer MLP 784-128-10."""
     return [("fc1.weight", (128, 784)), ("fc1.bias", (128,)), ("fc2.weight", (10, 128)), ("fc2.bias", (10,))]
+
+
+def tiny_shapes() -> Shapes:
+    """A few thousand parameters in four tensors (smoke tests only)."""
+    return [("fc1.weight", (32, 64)), ("fc1.bias", (32,)), ("fc2.weight", (10, 32)), ("fc2.bias", (10,))]
+
+
+MODELS: dict[str, Callable[[], Shapes]] = {"resnet18": resnet18_shapes, "small": small_shapes, "tiny": tiny_shapes}
+# The model the targets are stated for, when a run includes it.
+REFERENCE_MODEL = "resnet18"

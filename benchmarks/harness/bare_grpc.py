@@ -1,6 +1,6 @@
 """The transport's ceiling: a bare gRPC service that only moves a step's bytes, with hetps's chunking.
 
-    python -m benchmarks._bare_grpc            # prints "bare grpc listening on 127.0.0.1:PORT"
+    python -m benchmarks.harness.bare_grpc [--ready-file PATH]   # prints "bare grpc listening on 127.0.0.1:PORT"
 
 No protobuf and no parameter-server logic. ``Init`` (unary) hands the server a byte buffer
 under a key (invocation metadata ``key``); ``PushPull`` (client-streaming in,
@@ -9,21 +9,25 @@ server-streaming out) sends one step: the client streams its update as raw chunk
 answers with that buffer in chunks of the same size. Each side makes exactly the one copy
 between the socket and its tensor that hetps's design allows (DESIGN.md, performance
 principles), so this is the least any server with that design can do on the wire. The
-client here converts to and from the wire dtype exactly like a hetps worker.
+client here converts to and from the wire dtype exactly like a hetps worker. Once serving it
+writes ``--ready-file`` in the format of ``psserver serve --ready-file`` (``psserver/ready.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import torch
 
 from psproto.layout import Layout
+from psserver.ready import ReadyInfo, write_ready_file
 
 SERVICE = "hetps.bench.Bare"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -159,10 +163,13 @@ class BareClient:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="bare gRPC byte mover (the benchmark's transport ceiling)")
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--ready-file", type=Path, default=None, help="once serving, write the address here (JSON)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
     server, port = start()
     print(f"bare grpc listening on 127.0.0.1:{port}", flush=True)
+    if args.ready_file is not None:
+        write_ready_file(args.ready_file, ReadyInfo("127.0.0.1", port, os.getpid(), 0, 1, "bare-grpc", 0, None))
     server.wait_for_termination()
 
 

@@ -1,0 +1,145 @@
+"""Worker processes for concurrency measurements: each joins its targets, then runs timed bursts on command.
+
+A :class:`WorkerPool` is started once (spawned processes, one torch thread each) and driven
+burst by burst: every chosen worker starts at the same wall-clock moment, steps for the given
+seconds and reports its steps, errors and whether its parameters stayed finite.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.queues
+import queue
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import torch
+
+from benchmarks.harness.models import MODELS
+from benchmarks.harness.settings import TORCH_THREADS
+from psproto.layout import Layout
+from psworker.client import PSClient
+
+
+@dataclass(frozen=True)
+class PoolTarget:
+    """Servers a pool drives under one key; only the first ``workers`` pool members join them."""
+
+    key: str
+    model: str
+    addresses: tuple[str, ...]
+    workers: int  # only the first ``workers`` pool members join this target
+
+
+def _pool_worker(
+    index: int,
+    targets: list[PoolTarget],
+    commands: multiprocessing.queues.Queue[tuple[str, float, float] | None],
+    results: multiprocessing.queues.Queue[tuple[str, int, dict[str, Any]]],
+) -> None:
+    """A worker process: joins its targets, then runs timed bursts of steps on command."""
+    torch.set_num_threads(TORCH_THREADS)
+    clients: dict[str, tuple[PSClient, torch.Tensor, torch.Tensor]] = {}
+    # One update and one output per model, whatever the number of servers of that model.
+    tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    try:
+        generator = torch.Generator().manual_seed(1000 + index)
+        for target in targets:
+            if index >= target.workers:
+                continue
+            layout = Layout.from_named_shapes(MODELS[target.model](), len(target.addresses))
+            if target.model not in tensors:
+                length = layout.total_length
+                tensors[target.model] = (torch.randn(length, generator=generator) * 1e-4, torch.empty(length))
+            update, out = tensors[target.model]
+            client = PSClient(list(target.addresses), layout, name=f"pool-{index}-{target.key}")
+            client.pull(out)
+            clients[target.key] = (client, update, out)
+        results.put(("ready", index, {}))
+        while True:
+            command = commands.get()
+            if command is None:
+                break
+            key, start_at, duration = command
+            client, update, out = clients[key]
+            while time.time() < start_at:
+                time.sleep(min(0.005, max(0.0, start_at - time.time())))
+            started = time.perf_counter()
+            steps = errors = 0
+            first_error = ""
+            while time.perf_counter() - started < duration:
+                try:
+                    client.push(update, pull_into=out)
+                    steps += 1
+                except (grpc.RpcError, RuntimeError, ValueError) as error:
+                    errors += 1
+                    first_error = first_error or repr(error)
+            elapsed = time.perf_counter() - started
+            finite = bool(torch.isfinite(out).all())
+            results.put(
+                (
+                    "done",
+                    index,
+                    {"steps": steps, "errors": errors, "elapsed": elapsed, "error": first_error, "finite": finite},
+                )
+            )
+    except BaseException as error:  # reported to the parent, which fails the run
+        results.put(("failed", index, {"error": repr(error)}))
+    finally:
+        for client, _, _ in clients.values():
+            client.close()
+
+
+class WorkerPool:
+    """``size`` worker processes joined to every target, driven burst by burst."""
+
+    def __init__(self, size: int, targets: list[PoolTarget]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.results: multiprocessing.queues.Queue[tuple[str, int, dict[str, Any]]] = context.Queue()
+        self.commands: list[multiprocessing.queues.Queue[tuple[str, float, float] | None]] = []
+        self.processes = []
+        for index in range(size):
+            inbox: multiprocessing.queues.Queue[tuple[str, float, float] | None] = context.Queue()
+            process = context.Process(
+                target=_pool_worker, args=(index, targets, inbox, self.results), name=f"pool-{index}", daemon=True
+            )
+            process.start()
+            self.commands.append(inbox)
+            self.processes.append(process)
+        for _ in range(size):
+            self._expect("ready", timeout_s=180.0)
+
+    def _expect(self, kind: str, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                got, index, payload = self.results.get(timeout=1.0)
+                break
+            except queue.Empty:
+                dead = [p.name for p in self.processes if p.exitcode is not None]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"pool workers {dead or 'all'} stopped answering (waiting for {kind})") from None
+        if got != kind:
+            raise RuntimeError(f"pool worker {index} {got}: {payload.get('error', payload)}")
+        return payload
+
+    @property
+    def pids(self) -> list[int]:
+        return [int(process.pid) for process in self.processes if process.pid is not None]
+
+    def burst(self, key: str, workers: int, seconds: float) -> list[dict[str, Any]]:
+        start_at = time.time() + 0.3
+        for commands in self.commands[:workers]:
+            commands.put((key, start_at, seconds))
+        return [self._expect("done", timeout_s=seconds + 300.0) for _ in range(workers)]
+
+    def close(self) -> None:
+        for commands in self.commands:
+            commands.put(None)
+        for process in self.processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+                process.join()

@@ -1,0 +1,174 @@
+"""Server processes of a benchmark run: started, found through their ready file, watched, stopped.
+
+Every server writes a ready file (``psserver serve --ready-file``; the bare gRPC mover and the
+torch.distributed.rpc peer write the same format, ``psserver/ready.py``), and the harness waits
+for it with :func:`psserver.ready.wait_for_ready_file`: nothing reads a server's stdout.
+CPU time and memory come from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from benchmarks.harness.settings import LR, SERVER_ARGS, TORCH_THREADS
+from psserver.ready import ReadyInfo, wait_for_ready_file
+from psworker.launcher import stop_process
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVER_START_TIMEOUT_S = 60.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) ``pid`` has used so far; clock-tick resolution."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command name: field 14 (utime) and 15 (stime) of proc(5) are the 12th and 13th here.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: Sequence[int]) -> float:
+    """CPU seconds of all of ``pids`` together."""
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+def vm_mb(pid: int, field_name: str) -> float:
+    """A ``/proc/PID/status`` memory field (VmHWM, VmRSS) in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) * 1024 / 1e6
+    return math.nan
+
+
+def use_one_torch_thread() -> None:
+    """Initializer of pool processes: one torch thread each, so parallel runs do not oversubscribe."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def child_environment(environment: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with the repository importable, plus ``environment``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    return env | dict(environment or {})
+
+
+class HetpsJob(NamedTuple):
+    """A hetps server to start: what :meth:`Fleet.start_hetps` takes."""
+
+    label: str
+    model: str
+    rule: str
+    rule_opts: tuple[str, ...]
+    shard_index: int
+    num_shards: int
+
+
+@dataclass
+class ServerProcess:
+    label: str
+    kind: str  # hetps, bare, peer
+    process: subprocess.Popen[str]
+    ready: ReadyInfo
+    rule: str = ""
+    rule_opts: tuple[str, ...] = ()
+    model: str = ""
+    shard_index: int = 0
+    num_shards: int = 1
+    rss_at_start_mb: float = math.nan
+    workers: int = 0  # the most workers that pushed to it at once
+    # Peak RSS (VmHWM, MB) when each phase of the run ended.
+    peak_rss_after: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    @property
+    def address(self) -> str:
+        return self.ready.address
+
+
+class Fleet:
+    """Every server process of a run; :meth:`stop` stops them all."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.servers: list[ServerProcess] = []
+
+    def _start(
+        self, label: str, command: list[str], environment: Mapping[str, str] | None
+    ) -> tuple[subprocess.Popen[str], ReadyInfo]:
+        ready_file = self.log_dir / f"{label}.ready.json"
+        ready_file.unlink(missing_ok=True)
+        with (self.log_dir / f"{label}.log").open("w") as log:
+            process = subprocess.Popen(
+                [*command, "--ready-file", str(ready_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=REPO_ROOT,
+                env=child_environment(environment),
+            )
+        try:
+            ready = wait_for_ready_file(ready_file, process, SERVER_START_TIMEOUT_S)
+        except BaseException:
+            stop_process(process)
+            raise
+        return process, ready
+
+    def _add(self, server: ServerProcess) -> ServerProcess:
+        server.rss_at_start_mb = vm_mb(server.pid, "VmRSS")
+        self.servers.append(server)
+        return server
+
+    def start_hetps(
+        self,
+        label: str,
+        model: str,
+        rule: str,
+        rule_opts: Sequence[str],
+        shard_index: int,
+        num_shards: int,
+        extra_args: Sequence[str] = (),
+        environment: Mapping[str, str] | None = None,
+    ) -> ServerProcess:
+        """``psserver serve`` on a free loopback port; its log is ``LOG_DIR/LABEL.log``."""
+        command = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0"]
+        command += ["--rule", rule, "--lr", repr(LR), "--shard-index", str(shard_index)]
+        command += ["--num-shards", str(num_shards), "--torch-threads", str(TORCH_THREADS), "--metrics-port", "0"]
+        for option in rule_opts:
+            command += ["--rule-opt", option]
+        process, ready = self._start(label, [*command, *SERVER_ARGS, *extra_args], environment)
+        return self._add(
+            ServerProcess(label, "hetps", process, ready, rule, tuple(rule_opts), model, shard_index, num_shards)
+        )
+
+    def start_all(self, jobs: Sequence[HetpsJob]) -> dict[str, ServerProcess]:
+        """Start every job's hetps server at once (start-up is mostly imports); by label."""
+        with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+            started = list(pool.map(lambda job: self.start_hetps(*job), jobs))
+        return {server.label: server for server in started}
+
+    def start_helper(self, label: str, kind: str, module: str) -> ServerProcess:
+        """A comparison server (``benchmarks.harness.bare_grpc``, ``benchmarks.harness.torch_rpc_peer``) of ``kind``."""
+        command = [sys.executable, "-m", module, "--torch-threads", str(TORCH_THREADS)]
+        process, ready = self._start(label, command, None)
+        return self._add(ServerProcess(label, kind, process, ready))
+
+    def checkpoint(self, phase: str) -> None:
+        """Record every live server's peak RSS so far, as of the end of ``phase``."""
+        for server in self.servers:
+            if server.process.poll() is None:
+                server.peak_rss_after[phase] = vm_mb(server.pid, "VmHWM")
+
+    def stop(self) -> None:
+        for server in self.servers:
+            stop_process(server.process, timeout_s=20.0 if server.kind == "hetps" else 10.0)

@@ -1,0 +1,62 @@
+"""How long and how much the throughput family of benchmarks measures, and the constants they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from benchmarks.harness.models import REFERENCE_MODEL
+
+LR = 0.01
+# Workers of a benchmark idle between sections; they must not be evicted meanwhile.
+SERVER_ARGS = ("--lease-seconds", "3600")
+TORCH_THREADS = 1  # per process: servers run with --torch-threads 1, the clients too
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One set for every measurement, so the full run's JSON states all of them in one place."""
+
+    models: tuple[str, ...] = ("resnet18", "small")
+    repeats: int = 9
+    warmup: int = 2
+    steps: dict[str, int] = field(default_factory=lambda: {"resnet18": 6, "small": 40, "tiny": 1})
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    concurrency_repeats: int = 4
+    concurrency_seconds: float = 8.0
+    apply_length: int = 11_689_512
+    apply_samples: int = 15
+    rss_workers: int = 4
+    rss_seconds: float = 8.0
+
+    @classmethod
+    def quick(cls) -> Settings:
+        return cls(
+            repeats=3,
+            warmup=1,
+            steps={"resnet18": 4, "small": 15, "tiny": 1},
+            concurrency_repeats=2,
+            concurrency_seconds=4.0,
+            apply_samples=6,
+            rss_seconds=4.0,
+        )
+
+    @classmethod
+    def smoke(cls) -> Settings:
+        return cls(
+            models=("tiny",),
+            repeats=2,
+            warmup=1,
+            steps={"tiny": 2},
+            concurrency=(1, 2),
+            concurrency_repeats=1,
+            concurrency_seconds=0.3,
+            apply_length=20_000,
+            apply_samples=2,
+            rss_workers=2,
+            rss_seconds=0.3,
+        )
+
+    @property
+    def reference(self) -> str:
+        """The model the targets are judged on: ResNet-18 size when the run has it."""
+        return REFERENCE_MODEL if REFERENCE_MODEL in self.models else self.models[0]

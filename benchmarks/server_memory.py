@@ -1,0 +1,174 @@
+"""Peak RSS (VmHWM) of hetps servers against the bytes they must hold, under concurrent workers.
+
+    python -m benchmarks.server_memory [--quick] [--out benchmarks/results/server_memory.json]
+
+A server must hold its parameters, its rule's state and, for rules that measure gaps, one
+snapshot per worker. Here: an ASGD server per model and a gap-aware server (momentum 0.9) on
+the reference model, each loaded by ``rss_workers`` worker processes at once; peaks are read
+when the workers have joined and after the load. Target per hetps server: peak RSS at most
+1.5x what it must hold plus 300 MB. The ``memory`` section of ``python -m benchmarks.throughput``
+reads the same for every server of the full run (the bare mover and the peer included),
+after its steps, workers joined and concurrency phases.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.harness.memory import RSS_FACTOR, RSS_SLACK_MB, rss_limit_mb, rule_state_bytes
+from benchmarks.harness.models import MODELS
+from benchmarks.harness.pool import PoolTarget, WorkerPool
+from benchmarks.harness.processes import Fleet, HetpsJob, vm_mb
+from benchmarks.harness.report import parse_settings, prepare_output, print_targets, run_header, target, write_results
+from benchmarks.harness.settings import TORCH_THREADS, Settings
+from benchmarks.harness.steps import initialize_parameters
+from psproto.layout import Layout
+from psproto.tuning import apply_malloc_tuning
+
+
+def gap_aware_job(settings: Settings) -> HetpsJob:
+    """The gap-aware server: the rule that keeps the most per worker (a snapshot each)."""
+    return HetpsJob(f"hetps-{settings.reference}-gap-aware", settings.reference, "gap-aware", ("momentum=0.9",), 0, 1)
+
+
+def load_gap_aware(settings: Settings, pool: WorkerPool, console: Console) -> dict[str, Any]:
+    """``rss_workers`` workers pushing to the gap-aware server (pool key ``gap-aware``) at once."""
+    with console.status("gap-aware server under load"):
+        reports = pool.burst("gap-aware", settings.rss_workers, settings.rss_seconds)
+    return {
+        "workers": settings.rss_workers,
+        "aggregate_steps_per_s": sum(r["steps"] / r["elapsed"] for r in reports),
+        "errors": sum(int(r["errors"]) for r in reports),
+    }
+
+
+def measure_memory(fleet: Fleet) -> dict[str, Any]:
+    """Every server's peak RSS, and for hetps servers what they must hold and the limit that gives."""
+    servers: dict[str, Any] = {}
+    order = {"hetps": 0, "bare": 1, "peer": 2}
+    for server in sorted(fleet.servers, key=lambda s: (order[s.kind], s.label)):
+        alive = server.process.poll() is None
+        entry: dict[str, Any] = {
+            "kind": server.kind,
+            "pid": server.pid,
+            "rss_at_start_mb": server.rss_at_start_mb,
+            "peak_rss_mb_after": dict(server.peak_rss_after),
+            "peak_rss_mb": vm_mb(server.pid, "VmHWM") if alive else math.nan,
+        }
+        if server.kind == "hetps":
+            layout = Layout.from_named_shapes(MODELS[server.model](), server.num_shards)
+            length = layout.shard(server.shard_index).length
+            state, needs_snapshot = rule_state_bytes(server.rule, server.rule_opts, length)
+            params = length * 4
+            snapshots = params * server.workers if needs_snapshot else 0
+            must_hold_mb = (params + state + snapshots) / 1e6
+            limit_mb = rss_limit_mb(must_hold_mb)
+            entry.update(
+                {
+                    "model": server.model,
+                    "rule": server.rule,
+                    "rule_opts": list(server.rule_opts),
+                    "shard": f"{server.shard_index + 1}/{server.num_shards}",
+                    "max_concurrent_workers": server.workers,
+                    "params_mb": params / 1e6,
+                    "rule_state_mb": state / 1e6,
+                    "snapshots_mb": snapshots / 1e6,
+                    "must_hold_mb": must_hold_mb,
+                    "limit_mb": limit_mb,
+                    "peak_over_must_hold": entry["peak_rss_mb"] / must_hold_mb,
+                }
+            )
+        servers[server.label] = entry
+    return {"servers": servers, "rule": f"peak RSS <= {RSS_FACTOR} x must-hold + {RSS_SLACK_MB:.0f} MB"}
+
+
+def memory_targets(memory: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each hetps server's peak RSS within its limit."""
+    targets = []
+    for label, server in memory["servers"].items():
+        if server["kind"] != "hetps":
+            continue
+        peak = server["peak_rss_mb"]
+        summary = {"median": peak, "min": peak, "max": peak, "q1": peak, "q3": peak, "n": 1}
+        detail = f"must hold {server['must_hold_mb']:.0f} MB ({server['max_concurrent_workers']} workers)"
+        targets.append(target(f"peak RSS MB, {label}", summary, server["limit_mb"], False, detail))
+    return targets
+
+
+def print_memory_table(memory: dict[str, Any], console: Console) -> None:
+    table = Table(title="Peak server RSS (VmHWM) against what each server must hold")
+    # The phases the run recorded, in their order (the full run: steps, workers joined, concurrency).
+    phases = list(
+        dict.fromkeys(phase for server in memory["servers"].values() for phase in server["peak_rss_mb_after"])
+    )
+    first = ("server", "rule", "workers", "must hold MB", "RSS at start MB")
+    for column in (*first, *(f"peak after {phase}" for phase in phases), "peak RSS MB", "limit MB"):
+        table.add_column(column, justify="left" if column in ("server", "rule") else "right")
+    for label, server in memory["servers"].items():
+        hetps = server["kind"] == "hetps"
+        after = server["peak_rss_mb_after"]
+        table.add_row(
+            label,
+            server.get("rule", server["kind"]),
+            str(server.get("max_concurrent_workers", "")),
+            f"{server['must_hold_mb']:.0f}" if hetps else "",
+            f"{server['rss_at_start_mb']:.0f}",
+            *(f"{after[phase]:.0f}" if phase in after else "" for phase in phases),
+            f"{server['peak_rss_mb']:.0f}",
+            f"{server['limit_mb']:.0f}" if hetps else "",
+        )
+    console.print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    settings, out = parse_settings("server_memory", __doc__, argv)
+    console, log_dir = prepare_output(out)
+    torch.set_num_threads(TORCH_THREADS)
+    started = time.perf_counter()
+    results = run_header(settings)
+    fleet = Fleet(log_dir)
+    try:
+        with console.status("starting servers"):
+            jobs = [HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1) for model in settings.models]
+            by_label = fleet.start_all([*jobs, gap_aware_job(settings)])
+            targets = [
+                PoolTarget(job.model, job.model, (by_label[job.label].address,), settings.rss_workers) for job in jobs
+            ]
+            gap = by_label[gap_aware_job(settings).label]
+            targets.append(PoolTarget("gap-aware", gap.model, (gap.address,), settings.rss_workers))
+            for pool_target in targets:
+                initialize_parameters(pool_target.model, list(pool_target.addresses))
+        with console.status("starting worker processes"):
+            pool = WorkerPool(settings.rss_workers, targets)
+        fleet.checkpoint("workers joined")
+        try:
+            for pool_target in targets[:-1]:
+                with console.status(f"{pool_target.model} server under load"):
+                    pool.burst(pool_target.key, settings.rss_workers, settings.rss_seconds)
+            results["gap_aware_load"] = load_gap_aware(settings, pool, console)
+            fleet.checkpoint("load")
+        finally:
+            pool.close()
+        for server in fleet.servers:
+            server.workers = settings.rss_workers
+        results["memory"] = measure_memory(fleet)
+    finally:
+        fleet.stop()
+    results["targets"] = memory_targets(results["memory"])
+    results["wall_seconds"] = time.perf_counter() - started
+    print_memory_table(results["memory"], console)
+    print_targets(results["targets"], console)
+    write_results("server_memory", argv, results, out, console)
+    return results
+
+
+if __name__ == "__main__":
+    apply_malloc_tuning()
+    main()

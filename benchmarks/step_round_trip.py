@@ -1,0 +1,344 @@
+"""A worker step (push a gradient, get the parameters back) through hetps, its transport's ceiling and a peer.
+
+    python -m benchmarks.step_round_trip [--quick] [--repeats N] [--out benchmarks/results/step_round_trip.json]
+
+For a ResNet-18-sized model (11,689,512 fp32 parameters) and a ~100k-parameter model, one
+worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on the wire); a
+bare gRPC byte mover with the same chunking (``benchmarks.harness.bare_grpc``, the transport's
+ceiling); and a ``torch.distributed.rpc`` parameter server (``benchmarks.harness.torch_rpc_peer``,
+TensorPipe over TCP, fp32). Every server runs in its own process on loopback. Systems are
+interleaved step by step, so ratios compare like with like on a busy machine; around every
+step the CPU time of the system's servers and of this process is read.
+Targets: hetps 1 shard fp32 at least 0.8x the peer's speed, bf16 at least 1.3x; hetps at
+least 0.9x the bare mover's speed with the same shards and wire dtype.
+Also the ``steps`` section of ``python -m benchmarks.throughput``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch.distributed import rpc
+
+from benchmarks.harness import torch_rpc_peer
+from benchmarks.harness.models import MODELS
+from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, cpu_of
+from benchmarks.harness.report import (
+    parse_settings,
+    prepare_output,
+    print_targets,
+    run_header,
+    spread,
+    target,
+    write_results,
+)
+from benchmarks.harness.settings import TORCH_THREADS, Settings
+from benchmarks.harness.stats import scaled, speed_ratio, summarize
+from benchmarks.harness.steps import BareStep, HetpsStep, PeerStep, StepSystem, time_steps
+from psproto.layout import Layout
+from psproto.tuning import apply_malloc_tuning
+
+PEER_FP32, PEER_BF16 = 0.8, 1.3
+BARE_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str  # e.g. hetps-1shard-bf16
+    kind: str  # hetps, bare, peer
+    shards: int
+    wire_dtype: str
+
+
+def step_systems() -> list[SystemSpec]:
+    specs = []
+    for kind in ("hetps", "bare"):
+        for shards in (1, 2):
+            for dtype in ("fp32", "bf16"):
+                specs.append(SystemSpec(f"{kind}-{shards}shard-{dtype}", kind, shards, dtype))
+    specs.append(SystemSpec("peer-torch-rpc-fp32", "peer", 1, "fp32"))
+    return specs
+
+
+# -- the servers ------------------------------------------------------------------------------
+
+
+def hetps_jobs(settings: Settings) -> list[HetpsJob]:
+    """ASGD servers for every model: one with 1 shard and two of a 2-shard layout."""
+    jobs = []
+    for model in settings.models:
+        jobs.append(HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1))
+        jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
+    return jobs
+
+
+def hetps_addresses(settings: Settings, by_label: dict[str, ServerProcess]) -> dict[str, dict[int, list[str]]]:
+    """The addresses of :func:`hetps_jobs`'s servers, by model and number of shards."""
+    return {
+        model: {
+            1: [by_label[f"hetps-{model}-1shard"].address],
+            2: [by_label[f"hetps-{model}-2shard-{i}"].address for i in range(2)],
+        }
+        for model in settings.models
+    }
+
+
+def start_comparisons(fleet: Fleet) -> tuple[list[ServerProcess], ServerProcess]:
+    """Two bare gRPC movers and the torch.distributed.rpc peer, which this process then joins."""
+    bare = [fleet.start_helper(f"bare-grpc-{i}", "bare", "benchmarks.harness.bare_grpc") for i in range(2)]
+    peer = fleet.start_helper("peer-torch-rpc", "peer", "benchmarks.harness.torch_rpc_peer")
+    torch_rpc_peer.connect(peer.ready.port)
+    return bare, peer
+
+
+# -- the measurement --------------------------------------------------------------------------
+
+
+def server_addresses(
+    spec: SystemSpec, model: str, hetps: dict[str, dict[int, list[str]]], bare: list[str]
+) -> list[str]:
+    """The servers a system's step for ``model`` goes through (``["peer"]`` for the peer).
+
+    hetps has servers per model and shard count; the bare service keeps a buffer per key on
+    the same servers for every model; the peer is one process for all."""
+    if spec.kind == "hetps":
+        return hetps[model][spec.shards]
+    if spec.kind == "bare":
+        return bare[: spec.shards]
+    return ["peer"]
+
+
+def measure_steps(
+    settings: Settings,
+    hetps: dict[str, dict[int, list[str]]],
+    bare: list[str],
+    server_pids: dict[str, int],
+    console: Console,
+) -> dict[str, Any]:
+    """Worker steps through every system, interleaved step by step.
+
+    A repeat of a model is ``steps[model]`` rounds; a round is one step of every system, in
+    an order rotated every round. All systems therefore sample the same moments of a shared,
+    noisy machine, and a repeat's ratio compares medians taken over the same few seconds.
+
+    Around every step (outside its timing) the CPU time of the system's server processes
+    (``server_pids``: address, or ``"peer"``, to pid) and of this process (the client) is read:
+    on a machine with fewer cores than busy threads the step's time follows the CPU both
+    sides spend on it.
+    """
+    specs = step_systems()
+    generator = torch.Generator().manual_seed(0)
+    runs: list[tuple[str, SystemSpec, StepSystem, torch.Tensor, torch.Tensor]] = []
+    per_repeat: dict[tuple[str, str], list[float]] = {}
+    samples: dict[tuple[str, str], list[float]] = {}
+    # (server seconds, client seconds) of CPU over every timed step, per (model, system)
+    cpu: dict[tuple[str, str], list[float]] = {}
+    pids_of: dict[tuple[str, str], list[int]] = {}
+    try:
+        for model in settings.models:
+            shapes = MODELS[model]()
+            length = Layout.from_named_shapes(shapes).total_length
+            flat = torch.randn(length, generator=generator) * 0.01
+            update = torch.randn(length, generator=generator) * 1e-4
+            out = torch.empty(length)
+            for spec in specs:
+                layout = Layout.from_named_shapes(shapes, spec.shards)
+                addresses = server_addresses(spec, model, hetps, bare)
+                system: StepSystem
+                if spec.kind == "hetps":
+                    system = HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat)
+                elif spec.kind == "bare":
+                    system = BareStep(addresses, layout, f"{model}-{spec.name}", spec.wire_dtype, flat)
+                else:
+                    system = PeerStep(model, flat)
+                pids_of[(model, spec.name)] = [server_pids[address] for address in addresses]
+                runs.append((model, spec, system, update, out))
+                per_repeat[(model, spec.name)] = []
+                samples[(model, spec.name)] = []
+                cpu[(model, spec.name)] = [0.0, 0.0]
+        for _, _, system, update, out in runs:
+            time_steps(system, update, out, settings.warmup)
+        with console.status("steps") as status:
+            for repeat in range(settings.repeats):
+                for model in settings.models:
+                    status.update(f"steps: {model}, repeat {repeat + 1}/{settings.repeats}")
+                    mine = [run for run in runs if run[0] == model]
+                    times: dict[str, list[float]] = {spec.name: [] for _, spec, _, _, _ in mine}
+                    for round_index in range(settings.steps[model]):
+                        shift = (repeat * settings.steps[model] + round_index) % len(mine)
+                        for _, spec, system, update, out in mine[shift:] + mine[:shift]:
+                            pids = pids_of[(model, spec.name)]
+                            server_before, client_before = cpu_of(pids), time.process_time()
+                            times[spec.name] += time_steps(system, update, out, 1)
+                            used = cpu[(model, spec.name)]
+                            used[0] += cpu_of(pids) - server_before
+                            used[1] += time.process_time() - client_before
+                            if not bool(torch.isfinite(out).all()):
+                                raise RuntimeError(f"{spec.name} returned non-finite parameters for {model}")
+                    for name, taken in times.items():
+                        per_repeat[(model, name)].append(statistics.median(taken))
+                        samples[(model, name)].extend(taken)
+    finally:
+        for _, _, system, _, _ in runs:
+            system.close()
+    return step_results(settings, specs, per_repeat, samples, cpu)
+
+
+def step_results(
+    settings: Settings,
+    specs: list[SystemSpec],
+    per_repeat: dict[tuple[str, str], list[float]],
+    samples: dict[tuple[str, str], list[float]],
+    cpu: dict[tuple[str, str], list[float]],
+) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for model in settings.models:
+        length = Layout.from_named_shapes(MODELS[model]()).total_length
+        systems: dict[str, Any] = {}
+        for spec in specs:
+            repeats = per_repeat[(model, spec.name)]
+            wire_bytes = length * (4 if spec.wire_dtype == "fp32" else 2)
+            median_s = statistics.median(repeats)
+            taken = samples[(model, spec.name)]
+            server_cpu, client_cpu = (seconds / len(taken) for seconds in cpu[(model, spec.name)])
+            systems[spec.name] = {
+                "kind": spec.kind,
+                "shards": spec.shards,
+                "wire_dtype": spec.wire_dtype,
+                "wire_bytes_each_way": wire_bytes,
+                "step_ms": scaled(summarize(repeats), 1e3),
+                "step_ms_all_samples": scaled(summarize(samples[(model, spec.name)]), 1e3),
+                "steps_per_s": 1.0 / median_s,
+                "gb_per_s_each_way": wire_bytes / median_s / 1e9,
+                "repeat_medians_ms": [t * 1e3 for t in repeats],
+                # Means over every timed step: server processes (all shards) and the client process.
+                "cpu_ms_per_step": {
+                    "server": server_cpu * 1e3,
+                    "client": client_cpu * 1e3,
+                    "busy_cores": (server_cpu + client_cpu) / statistics.fmean(taken),
+                },
+            }
+        pairs = [(spec.name, "peer-torch-rpc-fp32") for spec in specs if spec.kind == "hetps"]
+        pairs += [(spec.name, spec.name.replace("hetps", "bare")) for spec in specs if spec.kind == "hetps"]
+        # The ceiling against the peer: the most any server on this gRPC stack could reach.
+        pairs += [(spec.name, "peer-torch-rpc-fp32") for spec in specs if spec.kind == "bare" and spec.shards == 1]
+        ratios = {
+            f"{first} vs {other}": speed_ratio(
+                per_repeat[(model, first)], per_repeat[(model, other)], samples[(model, first)], samples[(model, other)]
+            )
+            for first, other in pairs
+        }
+        results[model] = {"parameters": length, "systems": systems, "speed_ratios": ratios}
+    return results
+
+
+def step_targets(settings: Settings, steps: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reference model's speed against the peer, and every model's against the bare mover."""
+    model = settings.reference
+    ratios = steps[model]["speed_ratios"]
+    targets = [
+        target(
+            f"{model} step, 1 shard, fp32 vs torch.rpc peer",
+            ratios["hetps-1shard-fp32 vs peer-torch-rpc-fp32"],
+            PEER_FP32,
+            True,
+        ),
+        target(
+            f"{model} step, 1 shard, bf16 vs torch.rpc peer",
+            ratios["hetps-1shard-bf16 vs peer-torch-rpc-fp32"],
+            PEER_BF16,
+            True,
+        ),
+    ]
+    for name in settings.models:
+        for key, summary in steps[name]["speed_ratios"].items():
+            if " vs bare-" in key:
+                system = key.split(" vs ")[0].removeprefix("hetps-")
+                targets.append(target(f"{name} step {system} vs bare gRPC", summary, BARE_FRACTION, True))
+    return targets
+
+
+def print_step_tables(steps: dict[str, Any], console: Console) -> None:
+    for model, data in steps.items():
+        table = Table(title=f"Worker step (push + pull), {model}: {data['parameters']:,} parameters")
+        step_columns = (
+            "system",
+            "median ms",
+            "IQR ms",
+            "min–max ms",
+            "steps/s",
+            "GB/s each way",
+            "server CPU ms",
+            "client CPU ms",
+            "cores busy",
+        )
+        for column in step_columns:
+            table.add_column(column, justify="left" if column == "system" else "right")
+        for name, system in data["systems"].items():
+            step = system["step_ms"]
+            used = system["cpu_ms_per_step"]
+            table.add_row(
+                name,
+                f"{step['median']:.1f}" if step["median"] >= 1 else f"{step['median']:.3f}",
+                f"{step['q1']:.1f}–{step['q3']:.1f}" if step["median"] >= 1 else f"{step['q1']:.3f}–{step['q3']:.3f}",
+                spread(step, 1 if step["median"] >= 1 else 3),
+                f"{system['steps_per_s']:.1f}",
+                f"{system['gb_per_s_each_way']:.3f}",
+                f"{used['server']:.1f}",
+                f"{used['client']:.1f}",
+                f"{used['busy_cores']:.2f}",
+            )
+        console.print(table)
+        ratios = Table(title=f"Speed ratios per repeat, {model}: A vs B = B's time / A's time (> 1: A is faster)")
+        for column in ("pair", "median", "IQR", "min–max", "fastest steps"):
+            ratios.add_column(column, justify="left" if column == "pair" else "right")
+        for pair, summary in data["speed_ratios"].items():
+            ratios.add_row(
+                pair,
+                f"{summary['median']:.2f}",
+                f"{summary['q1']:.2f}–{summary['q3']:.2f}",
+                spread(summary, 2),
+                f"{summary['of_fastest_steps']:.2f}",
+            )
+        console.print(ratios)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    settings, out = parse_settings("step_round_trip", __doc__, argv, repeats=True)
+    console, log_dir = prepare_output(out)
+    torch.set_num_threads(TORCH_THREADS)
+    started = time.perf_counter()
+    results = run_header(settings)
+    fleet = Fleet(log_dir)
+    peer_connected = False
+    try:
+        with console.status("starting servers"):
+            hetps = hetps_addresses(settings, fleet.start_all(hetps_jobs(settings)))
+            bare, peer = start_comparisons(fleet)
+            peer_connected = True
+        server_pids = {server.address: server.pid for server in fleet.servers} | {"peer": peer.pid}
+        results["steps"] = measure_steps(settings, hetps, [b.address for b in bare], server_pids, console)
+        rpc.shutdown()
+        peer_connected = False
+    finally:
+        if peer_connected:
+            rpc.shutdown(graceful=False)
+        fleet.stop()
+    results["targets"] = step_targets(settings, results["steps"])
+    results["wall_seconds"] = time.perf_counter() - started
+    print_step_tables(results["steps"], console)
+    print_targets(results["targets"], console)
+    write_results("step_round_trip", argv, results, out, console)
+    return results
+
+
+if __name__ == "__main__":
+    apply_malloc_tuning()
+    main()

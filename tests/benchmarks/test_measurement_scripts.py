@@ -1,0 +1,40 @@
+"""Each measurement is a script of its own: it answers ``--help``, and ``rule_apply --smoke`` runs alone.
+
+The scripts that start servers run, section by section, in ``throughput --smoke``
+(test_throughput_smoke.py); running each again on its own here would only repeat that.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.rule_apply import main as rule_apply
+from psserver.core.rules import RULES
+
+SCRIPTS = ["step_round_trip", "worker_scaling", "rule_apply", "server_memory", "throughput", "receive_window"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_explains_its_options(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    script = importlib.import_module(f"benchmarks.{name}")
+    with pytest.raises(SystemExit) as exited:
+        script.main(["--help"])
+    assert exited.value.code == 0
+    assert f"python -m benchmarks.{name}" in capsys.readouterr().out
+
+
+def test_rule_apply_alone_measures_every_rule_and_judges_its_targets(tmp_path: Path) -> None:
+    out = tmp_path / "rule_apply.json"
+    returned = rule_apply(["--smoke", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["targets"] == json.loads(json.dumps(returned["targets"]))
+    assert results["command"] == f"python -m benchmarks.rule_apply --smoke --out {out}"
+    assert set(results["apply"]["rules"]) == set(RULES)
+    assert [target["target"] for target in results["targets"]] == [
+        "momentum apply vs fused SGD (time)",
+        "gap-aware apply vs fused SGD (time)",
+    ]
