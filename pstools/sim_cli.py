@@ -1,4 +1,4 @@
-"""``pstools.simulate``: a virtual heterogeneous cluster in one process (see :mod:`psworker.simulate`)."""
+"""``psworker simulate``: a virtual heterogeneous cluster in one process (see :mod:`pstools.simulate`)."""
 
 from __future__ import annotations
 
