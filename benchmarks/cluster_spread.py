@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from psworker.launcher import ClusterConfig, run_cluster
+from pstools.launcher import ClusterConfig, run_cluster
 
 SLOWDOWNS = (1.0, 1.0, 2.0, 4.0)
 

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from psworker.simulate import SimConfig, SpeedModel
+from pstools.simulate import SimConfig, SpeedModel
 
 EXP = SpeedModel.parse("exp")
 HETERO = SpeedModel.parse("1:1:2:4")

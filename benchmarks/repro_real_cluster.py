@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.harness.processes import use_one_torch_thread
 from benchmarks.repro_experiments import TIME_TO_TARGET_RULES
-from psworker.simulate import SimConfig, SpeedModel, simulate
+from pstools.simulate import SimConfig, SpeedModel, simulate
 
 CHECK_SEEDS = 8
 CHECK_SLOWDOWNS = (1.0, 1.0, 2.0, 4.0)
@@ -129,7 +129,7 @@ def real_cluster_check(
     (``profile:LOG_DIR``, ``check_seeds`` seeds, up to the cluster's final clock), which is
     what the verdict uses, and with exact 1:1:2:4 speeds (``ideal_seeds`` seeds) for comparison.
     """
-    from psworker.launcher import ClusterConfig, ClusterError, run_cluster
+    from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 
     labels = [label for label in TIME_TO_TARGET_RULES if rules is None or label in rules]
     unknown = sorted(set(rules or ()) - set(TIME_TO_TARGET_RULES))

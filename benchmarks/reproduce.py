@@ -5,7 +5,7 @@
         # only the gRPC check: each rule on a real local cluster, then the simulator replaying it
         # with the step times that cluster measured (written to OUT/real_cluster.json)
 
-Every run goes through the real shard and worker procedures (``psworker.simulate``), several
+Every run goes through the real shard and worker procedures (``pstools.simulate``), several
 seeds per point; the report gives each claim, our numbers as mean ± std and a verdict. This
 module runs and reports; the experiments are defined in ``repro_experiments``, plotted by
 ``repro_plots``, and the gRPC check lives in ``repro_real_cluster``.
@@ -30,7 +30,7 @@ from benchmarks.harness.processes import use_one_torch_thread
 from benchmarks.repro_experiments import Aggregates, Experiment, Point, as_float, experiments
 from benchmarks.repro_plots import plot
 from benchmarks.repro_real_cluster import CHECK_SEEDS, real_cluster_check, real_cluster_section
-from psworker.simulate import simulate
+from pstools.simulate import simulate
 
 SEEDS = (0, 1, 2)
 

@@ -1,12 +1,12 @@
-"""``psworker``: train against a server, or run a whole local cluster."""
+"""``psworker``: the worker's command group and ``psworker train`` (train against a running server).
+
+The ``psworker`` console script adds the tools' commands (``cluster``, ``simulate``,
+``export``) from :mod:`pstools.cli`; this module imports nothing of the server."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
@@ -15,40 +15,22 @@ from typing import NoReturn
 import click
 import grpc
 import torch
-from rich.console import Console
-from rich.table import Table
 
 from psproto import codec
 from psproto.cli_options import client_security_from_flags, client_security_options
-from psworker.binding import ModelBinding
-from psworker.client import PSClient, ServerMismatchError
-from psworker.export import ExportError, named_tensors, save_state_dict, state_dict_from_checkpoints
-from psworker.launcher import ClusterConfig, ClusterError, run_cluster
+from psworker.client import ServerMismatchError
 from psworker.procedures import ProcedureError
-from psworker.sim_cli import simulate_command
 from psworker.tasks import TaskError, load_task
 from psworker.train import TrainConfig, train
 
-_WIRE_DTYPES = click.Choice(sorted(codec.WIRE_DTYPE_NAMES))
-
-
-def _parse_slowdowns(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r} is not a comma-separated list of numbers", param_hint="--slowdowns"
-        ) from None
-    if not values or any(v < 1.0 for v in values):
-        raise click.BadParameter("every slowdown must be >= 1 (1 = full speed)", param_hint="--slowdowns")
-    return values
+WIRE_DTYPES = click.Choice(sorted(codec.WIRE_DTYPE_NAMES))
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> NoReturn:
     raise SystemExit(128 + signum)
 
 
-def _server_failure(error: grpc.RpcError, servers: tuple[str, ...]) -> click.ClickException:
+def server_failure(error: grpc.RpcError, servers: tuple[str, ...]) -> click.ClickException:
     """A failed call as one line; "refused" only when a server answered."""
     code = error.code()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -91,7 +73,7 @@ def main() -> None:
 )
 @click.option("--eval-every", default=200, show_default=True, type=click.IntRange(min=0), help="0 disables")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--wire-dtype", default="fp32", show_default=True, type=_WIRE_DTYPES)
+@click.option("--wire-dtype", default="fp32", show_default=True, type=WIRE_DTYPES)
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSON-lines log")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
@@ -155,182 +137,11 @@ def train_command(
     try:
         summary = train(config, loaded)
     except grpc.RpcError as error:
-        raise _server_failure(error, servers) from None
+        raise server_failure(error, servers) from None
     except (ProcedureError, ServerMismatchError, ValueError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(json.dumps(asdict(summary)))
 
-
-@main.command()
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1))
-@click.option(
-    "--slowdowns",
-    default="1,1,2,4",
-    show_default=True,
-    help="comma-separated slowdown per worker (1 = full speed); must list one per worker",
-)
-@click.option("--rule", default="asgd", show_default=True, help="update rule (see `psserver rules`)")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None)
-@click.option("--rule-opt", "rule_opts", multiple=True, metavar="KEY=VALUE")
-@click.option("--task", default="digits", show_default=True)
-@click.option(
-    "--updates",
-    default=1500,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="train until the server has applied this many updates",
-)
-@click.option("--shards", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option(
-    "--consistency",
-    default="async",
-    show_default=True,
-    type=click.Choice(["async", "ssp", "bsp"]),
-    help="consistency model in front of the rule",
-)
-@click.option("--ssp-bound", default=3, show_default=True, type=click.IntRange(min=0), help="SSP's bound s")
-@click.option("--wire-dtype", default="fp32", show_default=True, type=_WIRE_DTYPES)
-@click.option("--device", default="auto", show_default=True)
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--log-dir", default=Path("runs/latest"), show_default=True, type=click.Path(path_type=Path))
-@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1))
-def cluster(
-    workers: int,
-    slowdowns: str,
-    rule: str,
-    lr: float | None,
-    rule_opts: tuple[str, ...],
-    task: str,
-    updates: int,
-    shards: int,
-    consistency: str,
-    ssp_bound: int,
-    wire_dtype: str,
-    device: str,
-    seed: int,
-    log_dir: Path,
-    timeout: float,
-) -> None:
-    """Run a server and WORKERS workers of different speeds on this machine, then report."""
-    speeds = _parse_slowdowns(slowdowns)
-    if len(speeds) != workers:
-        raise click.BadParameter(f"{len(speeds)} slowdown(s) for {workers} worker(s)", param_hint="--slowdowns")
-    # The local launcher deliberately runs the server too: check the rule with the server's own
-    # parser (and its message) before starting anything.
-    from psserver.cli import parse_rule
-
-    parse_rule(rule, lr, rule_opts)
-    config = ClusterConfig(
-        workers,
-        speeds,
-        rule,
-        lr,
-        rule_opts,
-        task,
-        updates,
-        shards,
-        wire_dtype,
-        log_dir,
-        device,
-        seed,
-        timeout_s=timeout,
-        server_args=("--consistency", consistency, "--ssp-bound", str(ssp_bound)),
-    )
-    console = Console()
-    console.print(
-        f"hetps local cluster: rule [bold]{rule}[/] ({consistency}), {workers} workers (slowdowns {slowdowns}), "
-        f"{shards} shard(s), {updates} updates, logs in {log_dir}"
-    )
-    try:
-        report = run_cluster(config)
-    except ClusterError as error:
-        raise click.ClickException(str(error)) from None
-    table = Table("worker", "slowdown", "steps", "pushes", "staleness mean", "staleness max", "s/step")
-    for w in report.workers:
-        table.add_row(
-            w.name,
-            f"{w.slowdown:g}×",
-            str(w.steps),
-            str(w.pushes),
-            f"{w.mean_staleness:.2f}",
-            str(w.max_staleness),
-            f"{w.compute_seconds_per_step * 1000:.1f} ms",
-        )
-    console.print(table)
-    console.print(
-        f"final test accuracy [bold]{report.test_accuracy:.4f}[/] (loss {report.test_loss:.4f}) after "
-        f"{report.clock} updates in {report.wall_seconds:.1f} s"
-    )
-    sys.stdout.flush()
-
-
-@main.command("export")
-@click.option(
-    "--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="FILE.safetensors or FILE.pt"
-)
-@click.option(
-    "--checkpoint",
-    "checkpoints",
-    multiple=True,
-    type=click.Path(exists=True, path_type=Path),
-    help="a shard's checkpoint file or --checkpoint-dir (its newest); one per shard",
-)
-@click.option("--server", "servers", multiple=True, help="HOST:PORT of a running shard; one per shard, in order")
-@click.option("--task", default=None, help="with --server: the task whose model the server trains")
-@client_security_options
-def export_command(
-    out: Path,
-    checkpoints: tuple[Path, ...],
-    servers: tuple[str, ...],
-    task: str | None,
-    tls_ca: Path | None,
-    tls_cert: Path | None,
-    tls_key: Path | None,
-    auth_token_file: Path | None,
-) -> None:
-    """Write the trained model as a state dict (safetensors or PyTorch) that loads into the module.
-
-    From checkpoints (no model code needed) or from running shards (pulled as an observer).
-    """
-    if bool(checkpoints) == bool(servers):
-        raise click.UsageError("give either --checkpoint (one per shard) or --server (one per shard) with --task")
-    if checkpoints:
-        try:
-            tensors = state_dict_from_checkpoints(checkpoints)
-        except ExportError as error:
-            raise click.BadParameter(str(error), param_hint="--checkpoint") from None
-    else:
-        if task is None:
-            raise click.UsageError("--server needs --task: the model's layout comes from the task")
-        try:
-            model = load_task(task).build_model()
-        except TaskError as error:
-            raise click.BadParameter(str(error), param_hint="--task") from None
-        tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
-        binding = ModelBinding(model, num_shards=len(servers))
-        try:
-            with PSClient(
-                list(servers),
-                binding.layout,
-                name=f"export-{socket.gethostname()}-{os.getpid()}",
-                observer=True,
-                tls=tls,
-                auth_token=token,
-            ) as client:
-                client.pull(binding.params)
-                clock = client.clock
-        except grpc.RpcError as error:
-            raise _server_failure(error, servers) from None
-        except ServerMismatchError as error:
-            raise click.ClickException(str(error)) from None
-        tensors = named_tensors(binding.layout, binding.params)
-        click.echo(f"pulled clock {clock}")
-    kind = save_state_dict(tensors, out)
-    total = sum(t.numel() for t in tensors.values())
-    click.echo(f"wrote {out} ({kind}, {len(tensors)} tensors, {total} parameters)")
-
-
-main.add_command(simulate_command)
 
 if __name__ == "__main__":
     main()

@@ -1,14 +1,23 @@
-"""PSClient: join every shard of a hetps server, upload, pull and push flat tensors.
+"""PSClient: the gRPC :class:`~psworker.service.ParameterService`, joined to every shard of a hetps server.
 
 The client fans each pull and push out to all shards concurrently; each shard reads and
 writes its own slice of the caller's flat buffer, so no model-sized temporary is made.
 
-It rides through network failures and server restarts: a call that fails with UNAVAILABLE
-(or runs past its deadline) is retried with exponential backoff, a push with the same push
-id (the server applies a push id at most once); a shard that no longer knows the worker
-(it was evicted, or the server restarted without its record) is joined again with
-``resume``, which keeps the worker's push-id memory on the server. When a restarted shard
-is behind the clocks this client already saw, the rollback is recorded in ``rollbacks``.
+A gradient's path from ``ParameterServerOptimizer.step``, never returning to a module it left:
+``psworker.optim`` (step) -> ``psworker.procedures`` (the procedure gathers the gradients into
+the binding's one preallocated flat buffer and hands it over) -> ``psworker.client``
+(``PSClient.push``: a push id, one task per shard) -> ``psworker.transfer`` (``push_requests``:
+the shard's slice as wire chunks) -> ``psproto.codec`` / ``psproto.wire`` (bytes written
+straight from the tensor) -> gRPC. The new parameters come back along ``transfer.receive_params``
+into the binding's flat parameter buffer.
+
+It rides through network failures and server restarts (``psworker.sessions`` decides how,
+from the refusal's reason): a call that fails with UNAVAILABLE (or runs past its deadline) is
+retried with exponential backoff, a push with the same push id (the server applies a push id
+at most once); a shard that no longer knows the worker (UNKNOWN_WORKER: it was evicted, or
+the server restarted without its record) is joined again with ``resume``, which keeps the
+worker's push-id memory on the server. When a restarted shard is behind the clocks this
+client already saw, the rollback is recorded in ``rollbacks``.
 """
 
 from __future__ import annotations
@@ -19,126 +28,45 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
 import torch
 
 from psproto import codec, wire
-from psproto.layout import Layout, ShardRange
+from psproto.layout import Layout
 from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psworker.service import PushResult
+from psworker.sessions import (
+    CHANNEL_OPTIONS,
+    NO_RETRY,
+    ClientStats,
+    Recovery,
+    RetryPolicy,
+    Rollback,
+    ServerMismatchError,
+    ShardSession,
+    is_future_clock,
+    join_recovery_for,
+    recovery_for,
+)
+from psworker.transfer import DataPath, init_requests, push_requests, receive_params
+
+__all__ = [
+    "NO_RETRY",
+    "ClientStats",
+    "PSClient",
+    "PushResult",
+    "RetryPolicy",
+    "Rollback",
+    "ServerMismatchError",
+]
 
 ResultT = TypeVar("ResultT")
 _LOGGER = logging.getLogger(__name__)
-
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    # Reconnect soon after a server restart or a dropped connection (gRPC's default starts at 1 s).
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Backoff for calls that failed because the server could not be reached."""
-
-    # Give up when a call has been failing for this long (then the last error is raised).
-    give_up_seconds: float = 300.0
-    initial_backoff: float = 0.1
-    max_backoff: float = 2.0
-    multiplier: float = 2.0
-    # Status codes that mean "try again": the server is down, restarting, or the network dropped;
-    # CANCELLED: the server cancelled a push that stalled (a paused process, a healed partition).
-    # A retried push keeps its push id, so it is applied once whatever the first attempt did.
-    retry_codes: frozenset[grpc.StatusCode] = frozenset(
-        {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-    )
-
-
-NO_RETRY = RetryPolicy(give_up_seconds=0.0)
-
-
-@dataclass(frozen=True)
-class Rollback:
-    """A shard came back (restored from a checkpoint) at an earlier clock than this client had seen."""
-
-    shard: int
-    seen_clock: int
-    clock: int
-
-    @property
-    def lost_updates(self) -> int:
-        return self.seen_clock - self.clock
-
-
-@dataclass
-class ClientStats:
-    retries: int = 0
-    rejoins: int = 0
-    duplicate_acks: int = 0
-    rollbacks: list[Rollback] = field(default_factory=list)
-
-
-class ServerMismatchError(RuntimeError):
-    """The shards the client reached do not agree with the model it holds."""
-
-
-_SERVICE = "/psproto.v1.ParameterServer/"
-
-
-def _serialize(message: ps_pb2.PushRequest | ps_pb2.InitRequest | bytes) -> bytes:
-    return message if isinstance(message, bytes) else message.SerializeToString()
-
-
-def _parse_push_pull(data: bytes) -> ps_pb2.PushResponse | wire.PulledChunk:
-    field, body = wire.split_push_pull_response(data)
-    return ps_pb2.PushResponse.FromString(bytes(body)) if field == 1 else wire.parse_pull_response(body)
-
-
-class DataPath:
-    """The bulk RPCs with hand-written (de)serialisers: chunks go out and come in without extra copies."""
-
-    def __init__(self, channel: grpc.Channel) -> None:
-        self.init = channel.stream_unary(
-            _SERVICE + "Init", request_serializer=_serialize, response_deserializer=ps_pb2.InitResponse.FromString
-        )
-        self.pull = channel.unary_stream(
-            _SERVICE + "Pull",
-            request_serializer=ps_pb2.PullRequest.SerializeToString,
-            response_deserializer=wire.parse_pull_response,
-        )
-        self.push = channel.stream_unary(
-            _SERVICE + "Push", request_serializer=_serialize, response_deserializer=ps_pb2.PushResponse.FromString
-        )
-        self.push_pull = channel.stream_stream(
-            _SERVICE + "PushPull", request_serializer=_serialize, response_deserializer=_parse_push_pull
-        )
-
-
-@dataclass
-class ShardSession:
-    address: str
-    stub: ps_pb2_grpc.ParameterServerStub
-    channel: grpc.Channel
-    worker_id: int
-    range: ShardRange
-    join: ps_pb2.JoinResponse
-    data: DataPath
-
-
-@dataclass(frozen=True)
-class PushResult:
-    clock: int
-    staleness: int
-    duplicate: bool
-    telemetry: dict[str, float]
 
 
 class PSClient:
@@ -215,7 +143,7 @@ class PSClient:
     def _first_join(self, index: int, address: str) -> ShardSession:
         """Join with retries; a retry resumes, replacing a record an unanswered attempt may have left.
 
-        A name still held by a joined worker (ALREADY_EXISTS: most often this worker's previous
+        A name still held by a joined worker (NAME_IN_USE: most often this worker's previous
         process, not yet expired) is retried without resume until that record's lease runs out,
         so a restarted worker comes back and two running workers never share a name."""
         channel = self._channel(address)
@@ -228,12 +156,12 @@ class PSClient:
             try:
                 return self._join(index, address, channel, self.connect_timeout, resume=resume, close_on_error=False)
             except grpc.RpcError as error:
-                name_in_use = error.code() == grpc.StatusCode.ALREADY_EXISTS
-                if not (name_in_use or error.code() in self.retry.retry_codes) or time.monotonic() >= deadline:
+                recovery = join_recovery_for(error, self.retry)
+                if recovery is Recovery.FAIL or time.monotonic() >= deadline:
                     channel.close()
                     raise
                 self.stats.retries += 1
-                if name_in_use:
+                if recovery is Recovery.WAIT_FOR_NAME:
                     name_held = True
                     resume = False
                     _LOGGER.warning("%s: shard %d: %s; retrying", self.name, index, error.details())
@@ -334,22 +262,21 @@ class PSClient:
             try:
                 return call(session)
             except grpc.RpcError as error:
-                code = error.code()
                 if time.monotonic() >= deadline or self._closing.is_set():
                     raise
-                details = error.details() or ""
-                if code == grpc.StatusCode.NOT_FOUND and ("not joined" in details or "evicted" in details):
+                recovery = recovery_for(error, policy)
+                if recovery is Recovery.REJOIN:
                     try:
                         self._rejoin(index, session)
                     except grpc.RpcError as join_error:
-                        if join_error.code() not in policy.retry_codes:
+                        if recovery_for(join_error, policy) is not Recovery.RETRY:
                             raise
                     else:
                         continue
-                elif code not in policy.retry_codes:
+                elif recovery is not Recovery.RETRY:
                     raise
                 self.stats.retries += 1
-                _LOGGER.info("%s: shard %d: %s (%s); retrying", self.name, index, code.name, error.details())
+                _LOGGER.info("%s: shard %d: %s (%s); retrying", self.name, index, error.code().name, error.details())
             time.sleep(min(backoff, max(0.0, deadline - time.monotonic())) * random.uniform(0.5, 1.0))
             backoff = min(policy.max_backoff, backoff * policy.multiplier)
 
@@ -381,14 +308,9 @@ class PSClient:
         return all(bool(r) for r in results)
 
     def _init_shard(self, session: ShardSession, flat: torch.Tensor) -> bool:
-        def requests() -> Iterator[ps_pb2.InitRequest | bytes]:
-            yield ps_pb2.InitRequest(
-                header=ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash)
-            )
-            for payload in codec.payloads(flat[session.range.offset : session.range.end]):
-                yield wire.chunk_in(2, payload.offset, payload.dtype, payload.data)
-
-        reply: ps_pb2.InitResponse = session.data.init(requests(), timeout=self.rpc_timeout, metadata=self._metadata)
+        header = ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash)
+        requests = init_requests(header, flat[session.range.offset : session.range.end])
+        reply: ps_pb2.InitResponse = session.data.init(requests, timeout=self.rpc_timeout, metadata=self._metadata)
         return reply.applied
 
     def pull(self, out: torch.Tensor, reserve: bool = False) -> int:
@@ -407,19 +329,9 @@ class PSClient:
     def _pull_shard(self, session: ShardSession, out: torch.Tensor, reserve: bool = False) -> int:
         request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype, reserve=reserve)
         messages = session.data.pull(request, timeout=self.rpc_timeout, metadata=self._metadata)
-        clock = self._receive_params(messages, session, out)
+        clock = receive_params(messages, out[session.range.offset : session.range.end])
         self.pulled_clocks[session.range.index] = clock
         self._observe_clock(session.range.index, clock)
-        return clock
-
-    @staticmethod
-    def _receive_params(messages: Iterable[wire.PulledChunk], session: ShardSession, out: torch.Tensor) -> int:
-        assembler = codec.Assembler(out[session.range.offset : session.range.end], track_finite=False)
-        clock = -1
-        for message in messages:
-            clock = message.clock
-            assembler.add(message.chunk)
-        assembler.finish()
         return clock
 
     def push(
@@ -462,9 +374,7 @@ class PSClient:
         try:
             result = self._send_push(session, header, flat, pull_into)
         except grpc.RpcError as error:
-            if error.code() != grpc.StatusCode.OUT_OF_RANGE or "ahead of the shard's clock" not in (
-                error.details() or ""
-            ):
+            if not is_future_clock(error):
                 raise
             # The shard restarted from a checkpoint older than the parameters this update was computed
             # on: send it against the shard's clock now (its true base is gone).
@@ -488,7 +398,7 @@ class PSClient:
         flat: torch.Tensor,
         pull_into: torch.Tensor | None,
     ) -> PushResult:
-        requests = self._push_requests(header, flat[session.range.offset : session.range.end])
+        requests = push_requests(header, flat[session.range.offset : session.range.end], self.wire_dtype)
         if pull_into is None:
             reply: ps_pb2.PushResponse = session.data.push(requests, timeout=self.rpc_timeout, metadata=self._metadata)
             return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry))
@@ -497,16 +407,10 @@ class PSClient:
         if not isinstance(first, ps_pb2.PushResponse):
             raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
         params = (message for message in replies if isinstance(message, wire.PulledChunk))
-        clock = self._receive_params(params, session, pull_into)
+        clock = receive_params(params, pull_into[session.range.offset : session.range.end])
         self.pulled_clocks[session.range.index] = clock
         self._observe_clock(session.range.index, clock)
         return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry))
-
-    def _push_requests(self, header: ps_pb2.PushHeader, flat: torch.Tensor) -> Iterator[ps_pb2.PushRequest | bytes]:
-        yield ps_pb2.PushRequest(header=header)
-        # Chunks go out as wire bytes written straight from the tensor (psproto.wire).
-        for payload in codec.payloads(flat, self.wire_dtype):
-            yield wire.chunk_in(2, payload.offset, payload.dtype, payload.data)
 
     # -- housekeeping -----------------------------------------------------------------
 
@@ -536,6 +440,10 @@ class PSClient:
             s.stub.Checkpoint(ps_pb2.CheckpointRequest(), timeout=self.rpc_timeout, metadata=self._metadata)
             for s in self.sessions
         ]
+
+    def leave(self) -> None:
+        """Leave every shard (best effort) and close the channels."""
+        self.close()
 
     def close(self, leave: bool = True) -> None:
         """Leave every shard (best effort) and close the channels."""

@@ -11,12 +11,18 @@ import signal
 from psproto.tuning import apply_malloc_tuning
 
 
-def run() -> None:
+def prepare_process() -> None:
+    """Tune the allocator (may re-execute the process) and make SIGINT raise KeyboardInterrupt."""
     apply_malloc_tuning()
     # A process started in the background by a non-interactive shell (`cmd &` in a script, nohup
     # under some supervisors) inherits SIGINT ignored, and Python then never raises
     # KeyboardInterrupt: `kill -INT` would not make the worker leave its shards and stop.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def run() -> None:
+    """``python -m psworker``: psworker's own commands (the console script adds the tools', pstools.entry)."""
+    prepare_process()
     from psworker.cli import main
 
     main()

@@ -16,7 +16,8 @@ from torch import nn
 from psproto.security import ClientTls
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
-from psworker.procedures import StepOutcome, build_procedure
+from psworker.procedures import StepOutcome
+from psworker.startup import start_worker
 
 
 class ParameterServerOptimizer:
@@ -46,10 +47,7 @@ class ParameterServerOptimizer:
             tls=tls,
             auth_token=auth_token,
         )
-        if not self.client.initialized:
-            self.client.init(self.binding.gather_params())
-        self.procedure = build_procedure(self.client, self.binding)
-        self.procedure.start()
+        self.procedure = start_worker(self.client, self.binding)
         self.last: StepOutcome | None = None
 
     def zero_grad(self) -> None:

@@ -14,14 +14,39 @@ step with what it last pulled or computed, and pushes through the client's flat 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
 from psproto.v1 import ps_pb2
 from psworker.binding import ModelBinding
-from psworker.client import PSClient, PushResult
+from psworker.procedure_options import (
+    AgnOptions,
+    DeltaOptions,
+    EasgdOptions,
+    GemOptions,
+    GradientOptions,
+    ProcedureError,
+    parse_options,
+)
+from psworker.service import ParameterService, PushResult
+
+__all__ = [
+    "PROCEDURES",
+    "AgnProcedure",
+    "EasgdProcedure",
+    "GemProcedure",
+    "GradientProcedure",
+    "Procedure",
+    "ProcedureError",
+    "StepOutcome",
+    "WindowedDeltaProcedure",
+    "build_procedure",
+    "procedure_class",
+]
+
+OptionsT = TypeVar("OptionsT")
 
 
 @dataclass
@@ -41,43 +66,16 @@ def _summarise(results: list[PushResult]) -> tuple[int, dict[str, float]]:
     return staleness, telemetry
 
 
-class ProcedureError(ValueError):
-    """The server asked for a procedure or an option this worker does not know."""
+class Procedure(ABC, Generic[OptionsT]):
+    """One worker procedure; ``options`` are the server's, parsed into ``options_type``."""
 
+    name: ClassVar[str]
+    options_type: ClassVar[type[Any]]
 
-class Procedure(ABC):
-    name: str
-
-    def __init__(self, client: PSClient, binding: ModelBinding, options: Mapping[str, str]) -> None:
+    def __init__(self, client: ParameterService, binding: ModelBinding, options: OptionsT) -> None:
         self.client = client
         self.binding = binding
-        self.options = dict(options)
-
-    def _text(self, key: str, default: str | None) -> str:
-        text = self.options.get(key, default)
-        if text is None:
-            raise ProcedureError(f"procedure {self.name} needs option {key!r} from the server")
-        return text
-
-    def float_option(self, key: str, default: str | None = None) -> float:
-        text = self._text(key, default)
-        try:
-            return float(text)
-        except ValueError:
-            raise ProcedureError(f"procedure {self.name}: option {key}={text!r} is not a number") from None
-
-    def int_option(self, key: str, default: str | None = None) -> int:
-        text = self._text(key, default)
-        try:
-            return int(text)
-        except ValueError:
-            raise ProcedureError(f"procedure {self.name}: option {key}={text!r} is not an integer") from None
-
-    def bool_option(self, key: str, default: str | None = None) -> bool:
-        text = self._text(key, default).strip().lower()
-        if text not in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
-            raise ProcedureError(f"procedure {self.name}: option {key}={text!r} is not true or false")
-        return text in {"1", "true", "yes", "on"}
+        self.options = options
 
     def start(self) -> None:
         """Take the server's current parameters as the model's."""
@@ -93,10 +91,11 @@ class Procedure(ABC):
         return None
 
 
-class GradientProcedure(Procedure):
+class GradientProcedure(Procedure[GradientOptions]):
     """Push every step's raw gradient and take back the new parameters in the same round trip."""
 
     name = "gradient"
+    options_type = GradientOptions
 
     def step(self, loss: float) -> StepOutcome:
         grads = self.binding.gather_grads()
@@ -106,32 +105,26 @@ class GradientProcedure(Procedure):
         return StepOutcome(loss, True, staleness, telemetry)
 
 
-class WindowedDeltaProcedure(Procedure):
+class WindowedDeltaProcedure(Procedure[DeltaOptions]):
     """``λ`` local optimizer steps, then push the accumulated delta ``θ_end − θ_start``.
 
-    DOWNPOUR and DynSGD push it as is; AGN (``normalize``) divides it by the steps done, so a
-    final partial window pushes ``a / steps_done``. Local optimizer state persists across
-    windows; after each push the model is overwritten with the pulled parameters.
+    DOWNPOUR and DynSGD push it as is, after local SGD; AGN (``normalize``) divides it by the
+    steps done, so a final partial window pushes ``a / steps_done``. Local optimizer state
+    persists across windows; after each push the model is overwritten with the pulled parameters.
     """
 
     name = "delta"
+    options_type: ClassVar[type[Any]] = DeltaOptions
     normalize = False
 
-    def __init__(self, client: PSClient, binding: ModelBinding, options: Mapping[str, str]) -> None:
+    def __init__(self, client: ParameterService, binding: ModelBinding, options: DeltaOptions) -> None:
         super().__init__(client, binding, options)
-        window = self.int_option("window")
-        if window < 1:
-            raise ProcedureError(f"window must be >= 1, got {window}")
-        self.window = window
-        lr = self.float_option("lr")
+        self.window = options.window
         parameters = [p for _, p in binding.named]
-        optimizer = self._text("local_optimizer", "sgd")
-        if optimizer == "adam":
-            self.optimizer: torch.optim.Optimizer = torch.optim.Adam(parameters, lr=lr)
-        elif optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(parameters, lr=lr)
+        if isinstance(options, AgnOptions) and options.local_optimizer == "adam":
+            self.optimizer: torch.optim.Optimizer = torch.optim.Adam(parameters, lr=options.lr)
         else:
-            raise ProcedureError(f"local_optimizer {optimizer!r} is not sgd or adam")
+            self.optimizer = torch.optim.SGD(parameters, lr=options.lr)
         self.window_start = torch.zeros_like(binding.params)
         self.delta = torch.zeros_like(binding.params)
         self.steps_done = 0
@@ -168,10 +161,11 @@ class AgnProcedure(WindowedDeltaProcedure):
     """Accumulated Gradient Normalization: the window's delta divided by the steps taken."""
 
     name = "agn"
+    options_type = AgnOptions
     normalize = True
 
 
-class EasgdProcedure(Procedure):
+class EasgdProcedure(Procedure[EasgdOptions]):
     """Asynchronous EASGD (Zhang, Choromanska & LeCun, 2015); EAMSGD with ``local_momentum`` > 0.
 
     Local SGD (Nesterov momentum δ for EAMSGD); every ``λ`` steps: pull the centre ``x̃``,
@@ -180,16 +174,13 @@ class EasgdProcedure(Procedure):
     """
 
     name = "easgd"
+    options_type = EasgdOptions
 
-    def __init__(self, client: PSClient, binding: ModelBinding, options: Mapping[str, str]) -> None:
+    def __init__(self, client: ParameterService, binding: ModelBinding, options: EasgdOptions) -> None:
         super().__init__(client, binding, options)
-        lr = self.float_option("lr")
-        rho = self.float_option("rho")
-        momentum = self.float_option("local_momentum", "0.0")
-        self.window = self.int_option("window")
-        if self.window < 1 or lr <= 0 or rho <= 0 or not 0 <= momentum < 1:
-            raise ProcedureError(f"easgd options out of range: window={self.window} lr={lr} rho={rho} δ={momentum}")
-        self.alpha = lr * rho
+        lr, momentum = options.lr, options.local_momentum
+        self.window = options.window
+        self.alpha = lr * options.rho
         parameters = [p for _, p in binding.named]
         self.optimizer = torch.optim.SGD(parameters, lr=lr, momentum=momentum, nesterov=momentum > 0)
         self.centre = torch.zeros_like(binding.params)
@@ -215,7 +206,7 @@ class EasgdProcedure(Procedure):
 _PI_MEDIAN_SAMPLE = 1 << 20
 
 
-class GemProcedure(Procedure):
+class GemProcedure(Procedure[GemOptions]):
     """Gradient Energy Matching (Hermans & Louppe, 2018), computed element-wise by the worker.
 
     With ``s`` the parameters the gradient is computed on and ``m`` the proxy momentum::
@@ -229,16 +220,17 @@ class GemProcedure(Procedure):
     """
 
     name = "gem"
+    options_type = GemOptions
 
-    def __init__(self, client: PSClient, binding: ModelBinding, options: Mapping[str, str]) -> None:
+    def __init__(self, client: ParameterService, binding: ModelBinding, options: GemOptions) -> None:
         super().__init__(client, binding, options)
-        self.lr = self.float_option("lr")
-        self.momentum = self.float_option("momentum", "0.9")
-        self.kappa = self.float_option("kappa", "1.0")
-        self.pi_max = self.float_option("pi_max", "5.0")
-        self.epsilon = self.float_option("epsilon", "1e-12")
-        self.local_apply = self.bool_option("local_apply", "true")
-        self.atomic = self.bool_option("atomic", "true")
+        self.lr = options.lr
+        self.momentum = options.momentum
+        self.kappa = options.kappa
+        self.pi_max = options.pi_max
+        self.epsilon = options.epsilon
+        self.local_apply = options.local_apply
+        self.atomic = options.atomic
         size = binding.params.numel()
         self.proxy_momentum = torch.zeros(size)
         self.delta = torch.zeros(size)
@@ -275,19 +267,24 @@ class GemProcedure(Procedure):
         return values[:: values.numel() // _PI_MEDIAN_SAMPLE]
 
 
-PROCEDURES: dict[str, type[Procedure]] = {
+PROCEDURES: dict[str, type[Procedure[Any]]] = {
     cls.name: cls for cls in (GradientProcedure, WindowedDeltaProcedure, AgnProcedure, EasgdProcedure, GemProcedure)
 }
 
 
-def build_procedure(client: PSClient, binding: ModelBinding) -> Procedure:
-    """The procedure the server asked for in its Join reply."""
-    rule = client.rule
+def procedure_class(rule: ps_pb2.RuleInfo) -> type[Procedure[Any]]:
+    """The procedure class a rule names; ProcedureError when this worker does not implement it."""
     try:
-        cls = PROCEDURES[rule.worker_procedure]
+        return PROCEDURES[rule.worker_procedure]
     except KeyError:
         raise ProcedureError(
             f"the server's rule {rule.name} needs worker procedure {rule.worker_procedure!r}, which this "
             f"worker does not implement (it knows {', '.join(PROCEDURES)}); upgrade psworker"
         ) from None
-    return cls(client, binding, rule.procedure_options)
+
+
+def build_procedure(client: ParameterService, binding: ModelBinding) -> Procedure[Any]:
+    """The procedure the server asked for in its Join reply, with the options it sent."""
+    rule = client.rule
+    cls = procedure_class(rule)
+    return cls(client, binding, parse_options(cls.name, cls.options_type, rule.procedure_options))

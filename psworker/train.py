@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from psproto.security import ClientTls
 from psworker.binding import ModelBinding
 from psworker.client import PSClient, RetryPolicy
-from psworker.procedures import build_procedure
+from psworker.startup import start_worker
 from psworker.tasks import Task, evaluate, load_task
 
 
@@ -129,11 +129,7 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
         stack.callback(client.close)
         log_stream = stack.enter_context(config.log_file.open("a")) if config.log_file else None
         log = JsonLog(log_stream)
-        if not client.initialized:
-            applied = client.init(binding.gather_params())
-            log.write("init", applied=applied)
-        procedure = build_procedure(client, binding)
-        procedure.start()
+        procedure = start_worker(client, binding, on_init=lambda applied: log.write("init", applied=applied))
         log.write(
             "start",
             name=client.name,

@@ -1,8 +1,9 @@
 """The dependency direction of DESIGN.md, checked on the source (parsed, never imported).
 
-``psproto`` <- ``psserver`` and ``psproto`` <- ``psworker``: the server never imports the
-worker, the worker never imports the server except in the tools that deliberately run both,
-and the server's core (shard state, rules, consistency) never imports grpc.
+``psproto`` <- ``psserver`` and ``psproto`` <- ``psworker``, and ``pstools`` above both: the
+server never imports the worker, the worker never imports the server, neither imports the
+tools, and there are no exceptions. The server's core (shard state, rules, consistency)
+imports neither grpc nor the wire (generated messages, wire bytes).
 """
 
 from __future__ import annotations
@@ -11,22 +12,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
-
-# psworker modules that may import the server, and what each may import from it.
-DELIBERATE_WORKER_TO_SERVER = {
-    # `psworker cluster` is the local launcher: it runs the servers too, and checks the rule with
-    # the server's own parser (and message) before starting them.
-    "psworker.cli": ("psserver.cli",),
-    # The simulator runs the server's own shard and rules in virtual time, in one process.
-    "psworker.simulate": ("psserver.core",),
-    # `psworker simulate` parses the rule with the server's parser, like `psworker cluster`.
-    "psworker.sim_cli": ("psserver.cli",),
-    # `psworker export --checkpoint` reads the server's checkpoint files offline (no server runs).
-    "psworker.export": ("psserver.core.checkpoint",),
-}
 
 
 def _module_name(path: Path, root: Path = ROOT) -> str:
@@ -98,29 +84,22 @@ def test_the_server_core_never_imports_grpc() -> None:
     assert found == [], "psserver/core is pure torch; grpc belongs in psserver/rpc"
 
 
+def test_the_server_core_never_imports_the_wire() -> None:
+    found = _violations("psserver/core", ("psproto.v1", "psproto.wire"))
+    assert found == [], "psserver/core builds no wire bytes: rpc/ injects the encoder"
+
+
 def test_the_wire_contract_imports_neither_side() -> None:
-    assert _violations("psproto", ("psserver", "psworker")) == []
+    assert _violations("psproto", ("psserver", "psworker", "pstools")) == []
 
 
-def test_the_server_never_imports_the_worker() -> None:
-    assert _violations("psserver", ("psworker",)) == []
+def test_the_server_never_imports_the_worker_or_the_tools() -> None:
+    assert _violations("psserver", ("psworker", "pstools")) == []
 
 
-def test_the_worker_imports_the_server_only_where_it_deliberately_runs_both() -> None:
-    found = []
-    for path in _sources("psworker"):
-        allowed = DELIBERATE_WORKER_TO_SERVER.get(_module_name(path), ())
-        for line, name in _imports(path):
-            if _within(name, "psserver") and not any(_within(name, prefix) for prefix in allowed):
-                found.append((path, line, name))
-    assert _report(found) == [], "the worker imports only psproto (shared client helpers live in psproto.security)"
-
-
-@pytest.mark.parametrize("module", sorted(DELIBERATE_WORKER_TO_SERVER))
-def test_every_exception_is_still_needed(module: str) -> None:
-    """An exception whose module no longer imports the server is dropped from the list."""
-    path = ROOT / (module.replace(".", "/") + ".py")
-    assert any(_within(name, "psserver") for _, name in _imports(path)), f"{module} no longer imports psserver"
+def test_the_worker_never_imports_the_server_or_the_tools() -> None:
+    found = _violations("psworker", ("psserver", "pstools"))
+    assert found == [], "the worker rests on psproto alone; what runs both sides lives in pstools"
 
 
 def test_the_walker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
@@ -137,4 +116,4 @@ def test_the_walker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     )
     names = {name for _, name in _imports(source, tmp_path)}
     assert {"grpc.aio", "psworker.tools.sibling", "psworker.client", "psserver.cli", "psserver.core.shard"} <= names
-    assert "psserver.cli" in {name for _, name in _imports(ROOT / "psworker" / "cli.py")}  # inside `cluster`
+    assert "psserver.cli" in {name for _, name in _imports(ROOT / "pstools" / "cli.py")}  # inside `cluster`

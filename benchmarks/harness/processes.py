@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from benchmarks.harness.settings import LR, SERVER_ARGS, TORCH_THREADS
 from psserver.ready import ReadyInfo, wait_for_ready_file
-from psworker.launcher import stop_process
+from pstools.launcher import stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_START_TIMEOUT_S = 60.0

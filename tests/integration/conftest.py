@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from psproto.v1 import ps_pb2_grpc
-from psworker.launcher import start_server, stop_process
+from pstools.launcher import start_server, stop_process
 
 StartServer = Callable[..., str]
 

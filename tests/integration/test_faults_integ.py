@@ -22,7 +22,7 @@ import torch
 
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.checkpoint import list_checkpoints
-from psworker.launcher import start_server, stop_process
+from pstools.launcher import start_server, stop_process
 from psworker.tasks import evaluate, load_task
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from psproto.layout import Layout
+from pstools.launcher import start_server, stop_process
 from psworker.client import NO_RETRY, PSClient
-from psworker.launcher import start_server, stop_process
 
 pytestmark = pytest.mark.integration
 

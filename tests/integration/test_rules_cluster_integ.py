@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from psserver.core.rules import RULES
-from psworker.launcher import ClusterConfig, run_cluster
+from pstools.launcher import ClusterConfig, run_cluster
 
 pytestmark = pytest.mark.integration
 

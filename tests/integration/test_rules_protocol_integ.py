@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core.rules import RULES, PayloadKind, RuleSpec
 from psserver.core.shard import Shard, ShardConfig
+from pstools.inprocess import InProcessService
 from tests.integration.conftest import StartServer
 
 pytestmark = pytest.mark.integration
@@ -58,32 +58,24 @@ def _scenario(rule: str) -> dict[str, object]:
 
 
 def _core_replay(rule: str, scenario: dict[str, object]) -> list[dict[str, object]]:
-    """The same scenario applied to the shard core in-process: the reference."""
+    """The same scenario applied to the shard core in-process (through the in-process service): the reference."""
     layout = Layout.from_named_shapes((name, tuple(shape)) for name, shape in TENSORS)
     shard = Shard(ShardConfig(RuleSpec.parse(rule, {"lr": str(LR)})))
-    ids = [shard.join(f"w{i}", "", False, layout, layout.hash).worker.worker_id for i in range(2)]
+    workers = [InProcessService(shard, layout, f"w{i}", device="") for i in range(2)]
+    workers[0].init(torch.tensor(INITIAL))
     observer = None
-    assembler = shard.begin_upload(ids[0], layout.hash)
-    for chunk in codec.encode(torch.tensor(INITIAL)):
-        shard.decode_chunk(assembler, chunk)
-    shard.finish_upload(assembler)
-    clocks = [0, 0]
-    push_ids = [0, 0]
+    pulled = torch.empty(layout.total_length)
     results = []
     for step in scenario["steps"]:  # type: ignore[attr-defined]
-        worker = step[1]
+        worker = workers[step[1]]
         if step[0] == "pull":
-            clocks[worker] = shard.pull(ids[worker], ps_pb2.DTYPE_FLOAT32).clock
+            worker.pull(pulled)
             continue
-        push_ids[worker] += 1
-        kind = PayloadKind.GRADIENT if step[2] == "gradient" else PayloadKind.DELTA
-        pending = shard.begin_push(ids[worker], push_ids[worker], clocks[worker], int(kind), layout.hash, {})
-        for chunk in codec.encode(torch.tensor(step[3])):
-            shard.add_chunk(pending, chunk)
-        outcome = shard.commit_push(pending)
+        kind = ps_pb2.PAYLOAD_KIND_GRADIENT if step[2] == "gradient" else ps_pb2.PAYLOAD_KIND_DELTA
+        (outcome,) = worker.push(torch.tensor(step[3]), kind)
         if observer is None:
-            observer = shard.join("observer", "", True, layout, layout.hash).worker.worker_id
-        shard.pull(observer, ps_pb2.DTYPE_FLOAT32)
+            observer = InProcessService(shard, layout, "observer", device="", observer=True)
+        observer.pull(pulled)
         results.append({"clock": outcome.clock, "staleness": outcome.staleness, "params": shard.params.tolist()})
     return results
 

@@ -22,8 +22,8 @@ from psproto.errors import Reason, reason_of
 from psproto.layout import Layout
 from psproto.security import ClientTls
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from pstools.launcher import start_server, stop_process
 from psworker.client import NO_RETRY, PSClient
-from psworker.launcher import start_server, stop_process
 
 pytestmark = pytest.mark.integration
 LAYOUT = Layout.from_named_shapes([("w", (8,))])

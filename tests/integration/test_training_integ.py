@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from psworker.launcher import ClusterConfig, run_cluster
+from pstools.launcher import ClusterConfig, run_cluster
 from tests.integration.conftest import StartServer
 
 pytestmark = pytest.mark.integration

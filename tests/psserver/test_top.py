@@ -18,7 +18,7 @@ from rich.console import Console
 
 from psproto.v1 import ps_pb2
 from psserver.top import ShardView, StatusPoller, render
-from psworker.launcher import start_server, stop_process
+from pstools.launcher import start_server, stop_process
 
 
 def status(clock: int, pushes: dict[str, int], **stats: dict[str, float]) -> ps_pb2.StatusResponse:

@@ -7,6 +7,7 @@ written down from its equations.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.server import start_server
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
+from psworker.procedure_options import parse_options
 from psworker.procedures import (
     AgnProcedure,
     EasgdProcedure,
@@ -26,8 +28,9 @@ from psworker.procedures import (
     Procedure,
     ProcedureError,
     WindowedDeltaProcedure,
-    build_procedure,
+    procedure_class,
 )
+from psworker.startup import start_worker
 
 C = torch.tensor([1.0, -2.0, 0.5, 3.0])
 W0 = torch.tensor([0.1, 0.2, -0.3, 0.4])
@@ -57,18 +60,15 @@ def server() -> Iterator[tuple[Shard, object]]:
         running.stop(0)  # type: ignore[attr-defined]
 
 
-def _worker(address: str, name: str = "w") -> tuple[Linear, PSClient, Procedure]:
+def _worker(address: str, name: str = "w") -> tuple[Linear, PSClient, Procedure[Any]]:
     model = Linear()
     binding = ModelBinding(model)
     client = PSClient(address, binding.layout, name=name)
-    if not client.initialized:
-        client.init(binding.gather_params())
-    procedure = build_procedure(client, binding)
-    procedure.start()
+    procedure = start_worker(client, binding)
     return model, client, procedure
 
 
-def _steps(model: Linear, procedure: Procedure, count: int) -> list[object]:
+def _steps(model: Linear, procedure: Procedure[Any], count: int) -> list[object]:
     outcomes = []
     for _ in range(count):
         model.zero_grad()
@@ -166,16 +166,13 @@ def test_gem_pi_follows_the_energy_of_the_proxy(server) -> None:  # type: ignore
 
 
 def test_an_unknown_procedure_is_refused_with_what_is_known() -> None:
-    class FakeClient:
-        rule = ps_pb2.RuleInfo(name="future-rule", worker_procedure="quantum")
-
+    rule = ps_pb2.RuleInfo(name="future-rule", worker_procedure="quantum")
     with pytest.raises(ProcedureError, match=r"needs worker procedure 'quantum'.*it knows gradient, delta, agn"):
-        build_procedure(FakeClient(), ModelBinding(Linear()))  # type: ignore[arg-type]
+        procedure_class(rule)
 
 
 def test_missing_procedure_options_are_named() -> None:
-    class FakeClient:
-        rule = ps_pb2.RuleInfo(name="downpour", worker_procedure="delta", procedure_options={"lr": "0.1"})
-
+    rule = ps_pb2.RuleInfo(name="downpour", worker_procedure="delta", procedure_options={"lr": "0.1"})
+    cls = procedure_class(rule)
     with pytest.raises(ProcedureError, match="needs option 'window'"):
-        build_procedure(FakeClient(), ModelBinding(Linear()))  # type: ignore[arg-type]
+        parse_options(cls.name, cls.options_type, rule.procedure_options)

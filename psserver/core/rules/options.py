@@ -14,13 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from psproto.booleans import format_bool, parse_bool
+
 
 class RuleOptionError(ValueError):
     """A rule option that is unknown, of the wrong type or out of range."""
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 def option(
@@ -83,7 +81,7 @@ def _type_name(kind: Any) -> str:
 
 def _format_value(value: Any) -> str:
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return format_bool(value)
     return str(value)
 
 
@@ -104,10 +102,7 @@ def _convert(name: str, text: str, kind: Any, meta: Mapping[str, Any]) -> Any:
     value: Any
     try:
         if kind is bool:
-            lowered = text.strip().lower()
-            if lowered not in _TRUE | _FALSE:
-                raise ValueError(text)
-            value = lowered in _TRUE
+            value = parse_bool(text)
         elif kind is int:
             value = int(text)
         elif kind is float:

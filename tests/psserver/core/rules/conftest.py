@@ -1,7 +1,7 @@
 """Drive update rules the way the server does: a real Shard, workers that join, pull and push.
 
-``Cluster`` wraps one in-process shard; ``LocalClient`` answers a worker procedure's client
-calls from that shard, so a rule's ``procedure_options`` meet the real worker procedure.
+``Cluster`` wraps one in-process shard; a ``Worker`` runs the real worker procedure through
+``pstools.inprocess.InProcessService`` on that shard, so a rule's ``procedure_options`` meet it.
 Every model here is ``nn.Linear(2, 2)``: six parameters in two tensors (weight 0..4, bias 4..6).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,8 +21,8 @@ from psserver.core.rules import PayloadKind, PushContext, RuleSpec, Telemetry, U
 from psserver.core.rules.options import RuleOptions
 from psserver.core.shard import Shard, ShardConfig
 from psserver.core.workers import PushOutcome
+from pstools.inprocess import InProcessService
 from psworker.binding import ModelBinding
-from psworker.client import PSClient, PushResult
 from psworker.procedures import Procedure, build_procedure
 
 LAYOUT = Layout.from_named_shapes([("weight", (2, 2)), ("bias", (2,))])
@@ -63,13 +63,22 @@ class Cluster:
 
     def join(self, name: str = "worker") -> int:
         worker_id = self.shard.join(name, "cpu", False, self.layout, self.layout.hash).worker.worker_id
+        self._initialise(worker_id)
+        return worker_id
+
+    def _initialise(self, worker_id: int) -> None:
         if not self._initialised:
             assembler = self.shard.begin_upload(worker_id, self.layout.hash)
             for chunk in codec.encode(INITIAL):
                 self.shard.decode_chunk(assembler, chunk)
             self.shard.finish_upload(assembler)
             self._initialised = True
-        return worker_id
+
+    def service(self, name: str) -> InProcessService:
+        """A worker's service on this shard (pushes in several chunks, as ``push``); initialises first."""
+        service = InProcessService(self.shard, self.layout, name, chunk_bytes=8)
+        self._initialise(service.worker_id)
+        return service
 
     @property
     def params(self) -> torch.Tensor:
@@ -105,35 +114,6 @@ class Cluster:
         return self.shard.commit_push(pending)
 
 
-class LocalClient:
-    """The part of ``PSClient`` a worker procedure uses, answered by a ``Cluster``'s shard."""
-
-    def __init__(self, cluster: Cluster, name: str) -> None:
-        self.cluster = cluster
-        self.worker_id = cluster.join(name)
-        rule = cluster.shard.rule
-        assert rule is not None
-        self.rule = ps_pb2.RuleInfo(
-            name=rule.name, worker_procedure=rule.worker_procedure, procedure_options=rule.procedure_options()
-        )
-
-    def pull(self, out: torch.Tensor, reserve: bool = False) -> int:
-        self.cluster.pull(self.worker_id, out, reserve)
-        return self.cluster.shard.workers[self.worker_id].pulled_clock
-
-    def push(
-        self,
-        flat: torch.Tensor,
-        kind: int = ps_pb2.PAYLOAD_KIND_GRADIENT,
-        metadata: Mapping[str, float] | None = None,
-        pull_into: torch.Tensor | None = None,
-    ) -> list[PushResult]:
-        outcome = self.cluster.push(self.worker_id, flat, PayloadKind(kind), metadata)
-        if pull_into is not None:
-            self.pull(pull_into)
-        return [PushResult(outcome.clock, outcome.staleness, outcome.duplicate, outcome.telemetry)]
-
-
 class Worker:
     """A worker running the procedure the cluster's rule asks for, on ``nn.Linear(2, 2)``.
 
@@ -145,8 +125,8 @@ class Worker:
         self.model = nn.Linear(2, 2)
         self.binding = ModelBinding(self.model)
         assert self.binding.layout.hash == cluster.layout.hash
-        self.client = LocalClient(cluster, name)
-        self.procedure: Procedure = build_procedure(cast(PSClient, self.client), self.binding)
+        self.client = cluster.service(name)
+        self.procedure: Procedure[Any] = build_procedure(self.client, self.binding)
         self.procedure.start()
 
     @property

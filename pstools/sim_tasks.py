@@ -2,7 +2,7 @@
 
 ``digits_mlp`` is a multilayer perceptron on the 64 pixel values of the same digits data
 (scikit-learn's bundled 8×8 images, no download). Use it from ``psworker train`` or
-``psworker cluster`` as ``--task psworker.sim_tasks:digits_mlp``.
+``psworker cluster`` as ``--task pstools.sim_tasks:digits_mlp``.
 """
 
 from __future__ import annotations

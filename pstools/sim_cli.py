@@ -1,4 +1,4 @@
-"""``psworker simulate``: a virtual heterogeneous cluster in one process (see :mod:`psworker.simulate`)."""
+"""``psworker simulate``: a virtual heterogeneous cluster in one process (see :mod:`pstools.simulate`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from psworker.simulate import SimConfig, SimulationError, SpeedModel, simulate
+from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
 
 
 @click.command("simulate")

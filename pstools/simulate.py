@@ -1,9 +1,9 @@
 """A heterogeneous cluster in one process, in virtual time, through the real shard and procedures.
 
 Every update goes through a real :class:`psserver.core.shard.Shard` (the server's rules,
-staleness, snapshots and consistency) and every worker runs the real worker procedure the
-rule asks for (:mod:`psworker.procedures`), talking to the shard through :class:`SimClient`,
-an in-process stand-in for :class:`psworker.client.PSClient`. Nothing sleeps and nothing
+staleness, snapshots and consistency) and every worker starts as a real worker does
+(:func:`psworker.startup.start_worker`) and runs the real worker procedure the rule asks for,
+talking to the shard through :class:`pstools.inprocess.InProcessService`. Nothing sleeps and nothing
 crosses a network: an event queue orders the workers' steps by virtual time.
 
 - A worker computes its gradient on the parameters it last pulled; finishing a step at
@@ -24,289 +24,51 @@ Everything is deterministic for a seed: batches, step times and the order of eve
 from __future__ import annotations
 
 import heapq
-import itertools
-import json
 import math
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, cast
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from psproto import codec
-from psproto.layout import Layout
-from psproto.v1 import ps_pb2
 from psserver.core.consistency import Consistency, ConsistencyModel, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
+from pstools.inprocess import InProcessService
+from pstools.sim_config import (
+    CurvePoint,
+    SimConfig,
+    SimResult,
+    SimulationError,
+    SpeedModel,
+    WorkerStats,
+    load_profile,
+)
+from pstools.sim_tasks import sim_task
 from psworker.binding import ModelBinding
-from psworker.client import PSClient, PushResult
-from psworker.procedures import Procedure, StepOutcome, build_procedure
-from psworker.sim_tasks import sim_task
+from psworker.procedures import Procedure, StepOutcome
+from psworker.startup import start_worker
 from psworker.tasks import Task, evaluate
+
+__all__ = [
+    "CurvePoint",
+    "SimConfig",
+    "SimResult",
+    "Simulation",
+    "SimulationError",
+    "SpeedModel",
+    "WorkerStats",
+    "load_profile",
+    "simulate",
+]
 
 # Leases and GEM reservations are counted in virtual seconds; nothing in a simulation expires.
 _NEVER_S = 1e18
-
-
-class SimulationError(ValueError):
-    """A configuration the simulator cannot run."""
-
-
-# -- speeds ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SpeedModel:
-    """How long each worker's step takes, in virtual seconds.
-
-    ``constant``: every step takes ``step_s``. ``groups``: worker ``r`` takes
-    ``step_s × ratios[r mod len(ratios)]`` (``1:1:2:4``). ``exponential``: exponentially
-    distributed with that mean. ``profile``: drawn from the step times a real run measured
-    (one list per worker, cycled over ranks; see :func:`load_profile`).
-    """
-
-    kind: str = "constant"
-    ratios: tuple[float, ...] = (1.0,)
-    step_s: float = 1.0
-    profile: tuple[tuple[float, ...], ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind not in {"constant", "groups", "exponential", "profile"}:
-            raise SimulationError(f"unknown speed model {self.kind!r}; use constant, groups, exponential or profile")
-        if not self.ratios or any(r <= 0 for r in self.ratios) or self.step_s <= 0:
-            raise SimulationError("speed ratios and the step time must be positive")
-        if self.kind == "profile" and not any(self.profile):
-            raise SimulationError("a profile speed model needs at least one measured step time")
-
-    @classmethod
-    def parse(cls, text: str, step_s: float = 1.0) -> SpeedModel:
-        """``constant``, ``1:1:2:4`` (groups), ``exp`` or ``exp:1:1:2:4``, ``profile:LOG_DIR``."""
-        text = text.strip()
-        if text in {"", "constant"}:
-            return cls("constant", step_s=step_s)
-        kind, _, rest = text.partition(":")
-        if kind == "profile":
-            return cls("profile", step_s=step_s, profile=load_profile(Path(rest)))
-        if kind in {"exp", "exponential"}:
-            return cls("exponential", _ratios(rest or "1"), step_s)
-        return cls("groups", _ratios(text), step_s)
-
-    def slowdown(self, rank: int) -> float:
-        if self.kind == "profile":
-            times = self.profile[rank % len(self.profile)]
-            return sum(times) / len(times) / self.step_s
-        return 1.0 if self.kind == "constant" else self.ratios[rank % len(self.ratios)]
-
-    def sampler(self, rank: int, rng: random.Random) -> Callable[[], float]:
-        mean = self.step_s * self.slowdown(rank)
-        if self.kind == "exponential":
-            return lambda: rng.expovariate(1.0 / mean)
-        if self.kind == "profile":
-            times = self.profile[rank % len(self.profile)]
-            return lambda: rng.choice(times)
-        return lambda: mean
-
-
-def _ratios(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(part) for part in text.replace(",", ":").split(":") if part.strip())
-    except ValueError:
-        raise SimulationError(f"{text!r} is not a list of speed ratios such as 1:1:2:4") from None
-    if not values:
-        raise SimulationError("give at least one speed ratio")
-    return values
-
-
-def load_profile(log_dir: Path) -> tuple[tuple[float, ...], ...]:
-    """Per-worker step times (seconds) from a real run's JSON-lines logs (``worker-*.jsonl``).
-
-    Step events are logged every few steps with the time since start; each interval divided
-    by the steps it covers is one sample. A worker with no step events contributes its
-    ``compute_seconds_per_step`` from the ``done`` event.
-    """
-    files = sorted(log_dir.glob("worker-*.jsonl")) if log_dir.is_dir() else [log_dir]
-    profiles = []
-    for path in files:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        steps = [(r["step"], r["time"]) for r in records if r.get("event") == "step"]
-        times = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in itertools.pairwise(steps) if s1 > s0]
-        times = [t for t in times if t > 0]
-        if not times:
-            done = [r for r in records if r.get("event") == "done" and r.get("compute_seconds_per_step")]
-            times = [float(done[-1]["compute_seconds_per_step"])] if done else []
-        if times:
-            profiles.append(tuple(times))
-    if not profiles:
-        raise SimulationError(f"no step times found in {log_dir} (expected worker-*.jsonl from psworker train)")
-    return tuple(profiles)
-
-
-# -- configuration and results ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    rule: str = "asgd"
-    options: Mapping[str, str] = field(default_factory=dict)  # the rule's options, lr included
-    workers: int = 4
-    speeds: SpeedModel = field(default_factory=SpeedModel)
-    consistency: str = "async"  # async, ssp or bsp
-    ssp_bound: int = 3
-    delay: int | None = None  # constant-delay mode: every gradient applied exactly D updates late
-    task: str = "digits"
-    steps: int = 1000  # budget: gradients computed by all workers together
-    max_updates: int | None = None  # also stop once the shard's clock reaches this
-    eval_every: int = 100  # in steps
-    seed: int = 0
-    target_accuracy: float | None = None
-    stop_at_target: bool = False
-    record_pushes: bool = True
-
-    def describe(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["options"] = dict(self.options)
-        data["speeds"] = {"kind": self.speeds.kind, "ratios": list(self.speeds.ratios), "step_s": self.speeds.step_s}
-        return data
-
-
-@dataclass
-class CurvePoint:
-    virtual_s: float
-    clock: int
-    steps: int
-    samples: int
-    test_accuracy: float
-    test_loss: float
-    train_loss: float
-
-
-@dataclass
-class WorkerStats:
-    rank: int
-    slowdown: float
-    steps: int = 0
-    pushes: int = 0
-    staleness_sum: int = 0
-    max_staleness: int = 0
-    parked_s: float = 0.0
-
-    @property
-    def mean_staleness(self) -> float:
-        return self.staleness_sum / self.pushes if self.pushes else 0.0
-
-
-@dataclass
-class SimResult:
-    config: dict[str, Any]
-    curve: list[CurvePoint]
-    workers: list[WorkerStats]
-    staleness_histogram: dict[int, int]
-    telemetry: dict[str, float]  # mean of every telemetry key over pushes
-    pushes: list[tuple[float, int, int]]  # (virtual time, rank, staleness) of every push
-    test_accuracy: float
-    test_loss: float
-    clock: int
-    steps: int
-    samples: int
-    virtual_s: float
-    wall_s: float
-    diverged: bool
-    time_to_target_s: float | None = None
-    steps_to_target: int | None = None
-
-    @property
-    def mean_staleness(self) -> float:
-        total = sum(self.staleness_histogram.values())
-        return sum(k * v for k, v in self.staleness_histogram.items()) / total if total else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["mean_staleness"] = self.mean_staleness
-        for stats in data["workers"]:
-            stats["mean_staleness"] = stats["staleness_sum"] / stats["pushes"] if stats["pushes"] else 0.0
-        data["staleness_histogram"] = {str(k): v for k, v in sorted(self.staleness_histogram.items())}
-        return data
-
-
-# -- the in-process client ----------------------------------------------------------------------
-
-
-class SimClient:
-    """What a worker procedure asks of ``PSClient``, answered by an in-process shard.
-
-    Pulls and pushes go through the shard's own API (``pull``; ``begin_push``, chunks from
-    ``psproto.codec.encode``, ``commit_push``), so validation and rule application are the
-    server's. ``hold_pull`` is consulted before every pull: when it says the shard would make
-    this worker wait (SSP), the pull is skipped and the worker is marked ``parked``.
-    """
-
-    def __init__(self, shard: Shard, layout: Layout, name: str, hold_pull: Callable[[int], bool]) -> None:
-        self.shard = shard
-        self.layout = layout
-        self.name = name
-        self.worker_id = shard.join(name, "sim", False, layout, layout.hash).worker.worker_id
-        self._hold_pull = hold_pull
-        self._push_ids = 0
-        self.parked = False
-        rule = shard.rule
-        assert rule is not None
-        self.rule = ps_pb2.RuleInfo(
-            name=rule.name, worker_procedure=rule.worker_procedure, procedure_options=rule.procedure_options()
-        )
-
-    @property
-    def initialized(self) -> bool:
-        return self.shard.initialized
-
-    @property
-    def clock(self) -> int:
-        return self.shard.workers[self.worker_id].pulled_clock
-
-    def init(self, flat: torch.Tensor) -> bool:
-        assembler = self.shard.begin_upload(self.worker_id, self.layout.hash)
-        for chunk in codec.encode(flat):
-            self.shard.decode_chunk(assembler, chunk)
-        applied, _ = self.shard.finish_upload(assembler)
-        return applied
-
-    def pull(self, out: torch.Tensor, reserve: bool = False) -> int:
-        if self._hold_pull(self.worker_id):
-            self.parked = True
-            return self.clock
-        result = self.shard.pull(self.worker_id, ps_pb2.DTYPE_FLOAT32, reserve=reserve)
-        assembler = codec.Assembler(out)
-        for chunk in result.chunks:
-            assembler.add(chunk)
-        assembler.finish()
-        return result.clock
-
-    def push(
-        self,
-        flat: torch.Tensor,
-        kind: ps_pb2.PayloadKind.ValueType = ps_pb2.PAYLOAD_KIND_GRADIENT,
-        metadata: Mapping[str, float] | None = None,
-        pull_into: torch.Tensor | None = None,
-    ) -> list[PushResult]:
-        self._push_ids += 1
-        pending = self.shard.begin_push(
-            self.worker_id, self._push_ids, self.clock, int(kind), self.layout.hash, dict(metadata or {})
-        )
-        try:
-            for chunk in codec.encode(flat):
-                self.shard.add_chunk(pending, chunk)
-            outcome = self.shard.commit_push(pending)
-        finally:
-            self.shard.discard_push(pending)
-        if pull_into is not None:
-            self.pull(pull_into)
-        return [PushResult(outcome.clock, outcome.staleness, outcome.duplicate, outcome.telemetry)]
 
 
 # -- the simulation ---------------------------------------------------------------------------
@@ -317,8 +79,8 @@ class _Worker:
     rank: int
     model: torch.nn.Module
     binding: ModelBinding
-    client: SimClient
-    procedure: Procedure
+    client: InProcessService
+    procedure: Procedure[Any]
     batches: torch.Generator
     duration: Callable[[], float]
     stats: WorkerStats
@@ -382,11 +144,8 @@ class Simulation:
     def _make_worker(self, rank: int, speeds: SpeedModel) -> _Worker:
         model = self.task.build_model()
         binding = ModelBinding(model)
-        client = SimClient(self.shard, binding.layout, f"sim-{rank}", self._hold_pull)
-        if not client.initialized:
-            client.init(binding.gather_params())
-        procedure = build_procedure(cast(PSClient, client), binding)
-        procedure.start()
+        client = InProcessService(self.shard, binding.layout, f"sim-{rank}", device="sim", hold_pull=self._hold_pull)
+        procedure = start_worker(client, binding)
         batches = torch.Generator().manual_seed(self.config.seed * 1000 + rank)
         duration = speeds.sampler(rank, random.Random(self.rng.getrandbits(64)))
         return _Worker(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,11 +21,11 @@ import torch
 
 from psproto.layout import LayoutError
 from psproto.v1 import ps_pb2
+from psserver.ready import ReadyFileError, wait_for_ready_file
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
 from psworker.tasks import TaskError, evaluate, load_task
 
-_LISTENING = re.compile(r"psserver listening on (\S+):(\d+)")
 SERVER_START_TIMEOUT_S = 60.0
 
 
@@ -119,21 +118,22 @@ def start_server(
     for opt in rule_opts:
         command += ["--rule-opt", opt]
     command += list(extra_args)
-    log = (log_dir / (log_name or f"server-{shard_index}.log")).open("w")
+    log_path = log_dir / (log_name or f"server-{shard_index}.log")
+    # The server writes its address here once it accepts RPCs (psserver.ready).
+    ready_file = log_path.with_suffix(".ready.json")
+    ready_file.unlink(missing_ok=True)
+    command += ["--ready-file", str(ready_file)]
     env = {**os.environ, **environment} if environment else None
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    assert process.stdout is not None
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        match = _LISTENING.search(line)
-        if match:
-            return process, f"127.0.0.1:{match.group(2)}"
-    process.kill()
-    process.wait()
-    raise ClusterError(f"psserver shard {shard_index} did not start; see {log.name}")
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        ready = wait_for_ready_file(ready_file, process, SERVER_START_TIMEOUT_S)
+    except ReadyFileError as error:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        raise ClusterError(f"psserver shard {shard_index} did not start ({error}); see {log_path}") from None
+    return process, ready.address
 
 
 def stop_process(process: subprocess.Popen[str], timeout_s: float = 20.0) -> int:

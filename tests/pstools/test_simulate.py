@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from psworker.cli import main
-from psworker.simulate import SimConfig, SimulationError, SpeedModel, load_profile, simulate
+from pstools.cli import main
+from pstools.simulate import SimConfig, SimulationError, SpeedModel, load_profile, simulate
 
 MLP = "digits-mlp"
 

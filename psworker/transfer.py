@@ -1,0 +1,77 @@
+"""The bulk data path to one shard: Init, Pull, Push and PushPull with hand-written (de)serialisers.
+
+Chunks go out as wire bytes written straight from a slice of the caller's flat tensor
+(:func:`psproto.codec.payloads`, :func:`psproto.wire.chunk_in`) and come in through
+:class:`psproto.codec.Assembler` into a slice of the caller's flat buffer, so no model-sized
+temporary is made on either side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import grpc
+import torch
+
+from psproto import codec, wire
+from psproto.v1 import ps_pb2
+
+_SERVICE = "/psproto.v1.ParameterServer/"
+# Field number of the chunk in InitRequest and PushRequest (the header is field 1).
+_CHUNK_FIELD = 2
+
+
+def _serialize(message: ps_pb2.PushRequest | ps_pb2.InitRequest | bytes) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def _parse_push_pull(data: bytes) -> ps_pb2.PushResponse | wire.PulledChunk:
+    number, body = wire.split_push_pull_response(data)
+    return ps_pb2.PushResponse.FromString(bytes(body)) if number == 1 else wire.parse_pull_response(body)
+
+
+class DataPath:
+    """The bulk RPCs of one channel: chunks go out and come in without extra copies."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.init = channel.stream_unary(
+            _SERVICE + "Init", request_serializer=_serialize, response_deserializer=ps_pb2.InitResponse.FromString
+        )
+        self.pull = channel.unary_stream(
+            _SERVICE + "Pull",
+            request_serializer=ps_pb2.PullRequest.SerializeToString,
+            response_deserializer=wire.parse_pull_response,
+        )
+        self.push = channel.stream_unary(
+            _SERVICE + "Push", request_serializer=_serialize, response_deserializer=ps_pb2.PushResponse.FromString
+        )
+        self.push_pull = channel.stream_stream(
+            _SERVICE + "PushPull", request_serializer=_serialize, response_deserializer=_parse_push_pull
+        )
+
+
+def init_requests(header: ps_pb2.InitHeader, part: torch.Tensor) -> Iterator[ps_pb2.InitRequest | bytes]:
+    """An Init stream: the header, then ``part`` (one shard's slice, fp32) as chunks."""
+    yield ps_pb2.InitRequest(header=header)
+    for payload in codec.payloads(part):
+        yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data)
+
+
+def push_requests(
+    header: ps_pb2.PushHeader, part: torch.Tensor, wire_dtype: int
+) -> Iterator[ps_pb2.PushRequest | bytes]:
+    """A Push stream: the header, then ``part`` (one shard's slice) as chunks of ``wire_dtype``."""
+    yield ps_pb2.PushRequest(header=header)
+    for payload in codec.payloads(part, wire_dtype):
+        yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data)
+
+
+def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor) -> int:
+    """Decode pulled chunks into ``part`` (one shard's slice of a flat fp32 buffer); returns their clock."""
+    assembler = codec.Assembler(part, track_finite=False)
+    clock = -1
+    for message in messages:
+        clock = message.clock
+        assembler.add(message.chunk)
+    assembler.finish()
+    return clock

@@ -1,0 +1,28 @@
+"""The ``psworker`` command: psworker's own commands plus the tools', with psworker's group kept server-free."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from pstools.cli import main
+from psworker.cli import main as worker_main
+
+
+def test_the_command_has_every_command() -> None:
+    assert {"train", "cluster", "simulate", "export"} <= set(main.commands)
+    assert main is worker_main  # one group: the tools add their commands to psworker's
+
+
+def test_the_tools_commands_keep_their_flags() -> None:
+    runner = CliRunner()
+    cluster = runner.invoke(main, ["cluster", "--help"])
+    assert cluster.exit_code == 0
+    for flag in ("--workers", "--slowdowns", "--rule", "--shards", "--consistency", "--updates", "--log-dir"):
+        assert flag in cluster.output
+    export = runner.invoke(main, ["export", "--help"])
+    assert export.exit_code == 0 and "--checkpoint" in export.output and "--server" in export.output
+
+
+def test_cluster_checks_the_slowdowns_before_starting_anything() -> None:
+    result = CliRunner().invoke(main, ["cluster", "--workers", "2", "--slowdowns", "1,2,4"])
+    assert result.exit_code == 2 and "3 slowdown(s) for 2 worker(s)" in result.output

@@ -1,0 +1,227 @@
+"""The client's recovery decisions, taken on the refusal's reason (google.rpc.ErrorInfo), never its text.
+
+Refusals are fake gRPC errors carrying a rich status built with ``psproto.errors.rich_status``,
+so these tests hold whatever the server in this checkout attaches; the client around the
+decisions runs against a real in-process server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+import torch
+
+from psproto.errors import Reason, rich_status
+from psproto.layout import Layout
+from psserver.core.rules import RuleSpec
+from psserver.core.shard import Shard, ShardConfig
+from psserver.rpc.server import RunningServer, start_server
+from psworker.client import PSClient, PushResult, RetryPolicy, Rollback
+from psworker.sessions import (
+    Recovery,
+    ShardSession,
+    is_future_clock,
+    join_recovery_for,
+    recovery_for,
+)
+
+LAYOUT = Layout.from_named_shapes([("w", [4])], 1)
+FAST = RetryPolicy(give_up_seconds=10.0, initial_backoff=0.001, max_backoff=0.001)
+
+
+class FakeRpcError(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """A failed call as grpc raises it: code, details and the trailers a rich status travels in."""
+
+    def __init__(self, status: grpc.Status) -> None:
+        self._status = status
+
+    def code(self) -> grpc.StatusCode:
+        return self._status.code
+
+    def details(self) -> str:
+        return str(self._status.details)
+
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return tuple(self._status.trailing_metadata)
+
+    def initial_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return False
+
+
+class _BareStatus(grpc.Status):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self.code = code
+        self.details = details
+        self.trailing_metadata = ()
+
+
+def refusal(code: grpc.StatusCode, reason: Reason, message: str = "refused") -> FakeRpcError:
+    return FakeRpcError(rich_status(code, reason, message))
+
+
+def bare(code: grpc.StatusCode, message: str = "") -> FakeRpcError:
+    """A failure without ErrorInfo: the transport's, or an older server's."""
+    return FakeRpcError(_BareStatus(code, message))
+
+
+# -- the decisions ----------------------------------------------------------------------------
+
+
+def test_an_unknown_worker_is_joined_again() -> None:
+    assert recovery_for(refusal(grpc.StatusCode.NOT_FOUND, Reason.UNKNOWN_WORKER), FAST) is Recovery.REJOIN
+
+
+def test_the_message_text_alone_decides_nothing() -> None:
+    # The words the client once searched for, without a reason: not a re-join.
+    assert recovery_for(bare(grpc.StatusCode.NOT_FOUND, "worker 3 is not joined (evicted)"), FAST) is Recovery.FAIL
+    future = bare(grpc.StatusCode.OUT_OF_RANGE, "base clock 9 is ahead of the shard's clock 2")
+    assert not is_future_clock(future)
+    assert join_recovery_for(bare(grpc.StatusCode.ALREADY_EXISTS, "name in use"), FAST) is Recovery.FAIL
+
+
+def test_transient_failures_without_a_reason_are_retried() -> None:
+    for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        assert recovery_for(bare(code), FAST) is Recovery.RETRY
+        assert join_recovery_for(bare(code), FAST) is Recovery.RETRY
+    assert recovery_for(bare(grpc.StatusCode.INVALID_ARGUMENT), FAST) is Recovery.FAIL
+
+
+def test_a_stalled_push_is_retried_and_other_refusals_fail() -> None:
+    assert recovery_for(refusal(grpc.StatusCode.CANCELLED, Reason.PUSH_STALLED), FAST) is Recovery.RETRY
+    for code, reason in [
+        (grpc.StatusCode.FAILED_PRECONDITION, Reason.LAYOUT_MISMATCH),
+        (grpc.StatusCode.OUT_OF_RANGE, Reason.CHUNK_OUT_OF_RANGE),
+        (grpc.StatusCode.INVALID_ARGUMENT, Reason.NON_FINITE),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.LIMIT_REACHED),
+        # A reason the client does not retry, even on a code it retries when no reason is given.
+        (grpc.StatusCode.UNAVAILABLE, Reason.CHECKPOINT_FAILED),
+    ]:
+        assert recovery_for(refusal(code, reason), FAST) is Recovery.FAIL, reason
+
+
+def test_a_name_in_use_is_waited_out_on_the_first_join() -> None:
+    held = refusal(grpc.StatusCode.ALREADY_EXISTS, Reason.NAME_IN_USE)
+    assert join_recovery_for(held, FAST) is Recovery.WAIT_FOR_NAME
+    assert recovery_for(held, FAST) is Recovery.FAIL  # on a joined session it is nothing to retry
+
+
+def test_a_future_base_clock_is_recognised_by_its_reason() -> None:
+    assert is_future_clock(refusal(grpc.StatusCode.OUT_OF_RANGE, Reason.FUTURE_CLOCK))
+    assert not is_future_clock(refusal(grpc.StatusCode.OUT_OF_RANGE, Reason.CHUNK_OUT_OF_RANGE))
+
+
+# -- the client acting on them ----------------------------------------------------------------
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Shard, str]]:
+    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.1"})))
+    running: RunningServer = start_server(shard, "127.0.0.1:0")
+    try:
+        yield shard, f"127.0.0.1:{running.port}"
+    finally:
+        running.server.stop(0).wait()
+
+
+def test_the_client_joins_again_on_unknown_worker(served: tuple[Shard, str]) -> None:
+    shard, address = served
+    with PSClient([address], LAYOUT, name="rejoin", retry=FAST) as client:
+        client.init(torch.zeros(4))
+        first = client.sessions[0]
+        seen: list[int] = []
+
+        def call(session: ShardSession) -> int:
+            seen.append(session.worker_id)
+            if len(seen) == 1:
+                raise refusal(grpc.StatusCode.NOT_FOUND, Reason.UNKNOWN_WORKER, "reworded: who are you?")
+            return session.worker_id
+
+        assert client._call(0, call) == client.sessions[0].worker_id
+        assert client.stats.rejoins == 1
+        assert client.sessions[0] is not first
+        assert list(shard.workers) == [client.sessions[0].worker_id]
+
+
+def test_the_client_raises_a_refusal_without_reason_whatever_its_text(served: tuple[Shard, str]) -> None:
+    _, address = served
+    with PSClient([address], LAYOUT, name="text", retry=FAST) as client:
+
+        def call(session: ShardSession) -> None:
+            raise bare(grpc.StatusCode.NOT_FOUND, f"worker {session.worker_id} is not joined (evicted)")
+
+        with pytest.raises(grpc.RpcError):
+            client._call(0, call)
+        assert client.stats.rejoins == 0 and client.stats.retries == 0
+
+
+def test_the_first_join_waits_out_a_name_in_use_without_resume(
+    served: tuple[Shard, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, address = served
+    real_join = PSClient._join
+    attempts: list[bool] = []
+
+    def join(self: PSClient, *args: object, resume: bool = False, **kwargs: object) -> ShardSession:
+        attempts.append(resume)
+        if len(attempts) == 1:
+            raise refusal(grpc.StatusCode.ALREADY_EXISTS, Reason.NAME_IN_USE, "reworded")
+        if len(attempts) == 2:
+            raise bare(grpc.StatusCode.UNAVAILABLE)  # after a name was seen held, never resume
+        return real_join(self, *args, resume=resume, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PSClient, "_join", join)
+    with PSClient([address], LAYOUT, name="held", retry=FAST) as client:
+        assert client.stats.retries == 2
+    assert attempts == [False, False, False]
+
+
+def test_a_push_refused_for_a_future_base_clock_is_sent_against_the_shard_clock(served: tuple[Shard, str]) -> None:
+    shard, address = served
+    with PSClient([address], LAYOUT, name="future", retry=FAST) as client:
+        client.init(torch.zeros(4))
+        # As after a restart from an older checkpoint: this client saw clock 7, the shard is at 0.
+        client.pulled_clocks[0] = client.seen_clocks[0] = 7
+        real_send = client._send_push
+        bases: list[int] = []
+
+        def send(session: ShardSession, header: object, *args: object) -> PushResult:
+            bases.append(header.base_clock)  # type: ignore[attr-defined]
+            if len(bases) == 1:
+                raise refusal(grpc.StatusCode.OUT_OF_RANGE, Reason.FUTURE_CLOCK, "reworded")
+            return real_send(session, header, *args)  # type: ignore[arg-type]
+
+        client._send_push = send  # type: ignore[method-assign]
+        (result,) = client.push(torch.ones(4))
+        assert bases == [7, 0]
+        assert result.clock == shard.clock == 1
+        assert client.rollbacks == [Rollback(0, 7, 0)]
+
+
+def test_a_push_refused_for_another_reason_is_not_resent(served: tuple[Shard, str]) -> None:
+    _, address = served
+    with PSClient([address], LAYOUT, name="range", retry=FAST) as client:
+        client.init(torch.zeros(4))
+        sent: list[object] = []
+
+        def send(*args: object) -> PushResult:
+            sent.append(args)
+            raise refusal(grpc.StatusCode.OUT_OF_RANGE, Reason.CHUNK_OUT_OF_RANGE, "ahead of the shard's clock")
+
+        client._send_push = send  # type: ignore[method-assign]
+        with pytest.raises(grpc.RpcError):
+            client.push(torch.ones(4))
+        assert len(sent) == 1
