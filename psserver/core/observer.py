@@ -8,6 +8,7 @@ into the shard (``update_committed`` hands over what a listener may need of the 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -79,16 +80,22 @@ class NullObserver:
 
 
 class Observers:
-    """Every event to each observer in turn; ``add`` returns the function that removes it again."""
+    """Every event to each observer in turn; ``add`` returns the function that removes it again.
+
+    Events read the tuple of observers once, so adding or removing one (under a small lock of
+    its own, from any thread) never disturbs an event being delivered."""
 
     def __init__(self, first: ShardObserver) -> None:
         self._all: tuple[ShardObserver, ...] = (first,)
+        self._changing = threading.Lock()
 
     def add(self, observer: ShardObserver) -> Callable[[], None]:
-        self._all = (*self._all, observer)
+        with self._changing:
+            self._all = (*self._all, observer)
 
         def remove() -> None:
-            self._all = tuple(o for o in self._all if o is not observer)
+            with self._changing:
+                self._all = tuple(o for o in self._all if o is not observer)
 
         return remove
 

@@ -118,14 +118,7 @@ class Shard:
 
     def subscribe(self, observer: ShardObserver) -> Callable[[], None]:
         """Have ``observer`` hear every event too; returns the function that unsubscribes it."""
-        with self._lock:
-            remove = self.observer.add(observer)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                remove()
-
-        return unsubscribe
+        return self.observer.add(observer)
 
     def status(self) -> ShardStatus:
         """A snapshot of the shard taken under its lock."""
