@@ -63,6 +63,15 @@ class Model:
         self._segments = segments
         self.rule = self._config.rule.build(shard.length)
 
+    def adopt_or_check(self, layout: Layout) -> None:
+        """At the first Join, ``adopt`` the worker's layout; later, refuse another model than this one."""
+        if self.layout is None:
+            self.adopt(layout)
+        else:
+            refusal = checks.held_layout_refusal(self.layout, layout)
+            if refusal is not None:
+                self._refusals.refuse(refusal.kind, refusal.message)
+
     def install(self, values: torch.Tensor) -> bool:
         """Init: take ``values`` (checked) unless the parameters were already initialised."""
         if self.initialized:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from psproto import codec
 from psproto.layout import Layout
@@ -119,13 +120,17 @@ def metadata_refusal(metadata: Mapping[str, float]) -> Refusal | None:
     return None
 
 
-@dataclass(frozen=True)
-class RuleFacts:
-    """What a push header is checked against about the shard's rule."""
+class RuleFacts(Protocol):
+    """What a push header is checked against about the shard's rule (an ``UpdateRule`` has it)."""
 
-    name: str
-    accepted_kinds: Collection[PayloadKind]
-    worker_procedure: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def accepted_kinds(self) -> Collection[PayloadKind]: ...
+
+    @property
+    def worker_procedure(self) -> str: ...
 
 
 NOT_INITIALIZED = Refusal(ErrorKind.NOT_INITIALIZED, "the parameters are not initialised yet; send Init first")

@@ -1,28 +1,32 @@
 """One shard of the model, as an orchestrator over the components that own its state.
 
 The ``Shard`` is the one public entry point and holds the one lock (and its condition) that
-every component is used under. It owns the parameters, the rule, the clock and Init; the rest
-is delegated:
+every component is used under; it sequences the components and does the waiting. Each
+component owns its state and its job:
 
+- ``model.Model``: the layout, the fp32 parameters, the rule and its state, the clock, Init;
 - ``membership.Membership``: worker records, leases, eviction, push-id memories per name;
-- ``admission``: SSP waits, BSP routing, GEM reservations and pull sharing, as pure decisions
-  the shard acts on (waiting on its condition); ``bsp_round.BspRound`` collects a BSP round;
+- ``admission`` (SSP waits, GEM reservations, routing, pull sharing) and
+  ``bsp_round.BspBarrier`` (the BSP round): pure decisions the shard acts on;
+- ``request_checks``: every refusal of a request's header, as a decision;
 - ``receiving.PushReceiver``: pending pushes, their receive buffers, stall cancellation;
 - ``pull_versions.PullVersions``: the versions handed to pulls, one per clock and form, with
   the wire encoder injected by the transport (the core never builds wire bytes);
 - ``shard_state``: the checkpoint form (``state_dict`` / ``load_state_dict``);
-- ``refusals.Refusals``: every refusal, counted and raised as a ``ShardError``;
-- ``observer.Observers``: the one hook mechanism (metrics, checkpoints: ``subscribe``).
+- ``refusals.Refusals``: every refusal counted and raised as a ``ShardError``;
+- ``observer.Observers``: the one hook mechanism (metrics; checkpoints via ``subscribe``);
+- ``status``: what the shard reports, as immutable snapshots (``status()``).
 
 Every request is validated completely before anything changes: a push is decoded into a
 scratch receive buffer outside the lock and checked (coverage, dtype, finiteness), then applied
 under the lock. Waiting (SSP's bound, BSP's barrier, a GEM reservation) happens on the one
 condition; waiters re-check leases so an evicted worker never stalls them.
 
-A gradient's path through the server: the servicer parses each chunk message (psproto.wire)
-and hands it to the ``PendingPush`` that ``begin_push`` returned; ``PendingPush.add`` decodes
-it with psproto.codec straight into its receive buffer; ``commit_push`` checks the buffer
-and, once admitted, calls the rule's ``apply`` on the parameters.
+A gradient's path through the server, in order: ``rpc.servicer`` parses each chunk message
+(psproto.wire) and hands it to the ``receiving.PendingPush`` that ``Shard.begin_push`` returned;
+``PendingPush.add`` decodes it with ``psproto.codec`` straight into its receive buffer; at the
+stream's end the servicer calls ``Shard.commit_push``, which checks the buffer, admits the
+push and calls ``model.Model.apply``, which calls the rule's ``apply`` on the parameters.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from psserver.core.rules import PayloadKind, UpdateRule
 from psserver.core.rules.options import RuleOptions
 from psserver.core.shard_state import StateError
 from psserver.core.snapshots import SnapshotStore
-from psserver.core.status import JoinResult, ShardStatus, WorkerView
+from psserver.core.status import JoinResult, ShardStatus
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 __all__ = ["JoinResult", "PendingPush", "PullResult", "Shard", "ShardConfig", "StateError"]
@@ -124,17 +128,7 @@ class Shard:
         """A snapshot of the shard taken under its lock."""
         with self._lock:
             now = self._now()
-            return ShardStatus(
-                clock=self.clock,
-                layout_hash=self.layout.hash if self.layout else "",
-                initialized=self.initialized,
-                shard_length=self.params.numel(),
-                applied_pushes=self.applied_pushes,
-                rejected=MappingProxyType(self._refusals.counts()),
-                workers=tuple(WorkerView.of(w, now) for w in self._membership),
-                uptime_seconds=now - self.started,
-                procedure_options=MappingProxyType(self.rule.procedure_options() if self.rule else {}),
-            )
+            return ShardStatus.of(self._model, list(self._membership), self._refusals.counts(), now, now - self.started)
 
     # -- membership -------------------------------------------------------------------
 
@@ -148,17 +142,14 @@ class Shard:
             checks.join_refusal(name, device, layout, layout_hash, self.config.shard_index, self.config.num_shards)
         )
         with self._lock:
-            if self.layout is None:
-                self._model.adopt(layout)
-            else:
-                self._refuse_if(checks.held_layout_refusal(self.layout, layout))
+            self._model.adopt_or_check(layout)
             for replaced in self._membership.admission(name, resume, self._now()):
                 self._remove(replaced, evicted=False)
             worker = self._membership.enrol(name, device, observer, resume, self._now())
             self.observer.worker_joined(worker)
-            assert self.layout is not None and self.rule is not None
-            options = MappingProxyType(self.rule.procedure_options())
-            return JoinResult(worker, self.layout, self.clock, self.initialized, options)
+            assert self._model.layout is not None and self._model.rule is not None
+            options = MappingProxyType(self._model.rule.procedure_options())
+            return JoinResult(worker, self._model.layout, self._model.clock, self._model.initialized, options)
 
     def heartbeat(self, worker_id: int, stats: Mapping[str, float]) -> int:
         self._refuse_if(checks.stats_refusal(stats))
@@ -167,7 +158,7 @@ class Shard:
             worker.stats = dict(stats)
             worker.last_seen = self._now()
             self.observer.heartbeat(worker, stats)
-            return self.clock
+            return self._model.clock
 
     def leave(self, worker_id: int) -> None:
         with self._lock:
@@ -189,8 +180,8 @@ class Shard:
         """Forget a worker and release what it held: rule state, reservation, snapshots, the barrier."""
         worker = self._membership.remove(worker_id)
         self.observer.worker_left(worker, evicted)
-        if self.rule is not None:
-            self.rule.on_leave(worker_id)
+        if self._model.rule is not None:
+            self._model.rule.on_leave(worker_id)
         self._reservation = self._reservation.released_by(worker_id)
         self.snapshots.retain_only(self._membership.pulled_clocks())
         # The barrier or the SSP minimum may have been waiting for this worker.
@@ -210,9 +201,11 @@ class Shard:
         """Validate an Init header; the returned assembler collects the chunks."""
         with self._lock:
             worker = self._membership.get(worker_id)
-            assert self.layout is not None
-            self._refuse_if(checks.init_refusal(worker.observer, self.layout, layout_hash, self.initialized), worker)
-            return codec.Assembler(torch.empty(self.params.numel()))
+            assert self._model.layout is not None
+            self._refuse_if(
+                checks.init_refusal(worker.observer, self._model.layout, layout_hash, self._model.initialized), worker
+            )
+            return codec.Assembler(torch.empty(self._model.params.numel()))
 
     def decode_chunk(
         self, assembler: codec.Assembler, chunk: codec.ChunkLike, worker: WorkerRecord | None = None
@@ -223,7 +216,7 @@ class Shard:
         """Install uploaded initial parameters unless another Init already did; (applied, clock)."""
         check_complete(assembler, self._refusals)
         with self._lock:
-            return self._model.install(assembler.out), self.clock
+            return self._model.install(assembler.out), self._model.clock
 
     # -- pulls --------------------------------------------------------------------------
 
@@ -241,15 +234,15 @@ class Shard:
         with self._lock:
             worker = self._membership.get(worker_id)
             self._require_initialized()
-            rule = self.rule
+            rule = self._model.rule
             assert rule is not None
             self._admit_pull(worker, rule, reserve)
             share = admission.may_share_version_in_flight(self.config.consistency.model)
             kept = (lambda old: self.snapshots.get(old) is not None) if rule.needs_snapshot else None
-            result = self._versions.cached(self.clock, wire_dtype, encoder) or self._versions.newest_in_flight(
+            result = self._versions.cached(self._model.clock, wire_dtype, encoder) or self._versions.newest_in_flight(
                 wire_dtype, encoder, share, kept
             )
-            clock = self.clock if result is None else result.clock
+            clock = self._model.clock if result is None else result.clock
             worker.pulled_clock = clock
             worker.pulls += 1
             worker.last_seen = self._now()
@@ -258,10 +251,10 @@ class Shard:
             if result is None:
                 snapshot = self.snapshots.get(clock)
                 if snapshot is None and rule.needs_snapshot:
-                    snapshot = self.params.clone()
+                    snapshot = self._model.params.clone()
                     for dropped in self.snapshots.keep(clock, snapshot):
                         self.observer.snapshot_dropped(dropped)
-                made = self._versions.begin(clock, wire_dtype, encoder, self.params, snapshot)
+                made = self._versions.begin(clock, wire_dtype, encoder, self._model.params, snapshot)
                 result = made if isinstance(made, PullResult) else None
             if result is not None:
                 self.observer.pulled(worker, clock, result.data_bytes)
@@ -271,7 +264,7 @@ class Shard:
         result = self._versions.encode(made, clock, wire_dtype, encoder)
         with self._lock:
             self.observer.pulled(worker, clock, result.data_bytes)
-            self._versions.keep(result, current=clock == self.clock)
+            self._versions.keep(result, current=clock == self._model.clock)
         return result
 
     def _admit_pull(self, worker: WorkerRecord, rule: UpdateRule[RuleOptions], reserve: bool) -> None:
@@ -313,14 +306,12 @@ class Shard:
         self._refuse_if(checks.metadata_refusal(metadata))
         with self._lock:
             worker = self._membership.get(worker_id)
-            assert self.layout is not None and self.rule is not None
-            rule = checks.RuleFacts(self.rule.name, self.rule.accepted_kinds, self.rule.worker_procedure)
-            self._refuse_if(
-                checks.push_refusal(
-                    worker.observer, layout_hash, self.layout, self.initialized, kind, rule, base_clock, self.clock
-                ),
-                worker,
+            model = self._model
+            assert model.layout is not None and model.rule is not None
+            refusal = checks.push_refusal(
+                worker.observer, layout_hash, model.layout, model.initialized, kind, model.rule, base_clock, model.clock
             )
+            self._refuse_if(refusal, worker)
             worker.last_seen = self._now()
             # The holder of a GEM reservation never queues for a buffer behind pushes waiting for it.
             holder = self._reservation.holder_at(self._now()) == worker_id
@@ -331,7 +322,7 @@ class Shard:
                 base_clock,
                 PayloadKind(kind),
                 dict(metadata),
-                self.params.numel(),
+                self._model.params.numel(),
                 previous,
                 holder,
                 cancel,
@@ -390,7 +381,7 @@ class Shard:
         worker.record_push(pending.push_id, outcome)
         self.observer.push_applied(worker, outcome)
         worker.ssp_clock += 1
-        self.observer.update_committed(self.clock, self._state_locked)
+        self.observer.update_committed(self._model.clock, self._state_locked)
         self._changed.notify_all()
         return outcome
 
@@ -398,12 +389,12 @@ class Shard:
         self, worker: WorkerRecord, update: torch.Tensor, kind: PayloadKind, base_clock: int, metadata: dict[str, float]
     ) -> PushOutcome:
         outcome, apply_seconds = self._model.apply(worker.worker_id, update, kind, base_clock, metadata)
-        self.observer.update_applied(apply_seconds, self.clock)
+        self.observer.update_applied(apply_seconds, self._model.clock)
         return outcome
 
     def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush, update: torch.Tensor) -> PushOutcome:
         """Add this worker's update to the round and wait until the round's mean is applied."""
-        contribution = self._barrier.contribute(worker, pending.push_id, pending.kind, update, self.clock)
+        contribution = self._barrier.contribute(worker, pending.push_id, pending.kind, update, self._model.clock)
         if isinstance(contribution, str):
             self._refuse(ErrorKind.BAD_REQUEST, contribution, worker)
         # Given back before the barrier: waiting contributors must not hold every buffer.
@@ -421,19 +412,21 @@ class Shard:
         joined = [wid for wid in current.contributors if wid in self._membership]
         if joined:
             first = self._membership.workers[joined[0]]
-            outcome = self._apply(first, current.mean(), current.kind, self.clock, {"workers": float(len(joined))})
+            outcome = self._apply(
+                first, current.mean(), current.kind, self._model.clock, {"workers": float(len(joined))}
+            )
             for contributor in current.record(outcome, self._membership.workers):
                 self.observer.push_applied(contributor, outcome)
         self._barrier.advance()
         if joined:
-            self.observer.update_committed(self.clock, self._state_locked)
+            self.observer.update_committed(self._model.clock, self._state_locked)
             self._changed.notify_all()
 
     def _replay_locked(self, worker: WorkerRecord, previous: PushOutcome) -> PushOutcome:
         worker.duplicate_pushes += 1
         self.observer.push_duplicate(worker)
         return PushOutcome(
-            clock=previous.clock if previous.clock >= 0 else self.clock,
+            clock=previous.clock if previous.clock >= 0 else self._model.clock,
             staleness=previous.staleness,
             telemetry=previous.telemetry,
             duplicate=True,
@@ -462,7 +455,7 @@ class Shard:
             self._refusals.refuse(refusal.kind, refusal.message, worker)
 
     def _require_initialized(self) -> None:
-        if not self.initialized:
+        if not self._model.initialized:
             self._refuse_if(checks.NOT_INITIALIZED)
 
     # -- saved state (checkpoints) -----------------------------------------------------
@@ -487,7 +480,7 @@ class Shard:
         index, shard count or format, or its tensors do not fit its layout."""
         with shard_state.damage_as_state_error(), self._lock:
             shard_state.check_belongs(state, self.config)
-            if self.layout is not None or self.workers:
+            if self._model.layout is not None or self._membership.workers:
                 raise StateError("state can only be restored into a shard no worker has joined yet")
             self._model.load(shard_state.parameter_state(state, self.config), state)
             self._membership.load_state_dict(state, self._now())

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from psproto.layout import Layout
+from psserver.core.model import Model
 from psserver.core.workers import WorkerRecord
 
 
@@ -76,3 +77,20 @@ class ShardStatus:
     uptime_seconds: float
     # What the rule tells its workers' procedures (empty before the layout is known).
     procedure_options: Mapping[str, str]
+
+    @classmethod
+    def of(
+        cls, model: Model, workers: list[WorkerRecord], rejected: Mapping[str, int], now: float, uptime: float
+    ) -> ShardStatus:
+        """The snapshot of these (the caller holds the shard lock)."""
+        return cls(
+            clock=model.clock,
+            layout_hash=model.layout.hash if model.layout else "",
+            initialized=model.initialized,
+            shard_length=model.params.numel(),
+            applied_pushes=model.applied_pushes,
+            rejected=MappingProxyType(dict(rejected)),
+            workers=tuple(WorkerView.of(w, now) for w in workers),
+            uptime_seconds=uptime,
+            procedure_options=MappingProxyType(model.rule.procedure_options() if model.rule else {}),
+        )

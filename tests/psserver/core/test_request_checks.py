@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from psproto import codec
 from psproto.layout import Layout
@@ -23,7 +24,18 @@ from psserver.core.rules import PayloadKind
 
 LAYOUT = Layout.from_named_shapes([("w", (2, 3))])
 OTHER = Layout.from_named_shapes([("w", (3, 3))])
-GRADIENTS_ONLY = RuleFacts("asgd", frozenset({PayloadKind.GRADIENT}), "gradient")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The facts of a rule a push is checked against (a RuleFacts)."""
+
+    name: str
+    accepted_kinds: frozenset[PayloadKind]
+    worker_procedure: str
+
+
+GRADIENTS_ONLY: RuleFacts = Rule("asgd", frozenset({PayloadKind.GRADIENT}), "gradient")
 
 
 def kind_of(refusal: object) -> ErrorKind | None:
