@@ -18,7 +18,7 @@ from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer, CheckpointError
 from psserver.core.errors import ErrorKind, ShardError
-from psserver.core.rules import PayloadKind
+from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import PendingPush, PullResult, Shard
 from psserver.core.status import WorkerView
 from psserver.core.workers import PushOutcome
@@ -106,8 +106,7 @@ def _chunk_of(message: PushMessage | InitMessage, stream: str) -> wire.ChunkView
 _ROLES = frozenset({ps_pb2.ROLE_UNSPECIFIED, ps_pb2.ROLE_WORKER, ps_pb2.ROLE_OBSERVER})
 
 
-def _rule_info(shard: Shard, procedure_options: Mapping[str, str]) -> ps_pb2.RuleInfo:
-    spec = shard.config.rule
+def _rule_info(spec: RuleSpec, procedure_options: Mapping[str, str]) -> ps_pb2.RuleInfo:
     return ps_pb2.RuleInfo(
         name=spec.rule.name,
         options=spec.options.as_strings(),
@@ -204,8 +203,7 @@ class ParameterServerServicer:
             raise ShardError(
                 ErrorKind.BAD_REQUEST, f"role {request.role} is unknown; use ROLE_WORKER (1) or ROLE_OBSERVER (2)"
             )
-        shard = self.shard
-        result = shard.join(
+        result = self.shard.join(
             request.worker_name,
             request.device,
             request.role == ps_pb2.ROLE_OBSERVER,
@@ -217,7 +215,7 @@ class ParameterServerServicer:
         return ps_pb2.JoinResponse(
             worker_id=result.worker.worker_id,
             lease_seconds=self.shard.config.lease_seconds,
-            rule=_rule_info(shard, result.procedure_options),
+            rule=_rule_info(self.shard.config.rule, result.procedure_options),
             shard_index=self.shard.config.shard_index,
             num_shards=self.shard.config.num_shards,
             shard_offset=shard_range.offset,
@@ -309,7 +307,7 @@ class ParameterServerServicer:
         config = self.shard.config
         return ps_pb2.StatusResponse(
             clock=status.clock,
-            rule=_rule_info(self.shard, status.procedure_options),
+            rule=_rule_info(config.rule, status.procedure_options),
             shard_index=config.shard_index,
             num_shards=config.num_shards,
             shard_length=status.shard_length,
