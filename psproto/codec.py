@@ -22,6 +22,12 @@ DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
 
 DTypeValue: TypeAlias = ps_pb2.DType.ValueType
 
+# The wire dtypes by name, so code that never touches a message needs no generated module.
+UNSPECIFIED: DTypeValue = ps_pb2.DTYPE_UNSPECIFIED
+FLOAT32: DTypeValue = ps_pb2.DTYPE_FLOAT32
+BFLOAT16: DTypeValue = ps_pb2.DTYPE_BFLOAT16
+FLOAT16: DTypeValue = ps_pb2.DTYPE_FLOAT16
+
 WIRE_DTYPES: dict[DTypeValue, torch.dtype] = {
     ps_pb2.DTYPE_FLOAT32: torch.float32,
     ps_pb2.DTYPE_BFLOAT16: torch.bfloat16,

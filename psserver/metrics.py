@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -236,6 +237,9 @@ class ShardMetrics:
         self.clock.labels(self.shard).set(clock)
         self.updates.labels(self.shard).inc()
         self.apply_seconds.labels(self.shard).observe(apply_seconds)
+
+    def update_committed(self, clock: int, capture_state: Callable[[], dict[str, Any]]) -> None:
+        pass
 
     def push_applied(self, worker: WorkerRecord, outcome: PushOutcome) -> None:
         if not self._alive(worker):

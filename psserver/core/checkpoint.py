@@ -6,9 +6,10 @@ folder, which is flushed and fsynced, then renamed over the final name and the f
 a crash leaves either the previous checkpoint or the new one, never half of one. Reading uses
 ``torch.load(weights_only=True)``, which builds tensors and plain values only.
 
-``Checkpointer`` writes one every N updates (the state is captured inside the update that
-reaches the multiple of N, so it includes that update's push id) and/or every S seconds when
-the clock moved, on a background thread; ``write_now`` serves the admin RPC and shutdown.
+``Checkpointer`` writes one every N updates (it subscribes to the shard as a ``ShardObserver``,
+and the state is captured inside the update that reaches the multiple of N, so it includes that
+update's push id) and/or every S seconds when the clock moved, on a background thread;
+``write_now`` serves the admin RPC and shutdown.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from psserver.core.observer import NullObserver
 from psserver.core.shard import Shard, StateError
 
 _LOGGER = logging.getLogger(__name__)
@@ -143,6 +146,18 @@ def restore(shard: Shard, directory: Path, observer: CheckpointObserver | None =
     return path
 
 
+class _EveryNthUpdate(NullObserver):
+    """Hands the state of every ``every``-th update to ``captured`` (called under the shard lock)."""
+
+    def __init__(self, every: int, captured: Callable[[dict[str, Any]], None]) -> None:
+        self._every = every
+        self._captured = captured
+
+    def update_committed(self, clock: int, capture_state: Callable[[], dict[str, Any]]) -> None:
+        if clock % self._every == 0:
+            self._captured(capture_state())
+
+
 class Checkpointer:
     """Writes ``shard``'s checkpoints every ``every_updates`` updates and/or ``every_seconds``."""
 
@@ -172,11 +187,11 @@ class Checkpointer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_clock = shard.clock
+        self._unsubscribe: Callable[[], None] | None = None
 
     def start(self) -> None:
         if self.every_updates:
-            self.shard.capture_every = self.every_updates
-            self.shard.on_capture = self._captured
+            self._unsubscribe = self.shard.subscribe(_EveryNthUpdate(self.every_updates, self._captured))
         if self.every_updates or self.every_seconds:
             self._thread = threading.Thread(target=self._run, name="checkpointer", daemon=True)
             self._thread.start()
@@ -233,4 +248,6 @@ class Checkpointer:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        self.shard.on_capture = None
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None

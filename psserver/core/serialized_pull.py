@@ -2,47 +2,46 @@
 
 Serialising a whole ResNet-18-sized version (45 MB) before its first byte leaves adds the copy's
 time to every step; building each message only when the transport asks for it overlaps the
-copies with the sending. When the source is the shard's live parameters, the shard calls
-``freeze`` (holding the lock this object was given) before it changes them: the messages not
-built yet are built then, so every reader still gets exactly the version it pulled.
+copies with the sending. The bytes of each message come from a ``PullEncoder`` that the
+transport injects (psserver.rpc): the core never knows the wire format.
+
+Contract with the owner of the source: the source may be read here until ``complete``; whoever
+changes it must call ``freeze`` first (``PullVersions.freeze_before_update`` does, under the
+shard lock, before every update). ``freeze`` builds the messages not built yet, so every reader
+still gets exactly the version it pulled. A private lock orders a reader's build of one message
+against ``freeze``; it never waits on the shard lock.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import torch
 
 from psproto import codec
 
-# (clock, total_length, offset, dtype, data) -> one serialised reply message
-MessageBuilder = Callable[[int, int, int, int, memoryview], bytes]
+
+class PullEncoder(Protocol):
+    """Serialises one reply message carrying one chunk of a pulled version."""
+
+    def encode(self, clock: int, total_length: int, chunk: codec.ChunkPayload) -> bytes: ...
 
 
 class SerializedPull:
-    """The messages of one version, built on first read and shared by every reader.
-
-    ``lock`` guards the source: the shard's own lock when the source is its live parameters
-    (which ``freeze`` runs under), a private lock for a copy nobody changes.
-    """
+    """The messages of one version, built on first read and shared by every reader."""
 
     def __init__(
-        self,
-        source: torch.Tensor,
-        clock: int,
-        wire_dtype: int,
-        spans: Sequence[range],
-        build: MessageBuilder,
-        lock: threading.Lock,
+        self, source: torch.Tensor, clock: int, wire_dtype: int, spans: Sequence[range], encoder: PullEncoder
     ) -> None:
         self._source: torch.Tensor | None = source
         self._clock = clock
         self._total = source.numel()
         self._wire_dtype = wire_dtype
         self._spans = tuple(spans)
-        self._build = build
-        self._lock = lock
+        self._encoder = encoder
+        self._lock = threading.Lock()
         self._messages: list[bytes | None] = [None] * len(self._spans)
         self._unbuilt = len(self._spans)
 
@@ -67,16 +66,17 @@ class SerializedPull:
         return self._unbuilt == 0
 
     def freeze(self) -> None:
-        """Build every message not built yet, so the source may change (caller holds the lock)."""
-        for index in range(len(self._spans)):
-            self._message_locked(index)
+        """Build every message not built yet, so the source may change."""
+        with self._lock:
+            for index in range(len(self._spans)):
+                self._message_locked(index)
 
     def _message_locked(self, index: int) -> bytes:
         message = self._messages[index]
         if message is None:
             assert self._source is not None
             chunk = codec.payload(self._source, self._spans[index], self._wire_dtype)
-            message = self._build(self._clock, self._total, chunk.offset, chunk.dtype, chunk.data)
+            message = self._encoder.encode(self._clock, self._total, chunk)
             self._messages[index] = message
             self._unbuilt -= 1
             if self._unbuilt == 0:

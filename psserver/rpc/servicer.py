@@ -1,14 +1,13 @@
 """psproto.v1.ParameterServer over a core Shard: decode messages, call the shard, encode replies.
 
-No parameter-server logic lives here. A ``ShardError`` becomes its gRPC status code
-(psserver.rpc.status_codes) with the shard's message.
+No parameter-server logic lives here. A ``ShardError`` becomes its gRPC status code with a
+``google.rpc.ErrorInfo`` naming its reason (psserver.rpc.status_codes) and the shard's message.
 """
 
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -19,9 +18,11 @@ from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer, CheckpointError
 from psserver.core.errors import ErrorKind, ShardError
-from psserver.core.rules import PayloadKind
-from psserver.core.shard import PendingPush, PullForm, PullResult, Shard
-from psserver.core.workers import PushOutcome, WorkerRecord
+from psserver.core.rules import PayloadKind, RuleSpec
+from psserver.core.shard import PendingPush, PullResult, Shard
+from psserver.core.status import WorkerView
+from psserver.core.workers import PushOutcome
+from psserver.rpc.pull_encoding import PULL_RESPONSE, PUSH_PULL_PARAMS
 from psserver.rpc.status_codes import refusal
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -105,14 +106,12 @@ def _chunk_of(message: PushMessage | InitMessage, stream: str) -> wire.ChunkView
 _ROLES = frozenset({ps_pb2.ROLE_UNSPECIFIED, ps_pb2.ROLE_WORKER, ps_pb2.ROLE_OBSERVER})
 
 
-def _rule_info(shard: Shard) -> ps_pb2.RuleInfo:
-    spec = shard.config.rule
-    rule = shard.rule
+def _rule_info(spec: RuleSpec, procedure_options: Mapping[str, str]) -> ps_pb2.RuleInfo:
     return ps_pb2.RuleInfo(
         name=spec.rule.name,
         options=spec.options.as_strings(),
         worker_procedure=spec.rule.worker_procedure,
-        procedure_options=rule.procedure_options() if rule is not None else {},
+        procedure_options=procedure_options,
         accepted_kinds=[ps_pb2.PayloadKind.ValueType(kind) for kind in sorted(spec.rule.accepted_kinds)],
     )
 
@@ -123,7 +122,7 @@ def _push_response(outcome: PushOutcome) -> ps_pb2.PushResponse:
     )
 
 
-def _worker_status(worker: WorkerRecord, now_age: float) -> ps_pb2.WorkerStatus:
+def _worker_status(worker: WorkerView) -> ps_pb2.WorkerStatus:
     return ps_pb2.WorkerStatus(
         worker_id=worker.worker_id,
         worker_name=worker.name,
@@ -135,7 +134,7 @@ def _worker_status(worker: WorkerRecord, now_age: float) -> ps_pb2.WorkerStatus:
         last_staleness=worker.last_staleness,
         mean_staleness=worker.mean_staleness,
         max_staleness=worker.max_staleness,
-        seconds_since_seen=now_age,
+        seconds_since_seen=worker.seconds_since_seen,
         stats=worker.stats,
         last_telemetry=worker.last_telemetry,
     )
@@ -216,7 +215,7 @@ class ParameterServerServicer:
         return ps_pb2.JoinResponse(
             worker_id=result.worker.worker_id,
             lease_seconds=self.shard.config.lease_seconds,
-            rule=_rule_info(self.shard),
+            rule=_rule_info(self.shard.config.rule, result.procedure_options),
             shard_index=self.shard.config.shard_index,
             num_shards=self.shard.config.num_shards,
             shard_offset=shard_range.offset,
@@ -240,9 +239,7 @@ class ParameterServerServicer:
     @_translate_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Yields already serialised PullResponse messages (registered with an identity serializer)."""
-        result = self.shard.pull(
-            request.worker_id, request.wire_dtype, reserve=request.reserve, form=PullForm.PULL_RESPONSE
-        )
+        result = self.shard.pull(request.worker_id, request.wire_dtype, reserve=request.reserve, encoder=PULL_RESPONSE)
         return _send(result)
 
     def _receive_push(
@@ -265,7 +262,8 @@ class ParameterServerServicer:
         try:
             try:
                 for message in request_iterator:
-                    self.shard.add_chunk(pending, _chunk_of(message, "Push"))
+                    # Decoded by the pending push straight into its receive buffer.
+                    pending.add(_chunk_of(message, "Push"))
             except grpc.RpcError:
                 # The stream broke; if the shard cancelled it as stalled, say so (the RPC's status
                 # and latency are then CANCELLED with a reason, not an unknown error).
@@ -289,7 +287,7 @@ class ParameterServerServicer:
     ) -> Iterator[bytes]:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
         header, outcome = self._receive_push(request_iterator, context, then_pull=True)
-        result = self.shard.pull(header.worker_id, header.pull_dtype, form=PullForm.PUSH_PULL_RESPONSE)
+        result = self.shard.pull(header.worker_id, header.pull_dtype, encoder=PUSH_PULL_PARAMS)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         return _send(result, ack)
 
@@ -305,21 +303,20 @@ class ParameterServerServicer:
 
     @_translate_errors
     def Status(self, request: ps_pb2.StatusRequest, context: grpc.ServicerContext) -> ps_pb2.StatusResponse:
-        shard = self.shard
-        now = time.monotonic()
-        workers = [_worker_status(w, now - w.last_seen) for w in shard.worker_snapshot()]
+        status = self.shard.status()
+        config = self.shard.config
         return ps_pb2.StatusResponse(
-            clock=shard.clock,
-            rule=_rule_info(shard),
-            shard_index=shard.config.shard_index,
-            num_shards=shard.config.num_shards,
-            shard_length=shard.params.numel(),
-            initialized=shard.initialized,
-            layout_hash=shard.layout.hash if shard.layout else "",
-            workers=workers,
-            applied_pushes=shard.applied_pushes,
-            rejected=dict(shard.rejected),
-            uptime_seconds=shard.uptime_seconds(),
+            clock=status.clock,
+            rule=_rule_info(config.rule, status.procedure_options),
+            shard_index=config.shard_index,
+            num_shards=config.num_shards,
+            shard_length=status.shard_length,
+            initialized=status.initialized,
+            layout_hash=status.layout_hash,
+            workers=[_worker_status(worker) for worker in status.workers],
+            applied_pushes=status.applied_pushes,
+            rejected=status.rejected,
+            uptime_seconds=status.uptime_seconds,
         )
 
     @_translate_errors

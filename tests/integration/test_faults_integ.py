@@ -175,7 +175,9 @@ def test_a_killed_worker_never_holds_the_others_past_the_lease(
     processes.append(server)
     workers = [start_worker(address, f"w{i}", tmp_path / f"w{i}.jsonl", 400, seed=i) for i in range(3)]
     processes.extend(workers)
-    wait_for(lambda: status(address).clock >= 40, 120, "training to start")
+    # Every worker has joined before one is killed: a worker killed while still starting would never
+    # be in the barrier, and the others would go on without any eviction.
+    wait_for(lambda: len(status(address).workers) == 3 and status(address).clock >= 40, 120, "training to start")
     workers[2].send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     clock = status(address).clock

@@ -8,20 +8,23 @@ import torch
 
 from psproto import codec, wire
 from psproto.v1 import ps_pb2
-from psserver.core.serialized_pull import MessageBuilder, SerializedPull
+from psserver.core.serialized_pull import SerializedPull
 
 
-def counting_builder(calls: list[int]) -> MessageBuilder:
-    def build(clock: int, total: int, offset: int, dtype: int, data: memoryview) -> bytes:
-        calls.append(offset)
-        return wire.pull_response(clock, total, offset, dtype, data)
+class CountingEncoder:
+    """A PullEncoder writing PullResponse messages, noting the offset of each message it builds."""
 
-    return build
+    def __init__(self, calls: list[int]) -> None:
+        self.calls = calls
+
+    def encode(self, clock: int, total_length: int, chunk: codec.ChunkPayload) -> bytes:
+        self.calls.append(chunk.offset)
+        return wire.pull_response(clock, total_length, chunk.offset, chunk.dtype, chunk.data)
 
 
 def make(source: torch.Tensor, calls: list[int]) -> SerializedPull:
     spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
-    return SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, counting_builder(calls), threading.Lock())
+    return SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder(calls))
 
 
 def parse(messages: list[bytes]) -> list[float]:
@@ -55,3 +58,15 @@ def test_freeze_builds_the_rest_so_the_source_may_change() -> None:
     assert calls == [0, 2, 4] and messages.complete
     source.fill_(-1.0)
     assert parse([first, *reader]) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_a_reader_building_a_message_and_freeze_never_build_one_twice() -> None:
+    calls: list[int] = []
+    messages = make(torch.arange(6, dtype=torch.float32), calls)
+    readers = [threading.Thread(target=lambda: list(messages)) for _ in range(4)]
+    for reader in readers:
+        reader.start()
+    messages.freeze()
+    for reader in readers:
+        reader.join()
+    assert sorted(calls) == [0, 2, 4] and messages.complete

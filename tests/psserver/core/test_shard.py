@@ -14,8 +14,9 @@ from psproto.v1 import ps_pb2
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.serialized_pull import SerializedPull
-from psserver.core.shard import PullForm, Shard, ShardConfig
+from psserver.core.shard import Shard, ShardConfig
 from psserver.core.workers import PushOutcome
+from psserver.rpc.pull_encoding import PULL_RESPONSE, PUSH_PULL_PARAMS
 
 LAYOUT = Layout.from_named_shapes([("w", (2, 3)), ("b", (2,))])
 GRADIENT = int(PayloadKind.GRADIENT)
@@ -225,12 +226,12 @@ def test_serialised_pulls_parse_to_the_parameters_and_are_shared_per_clock(rule:
     upload(shard, first, torch.arange(8, dtype=torch.float32))
     push(shard, first, 1, 0, torch.ones(8))
     expected = torch.arange(8, dtype=torch.float32) - 0.5
-    for form, message_type in (
-        (PullForm.PULL_RESPONSE, ps_pb2.PullResponse),
-        (PullForm.PUSH_PULL_RESPONSE, ps_pb2.PushPullResponse),
+    for encoder, message_type in (
+        (PULL_RESPONSE, ps_pb2.PullResponse),
+        (PUSH_PULL_PARAMS, ps_pb2.PushPullResponse),
     ):
-        result = shard.pull(first, dtype, form=form)
-        assert shard.pull(second, dtype, form=form).messages is result.messages
+        result = shard.pull(first, dtype, encoder=encoder)
+        assert shard.pull(second, dtype, encoder=encoder).messages is result.messages
         out = torch.empty(8)
         assembler = codec.Assembler(out)
         for data in result.messages:
@@ -242,7 +243,7 @@ def test_serialised_pulls_parse_to_the_parameters_and_are_shared_per_clock(rule:
         torch.testing.assert_close(out, expected.to(codec.wire_dtype(dtype)).float())
         assert result.data_bytes == 8 * (4 if dtype == ps_pb2.DTYPE_FLOAT32 else 2)
     push(shard, second, 1, 1, torch.ones(8))
-    assert shard.pull(first, dtype, form=PullForm.PULL_RESPONSE).messages is not result.messages
+    assert shard.pull(first, dtype, encoder=PULL_RESPONSE).messages is not result.messages
 
 
 def _decode_pull(messages: Iterable[bytes], length: int) -> torch.Tensor:
@@ -263,7 +264,7 @@ def test_a_version_being_sent_stays_that_version_when_a_push_changes_the_paramet
     upload(shard, first, torch.arange(8, dtype=torch.float32))
     before = torch.arange(8, dtype=torch.float32).to(codec.wire_dtype(dtype)).float()
 
-    result = shard.pull(first, dtype, form=PullForm.PUSH_PULL_RESPONSE)
+    result = shard.pull(first, dtype, encoder=PUSH_PULL_PARAMS)
     messages = iter(result.messages)
     sent = [next(messages)]  # the transport has sent the first message only
     push(shard, second, 1, 0, torch.ones(8))
@@ -271,7 +272,7 @@ def test_a_version_being_sent_stays_that_version_when_a_push_changes_the_paramet
 
     assert len(sent) == len(result.messages) > 1
     torch.testing.assert_close(_decode_pull(sent, 8), before)
-    after = shard.pull(first, dtype, form=PullForm.PUSH_PULL_RESPONSE)
+    after = shard.pull(first, dtype, encoder=PUSH_PULL_PARAMS)
     assert after.clock == result.clock + 1
     expected_after = (torch.arange(8) - 0.5).to(codec.wire_dtype(dtype)).float()
     torch.testing.assert_close(_decode_pull(after.messages, 8), expected_after)
@@ -282,8 +283,8 @@ def test_a_version_no_reply_holds_any_more_is_not_built_at_the_next_push() -> No
     first = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     second = shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     upload(shard, first, torch.arange(8, dtype=torch.float32))
-    being_sent = shard.pull(first, ps_pb2.DTYPE_FLOAT32, form=PullForm.PUSH_PULL_RESPONSE)
-    abandoned = shard.pull(second, ps_pb2.DTYPE_FLOAT32, form=PullForm.PULL_RESPONSE).messages
+    being_sent = shard.pull(first, ps_pb2.DTYPE_FLOAT32, encoder=PUSH_PULL_PARAMS)
+    abandoned = shard.pull(second, ps_pb2.DTYPE_FLOAT32, encoder=PULL_RESPONSE).messages
     # The stream of ``abandoned`` was cancelled: only its message sequence is left, no reply.
     assert isinstance(abandoned, SerializedPull) and isinstance(being_sent.messages, SerializedPull)
 
@@ -308,14 +309,14 @@ def test_at_the_version_limit_a_pull_gets_the_newest_version_being_sent() -> Non
     first = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     second = shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     upload(shard, first, torch.zeros(8))
-    being_sent = shard.pull(first, ps_pb2.DTYPE_FLOAT32, form=PullForm.PUSH_PULL_RESPONSE)
+    being_sent = shard.pull(first, ps_pb2.DTYPE_FLOAT32, encoder=PUSH_PULL_PARAMS)
     push(shard, second, 1, 0, torch.ones(8))
-    coalesced = shard.pull(second, ps_pb2.DTYPE_FLOAT32, form=PullForm.PUSH_PULL_RESPONSE)
+    coalesced = shard.pull(second, ps_pb2.DTYPE_FLOAT32, encoder=PUSH_PULL_PARAMS)
     assert coalesced is being_sent and coalesced.clock == 0
     assert shard.workers[second].pulled_clock == 0
     assert push(shard, second, 2, coalesced.clock, torch.ones(8)).staleness == 1
     del being_sent, coalesced  # sent: no version is in flight any more
-    fresh = shard.pull(second, ps_pb2.DTYPE_FLOAT32, form=PullForm.PUSH_PULL_RESPONSE)
+    fresh = shard.pull(second, ps_pb2.DTYPE_FLOAT32, encoder=PUSH_PULL_PARAMS)
     assert fresh.clock == 2 and shard.workers[second].pulled_clock == 2
     # In-process pulls always see the latest clock.
     assert shard.pull(first, ps_pb2.DTYPE_FLOAT32).clock == 2

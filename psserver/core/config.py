@@ -1,0 +1,37 @@
+"""What one shard is configured with: its rule, its place in the model, and every limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from psproto import codec
+from psserver.core.consistency import Consistency
+from psserver.core.rules import RuleSpec
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    rule: RuleSpec
+    shard_index: int = 0
+    num_shards: int = 1
+    lease_seconds: float = 30.0
+    chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    consistency: Consistency = field(default_factory=Consistency)
+    snapshot_memory_bytes: int = 2 * 1024**3
+    # A GEM atomic reservation lapses after this long if its holder never pushes.
+    reservation_seconds: float = 10.0
+    # Joined workers and observers at once; a Join past it is refused (RESOURCE_EXHAUSTED).
+    max_workers: int = 1024
+    # Elements one shard may hold; a first Join whose layout needs more is refused.
+    max_parameters: int = 2**31
+    # Pushes decoded at once, each into a buffer of the shard's size; more wait for a free one.
+    receive_buffers: int = 2
+    # How long a push waits for a receive buffer before it is refused (RESOURCE_EXHAUSTED).
+    receive_wait_seconds: float = 120.0
+    # A push holding a receive buffer that sends nothing for this long is cancelled, so a
+    # stalled (or hostile) client cannot keep the buffer from everyone else.
+    receive_idle_seconds: float = 30.0
+    # Serialised parameter versions being sent at once (asynchronous training). At the limit a
+    # pull gets the newest version already being sent instead of a newer one: the reply carries
+    # that version's clock, so the worker's next push counts the extra staleness.
+    pull_versions: int = 2

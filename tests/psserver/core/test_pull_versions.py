@@ -1,0 +1,75 @@
+"""Pull versions: one per clock and form, shared; versions in flight; freezing before an update."""
+
+from __future__ import annotations
+
+import torch
+
+from psproto import codec
+from psserver.core.pull_versions import PullResult, PullVersions
+from psserver.core.serialized_pull import SerializedPull
+
+
+class RecordingEncoder:
+    """A PullEncoder whose messages are the chunk's values as text (enough to read them back)."""
+
+    def encode(self, clock: int, total_length: int, chunk: codec.ChunkPayload) -> bytes:
+        values = torch.frombuffer(bytearray(chunk.data), dtype=torch.float32).tolist()
+        return f"{clock}:{chunk.offset}:{values}".encode()
+
+
+ENCODER = RecordingEncoder()
+
+
+def test_the_in_process_form_is_a_list_of_payloads_and_cached_per_clock() -> None:
+    versions = PullVersions(chunk_bytes=8, max_in_flight=2)
+    source = torch.arange(4, dtype=torch.float32)
+    result = versions.encode(source, 0, codec.FLOAT32, None)
+    assert [p.offset for p in result.chunks] == [0, 2] and result.data_bytes == 16 and result.messages == ()
+    versions.keep(result, current=True)
+    assert versions.cached(0, codec.FLOAT32, None) is result
+    assert versions.cached(0, codec.FLOAT32, ENCODER) is None
+    assert versions.cached(1, codec.FLOAT32, None) is None
+    assert versions.cached(0, codec.FLOAT32, None) is None  # older clocks were dropped
+
+
+def test_a_serialised_version_uses_the_injected_encoder() -> None:
+    versions = PullVersions(chunk_bytes=8, max_in_flight=2)
+    result = versions.encode(torch.arange(4, dtype=torch.float32), 3, codec.FLOAT32, ENCODER)
+    assert isinstance(result.messages, SerializedPull) and result.encoder is ENCODER
+    assert list(result.messages) == [b"3:0:[0.0, 1.0]", b"3:2:[2.0, 3.0]"]
+
+
+def test_begin_reads_the_live_parameters_only_for_a_serialised_form_without_a_snapshot() -> None:
+    versions = PullVersions(chunk_bytes=8, max_in_flight=2)
+    params, snapshot = torch.zeros(4), torch.ones(4)
+    assert versions.begin(0, codec.FLOAT32, ENCODER, params, snapshot) is snapshot
+    copy = versions.begin(0, codec.FLOAT32, None, params, None)
+    assert isinstance(copy, torch.Tensor) and copy is not params and torch.equal(copy, params)
+    live = versions.begin(0, codec.FLOAT32, ENCODER, params, None)
+    assert isinstance(live, PullResult) and isinstance(live.messages, SerializedPull)
+    assert live.messages.reads(params) and versions.cached(0, codec.FLOAT32, ENCODER) is live
+
+
+def test_freezing_before_an_update_finishes_the_versions_being_sent_and_drops_the_cache() -> None:
+    versions = PullVersions(chunk_bytes=8, max_in_flight=2)
+    params = torch.zeros(4)
+    being_sent = versions.begin(0, codec.FLOAT32, ENCODER, params, None)
+    assert isinstance(being_sent, PullResult) and isinstance(being_sent.messages, SerializedPull)
+    versions.freeze_before_update(params)
+    params.fill_(7.0)
+    assert being_sent.messages.complete and versions.cached(0, codec.FLOAT32, ENCODER) is None
+    assert list(being_sent.messages) == [b"0:0:[0.0, 0.0]", b"0:2:[0.0, 0.0]"]
+
+
+def test_at_the_limit_a_pull_may_share_the_newest_version_in_flight() -> None:
+    versions = PullVersions(chunk_bytes=8, max_in_flight=2)
+    held = [versions.encode(torch.zeros(4), clock, codec.FLOAT32, ENCODER) for clock in (0, 1)]
+    versions.keep(held[0], current=False)
+    versions.keep(held[1], current=False)
+    assert versions.newest_in_flight(codec.FLOAT32, ENCODER, share=True, kept=None) is held[1]
+    assert versions.newest_in_flight(codec.FLOAT32, ENCODER, share=False, kept=None) is None
+    assert versions.newest_in_flight(codec.FLOAT32, None, share=True, kept=None) is None
+    assert versions.newest_in_flight(codec.BFLOAT16, ENCODER, share=True, kept=None) is None
+    assert versions.newest_in_flight(codec.FLOAT32, ENCODER, share=True, kept=lambda clock: clock == 0) is None
+    del held[1]  # sent: below the limit again
+    assert versions.newest_in_flight(codec.FLOAT32, ENCODER, share=True, kept=None) is None
