@@ -109,10 +109,13 @@ def write_checkpoint(directory: Path, state: dict[str, Any], keep: int) -> Writt
             os.fsync(stream.fileno())
         os.replace(temporary, final)
         _fsync_directory(directory)
-    except OSError as error:
+    except BaseException as error:
+        # Whatever stopped the write (the disk, or torch.save itself) leaves no temporary behind.
         if temporary is not None:
             temporary.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write a checkpoint in {directory}: {error}") from error
+        if isinstance(error, OSError):
+            raise CheckpointError(f"cannot write a checkpoint in {directory}: {error}") from error
+        raise
     for _, _, old in list_checkpoints(directory)[:-keep]:
         try:
             old.unlink(missing_ok=True)
