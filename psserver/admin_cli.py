@@ -1,9 +1,14 @@
-"""``psserver rules``, ``status``, ``checkpoint`` and ``top``: the commands that describe the rules
-or talk to running shards (``serve`` is in ``psserver.serve_cli``)."""
+"""``psserver rules``, ``status``, ``checkpoint``, ``checkpoints`` and ``top``: the commands that
+describe the rules, talk to running shards or check a checkpoint folder (``serve`` is in
+``psserver.serve_cli``)."""
 
 from __future__ import annotations
 
+import json
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 import grpc
@@ -14,6 +19,7 @@ from psproto import security
 from psproto.cli_options import client_security_from_flags, client_security_options
 from psproto.security import bearer_metadata
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.core.checkpoint import FileReport, inspect_directory, temporaries
 from psserver.core.rules import RULES
 from psserver.top import run_top
 
@@ -106,6 +112,100 @@ def checkpoint_command(
         except grpc.RpcError as error:
             raise click.ClickException(f"{server}: {error.code().name}: {error.details()}") from None
     click.echo(f"{reply.path} clock={reply.clock}")
+
+
+def _size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def _age(seconds: float) -> str:
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60}s"
+    if whole < 86400:
+        return f"{whole // 3600}h {whole % 3600 // 60}m"
+    return f"{whole // 86400}d {whole % 86400 // 3600}h"
+
+
+def _as_json(report: FileReport, now: float) -> dict[str, Any]:
+    return {
+        "file": report.path.name,
+        "path": str(report.path),
+        "sequence": report.sequence,
+        "clock": report.clock,
+        "size": report.size,
+        "modified": report.modified,
+        "age_seconds": round(now - report.modified, 3),
+        "status": report.verdict.status,
+        "problem": report.verdict.problem,
+    }
+
+
+@click.command("checkpoints")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
+def checkpoints_command(directory: Path, as_json: bool) -> None:
+    """Check every checkpoint in DIRECTORY (a --checkpoint-dir): clock, size, age, ok or damaged.
+
+    Each file's checksum is read in full. Exit 0 when the newest is intact (or there is none),
+    1 when the newest is damaged (a start restores the newest intact one before it, or refuses
+    when there is none), 2 when DIRECTORY does not exist or is not a directory."""
+    reports = inspect_directory(directory)
+    leftovers = temporaries(directory)
+    now = time.time()
+    newest_damaged = bool(reports) and reports[-1].verdict.status == "damaged"
+    intact = [r for r in reports if r.verdict.status != "damaged"]
+    restores = intact[-1] if intact else None
+    if as_json:
+        document = {
+            "directory": str(directory),
+            "checkpoints": [_as_json(r, now) for r in reports],
+            "newest_damaged": newest_damaged,
+            "restores": None if restores is None else str(restores.path),
+            "temporaries": [str(p) for p in leftovers],
+        }
+        click.echo(json.dumps(document, indent=1))
+    else:
+        _print_checkpoints(directory, reports, leftovers, restores, now)
+    sys.exit(1 if newest_damaged else 0)
+
+
+def _print_checkpoints(
+    directory: Path, reports: list[FileReport], leftovers: list[Path], restores: FileReport | None, now: float
+) -> None:
+    console = Console()
+    if not reports:
+        console.print(f"no checkpoints (ckpt-*.pt) in {directory}", soft_wrap=True)
+    else:
+        table = Table(title=str(directory), title_justify="left")
+        table.add_column("file", no_wrap=True)
+        table.add_column("clock", justify="right")
+        table.add_column("size", justify="right")
+        table.add_column("age", justify="right")
+        table.add_column("state")
+        for report in reports:
+            verdict = report.verdict
+            state = {
+                "ok": "[green]ok[/]",
+                "unverified": "[yellow]unverified[/] (no checksum: written before checksums)",
+            }.get(verdict.status, f"[red]damaged[/]: {verdict.problem}")
+            table.add_row(report.path.name, str(report.clock), _size(report.size), _age(now - report.modified), state)
+        console.print(table)
+        if reports[-1].verdict.status == "damaged":
+            then = f"restores {restores.path.name} (clock {restores.clock})" if restores else "is refused"
+            console.print(f"[red]the newest checkpoint is damaged[/]: a start {then}", highlight=False, soft_wrap=True)
+    if leftovers:
+        names = ", ".join(p.name for p in leftovers)
+        console.print(
+            f"{len(leftovers)} half-written temporary file(s), removed on the next start: {names}", soft_wrap=True
+        )
 
 
 @click.command()

@@ -1,7 +1,8 @@
-"""``psserver``: the command group (serve a shard, list the update rules, show a server's status).
+"""``psserver``: the command group (serve a shard, list the update rules, show a server's status,
+check a checkpoint folder).
 
 The commands live in ``psserver.serve_cli`` (serve) and ``psserver.admin_cli`` (rules, status,
-checkpoint, top); the flag parsers in ``psserver.flags``, re-exported here for the worker's
+checkpoint, checkpoints, top); the flag parsers in ``psserver.flags``, re-exported here for the worker's
 commands and the benchmarks that share them.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from psserver.admin_cli import checkpoint_command, rules, status, top
+from psserver.admin_cli import checkpoint_command, checkpoints_command, rules, status, top
 from psserver.flags import parse_checkpoint_every, parse_receive_window, parse_rule
 from psserver.serve_cli import serve
 
@@ -21,7 +22,7 @@ def main() -> None:
     """hetps parameter server."""
 
 
-for command in (serve, rules, status, checkpoint_command, top):
+for command in (serve, rules, status, checkpoint_command, checkpoints_command, top):
     main.add_command(command)
 
 

@@ -4,6 +4,11 @@ The result maps each tensor name of the model's layout (``named_parameters`` nam
 of its shape, so ``model.load_state_dict(load_file(path), strict=False)`` restores the trained
 parameters into the user's module (buffers such as BatchNorm statistics are not on the server;
 ``strict=False`` leaves them as they are).
+
+A checkpoint's checksum is verified before it is used: a damaged one (checksum mismatch,
+truncated, unreadable) is refused with the file and the problem, never exported, and for a
+folder whose newest checkpoint is damaged the error names the newest intact one to give
+instead. Checkpoints of the previous format (no checksum) are exported unverified.
 """
 
 from __future__ import annotations
@@ -15,20 +20,30 @@ from typing import Any
 import torch
 
 from psproto.layout import Layout
-from psserver.core.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
+from psserver.core.checkpoint import CheckpointError, DamagedCheckpointError, list_checkpoints, read_checkpoint
+from psserver.core.checkpoint_file import verify
 
 
 class ExportError(ValueError):
     """Inputs that do not make one whole model; the message says what is missing or mismatched."""
 
 
-def _checkpoint_file(path: Path) -> Path:
+def _checkpoint_file(path: Path) -> tuple[Path, bool]:
+    """The file to read for ``path`` (a folder: its newest checkpoint), and whether it came from a folder."""
     if path.is_dir():
         found = list_checkpoints(path)
         if not found:
             raise ExportError(f"{path} holds no checkpoint (ckpt-*.pt)")
-        return found[-1][2]
-    return path
+        return found[-1][2], True
+    return path, False
+
+
+def _older_intact(newest: Path) -> str:
+    """A hint naming the newest intact checkpoint in the folder whose newest, ``newest``, is damaged."""
+    for _, _, older in reversed(list_checkpoints(newest.parent)[:-1]):
+        if verify(older).status != "damaged":
+            return f"; the newest intact one before it is {older}: give that file with --checkpoint"
+    return ""
 
 
 def state_dict_from_checkpoints(paths: Sequence[Path]) -> dict[str, torch.Tensor]:
@@ -36,9 +51,12 @@ def state_dict_from_checkpoints(paths: Sequence[Path]) -> dict[str, torch.Tensor
     shards: dict[int, tuple[Path, dict[str, Any]]] = {}
     layout: Layout | None = None
     for given in paths:
-        path = _checkpoint_file(given)
+        path, from_folder = _checkpoint_file(given)
         try:
             state = read_checkpoint(path)
+        except DamagedCheckpointError as error:
+            hint = _older_intact(path) if from_folder else ""
+            raise ExportError(f"{path} is damaged ({error.problem}), refusing to export it{hint}") from None
         except (CheckpointError, OSError, RuntimeError, ValueError) as error:
             raise ExportError(f"cannot read {path}: {error}") from None
         if state.get("layout") is None or not state.get("initialized"):

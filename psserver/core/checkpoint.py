@@ -1,10 +1,18 @@
-"""Checkpoints of a shard on disk: written atomically, the last K kept, the newest readable restored.
+"""Checkpoints of a shard on disk: written atomically, the last K kept, the newest intact one restored.
 
-A checkpoint is ``Shard.state_dict()`` saved with ``torch.save`` as
-``ckpt-<sequence>-clock-<clock>.pt``. Writing goes to a hidden temporary file in the same
-folder, which is flushed and fsynced, then renamed over the final name and the folder fsynced:
-a crash leaves either the previous checkpoint or the new one, never half of one. Reading uses
-``torch.load(weights_only=True)``, which builds tensors and plain values only.
+A checkpoint is ``Shard.state_dict()`` saved as ``ckpt-<sequence>-clock-<clock>.pt`` in the
+checksummed form of ``psserver.core.checkpoint_file`` (a header with the SHA-256 of the
+``torch.save`` payload). Writing goes to a hidden temporary file in the same folder, which is
+flushed and fsynced, then renamed over the final name and the folder fsynced: a crash leaves
+either the previous checkpoint or the new one, never half of one, and the checksum travels in
+the same file, so it always describes the content beside it. Reading verifies the checksum
+before anything is unpickled, with ``torch.load(weights_only=True)``, which builds tensors and
+plain values only. Files of the previous format (no header) are still read, as unverified.
+
+On start (``restore``) the temporaries a crash left are deleted (and logged), and the newest
+checkpoint that is intact is restored: a damaged newer one (checksum mismatch, truncated,
+unreadable) is skipped with a warning naming it; when every one is damaged the restore is
+refused. ``inspect_directory`` reports every file's state for ``psserver checkpoints DIR``.
 
 ``Checkpointer`` writes one every N updates (it subscribes to the shard as a ``ShardObserver``,
 and the state is captured inside the update that reaches the multiple of N, so it includes that
@@ -24,17 +32,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
+from psserver.core.checkpoint_file import (
+    CheckpointError,
+    DamagedCheckpointError,
+    Verdict,
+    read_state,
+    verify,
+    write_state,
+)
 from psserver.core.observer import NullObserver
 from psserver.core.shard import Shard, StateError
 
 _LOGGER = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d{8})-clock-(\d+)\.pt$")
+# Where a checkpoint is written before its rename: ``.<final name>.tmp-<pid>``.
+_TEMPORARY = ".ckpt-*.tmp-*"
 
-
-class CheckpointError(RuntimeError):
-    """Checkpoints exist but none can be read, or a write failed."""
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "DamagedCheckpointError",
+    "FileReport",
+    "Written",
+    "inspect_directory",
+    "list_checkpoints",
+    "load_latest",
+    "read_checkpoint",
+    "remove_temporaries",
+    "restore",
+    "temporaries",
+    "write_checkpoint",
+]
 
 
 class CheckpointObserver(Protocol):
@@ -63,26 +91,36 @@ def list_checkpoints(directory: Path) -> list[tuple[int, int, Path]]:
 
 
 def write_checkpoint(directory: Path, state: dict[str, Any], keep: int) -> Written:
-    """Write ``state`` atomically as the next checkpoint in ``directory``; keep the newest ``keep``."""
+    """Write ``state`` atomically as the next checkpoint in ``directory``; keep the newest ``keep``.
+
+    Raises ``CheckpointError`` for any failure to write (the directory cannot be made, is a
+    file, the disk is full); the temporary file is removed then."""
     started = time.perf_counter()
-    directory.mkdir(parents=True, exist_ok=True)
-    existing = list_checkpoints(directory)
-    sequence = existing[-1][0] + 1 if existing else 1
     clock = int(state["clock"])
-    final = directory / f"ckpt-{sequence:08d}-clock-{clock}.pt"
-    temporary = directory / f".{final.name}.tmp-{os.getpid()}"
+    temporary: Path | None = None
     try:
+        directory.mkdir(parents=True, exist_ok=True)
+        existing = list_checkpoints(directory)
+        sequence = existing[-1][0] + 1 if existing else 1
+        final = directory / f"ckpt-{sequence:08d}-clock-{clock}.pt"
+        temporary = directory / f".{final.name}.tmp-{os.getpid()}"
         with temporary.open("wb") as stream:
-            torch.save(state, stream)
-            stream.flush()
+            write_state(stream, state)
             os.fsync(stream.fileno())
         os.replace(temporary, final)
         _fsync_directory(directory)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write a checkpoint in {directory}: {error}") from error
+    except BaseException as error:
+        # Whatever stopped the write (the disk, or torch.save itself) leaves no temporary behind.
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise CheckpointError(f"cannot write a checkpoint in {directory}: {error}") from error
+        raise
     for _, _, old in list_checkpoints(directory)[:-keep]:
-        old.unlink(missing_ok=True)
+        try:
+            old.unlink(missing_ok=True)
+        except OSError as error:  # the new checkpoint is safe; an old one left behind is only disk
+            _LOGGER.warning("cannot remove the old checkpoint %s: %s", old, error)
     return Written(final, clock, time.perf_counter() - started)
 
 
@@ -95,42 +133,81 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or "format" not in state:
-        raise CheckpointError(f"{path} is not a hetps checkpoint")
+    """The state in checkpoint ``path``, its checksum verified (a file of the previous format is
+    read unverified). Raises ``DamagedCheckpointError`` or ``OSError``."""
+    state, _ = read_state(path)
     return state
 
 
 def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that reads back, or None when there is none.
+    """The newest checkpoint that is intact, or None when there is none.
 
-    A damaged newest file (say, a disk that lied about fsync) is skipped with a warning and
-    the one before it is used. Raises ``CheckpointError`` when files exist but none reads."""
+    A damaged newer file (bit rot, a disk that lied about fsync, a partial overwrite) is skipped
+    with a warning naming it and the problem, and the one before it is used. Raises
+    ``CheckpointError`` when files exist but none is intact."""
     found = list_checkpoints(directory)
+    problems: list[str] = []
     for _, _, path in reversed(found):
         try:
-            return path, read_checkpoint(path)
-        except Exception as error:  # torch.load raises many kinds on a damaged file
-            _LOGGER.warning("skipping unreadable checkpoint %s: %s", path, error)
+            state, verified = read_state(path)
+        except (DamagedCheckpointError, OSError) as error:
+            problem = error.problem if isinstance(error, DamagedCheckpointError) else f"unreadable: {error}"
+            problems.append(f"{path.name}: {problem}")
+            _LOGGER.warning("skipping damaged checkpoint %s (%s); trying the one before it", path, problem)
+            continue
+        if not verified:
+            _LOGGER.warning("checkpoint %s has no checksum (written before checksums): restored unverified", path)
+        if problems:
+            _LOGGER.warning(
+                "restoring %s, older than the newest: %d newer checkpoint(s) were damaged", path.name, len(problems)
+            )
+        return path, state
     if found:
         raise CheckpointError(
-            f"{len(found)} checkpoint file(s) in {directory} and none can be read; move them away to start fresh"
+            f"{len(found)} checkpoint file(s) in {directory} and none can be read ({'; '.join(problems)}); "
+            "move them away to start fresh"
         )
     return None
 
 
-def remove_temporaries(directory: Path) -> None:
-    """Delete half-written temporaries a crash left behind."""
-    if directory.is_dir():
-        for path in directory.glob(".ckpt-*.tmp-*"):
-            path.unlink(missing_ok=True)
+def temporaries(directory: Path) -> list[Path]:
+    """The half-written temporaries in ``directory`` (a writer's crash leaves them), sorted."""
+    return sorted(directory.glob(_TEMPORARY)) if directory.is_dir() else []
+
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Delete the temporaries a crash left behind, logging each; returns those removed."""
+    removed = []
+    for path in temporaries(directory):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            _LOGGER.warning("cannot remove the half-written checkpoint %s: %s", path, error)
+            continue
+        _LOGGER.warning("removed %s: a checkpoint half-written when a server stopped mid-write", path)
+        removed.append(path)
+    return removed
+
+
+def _prepare(directory: Path) -> None:
+    """Make ``directory`` (a start fails here, not at the first checkpoint, when it cannot be)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CheckpointError(f"cannot use {directory} for checkpoints: {error}") from None
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory} is not a directory; checkpoints need one")
 
 
 def restore(shard: Shard, directory: Path, observer: CheckpointObserver | None = None) -> Path | None:
-    """Restore ``shard`` from the newest readable checkpoint in ``directory``; the file used, or None.
+    """Restore ``shard`` from the newest intact checkpoint in ``directory``; the file used, or None.
 
-    Raises ``CheckpointError`` (unreadable) or ``psserver.core.shard.StateError`` (another rule
-    or shard); the shard is unchanged then."""
+    Makes ``directory`` if it does not exist and removes the temporaries a crash left in it.
+    Raises ``CheckpointError`` (not a usable directory, or none intact) or
+    ``psserver.core.shard.StateError`` (another rule or shard); the shard is unchanged then."""
+    _prepare(directory)
     remove_temporaries(directory)
     latest = load_latest(directory)
     if latest is None:
@@ -144,6 +221,39 @@ def restore(shard: Shard, directory: Path, observer: CheckpointObserver | None =
         observer.checkpoint_written(float(state.get("written_at", time.time())))
         observer.clock_restored(shard.clock)
     return path
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """One checkpoint file as ``inspect_directory`` found it."""
+
+    path: Path
+    sequence: int
+    clock: int
+    size: int
+    # Unix time it was written (the file's modification time: the rename keeps the write's).
+    modified: float
+    verdict: Verdict
+
+
+def inspect_directory(directory: Path) -> list[FileReport]:
+    """Every checkpoint in ``directory``, oldest first, each checked (checksums read in full).
+
+    A file that a running server removes meanwhile (it keeps the newest K) is left out."""
+    reports = []
+    for sequence, clock, path in list_checkpoints(directory):
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        try:
+            verdict = verify(path)
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            verdict = Verdict("damaged", f"unreadable: {error.strerror or error}")
+        reports.append(FileReport(path, sequence, clock, stat.st_size, stat.st_mtime, verdict))
+    return reports
 
 
 class _EveryNthUpdate(NullObserver):

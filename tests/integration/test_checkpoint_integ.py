@@ -1,4 +1,5 @@
-"""The Checkpoint RPC and `psserver checkpoint` against a real server: a file on disk at the server's clock."""
+"""The Checkpoint RPC and `psserver checkpoint` against a real server: a file on disk at the server's clock,
+or CHECKPOINT_FAILED when it cannot be written."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
 from psproto import codec
+from psproto.errors import reason_of
 from psproto.layout import Layout
+from psproto.reasons import Reason
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.checkpoint import list_checkpoints, read_checkpoint
 from tests.integration.conftest import StartServer
@@ -79,3 +83,20 @@ def test_the_checkpoint_rpc_and_command_write_a_file_at_the_servers_clock(
     assert int(match.group(2)) == stub.Status(ps_pb2.StatusRequest(), timeout=10).clock == 4
     assert read_checkpoint(written)["clock"] == 4
     assert [clock for _, clock, _ in list_checkpoints(directory)] == [3, 4]
+
+
+def test_a_checkpoint_rpc_into_a_file_is_checkpoint_failed_not_unknown(
+    tmp_path: Path,
+    start_psserver: StartServer,
+    stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub],
+) -> None:
+    directory = tmp_path / "checkpoints"
+    address = start_psserver("asgd", lr=0.5, extra_args=["--checkpoint-dir", str(directory)])
+    assert directory.is_dir()  # made on start: a folder that cannot be made fails the start instead
+    directory.rmdir()
+    directory.write_text("a file where the checkpoint folder was")
+    with pytest.raises(grpc.RpcError) as caught:
+        stub_for(address).Checkpoint(ps_pb2.CheckpointRequest(), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    assert reason_of(caught.value) is Reason.CHECKPOINT_FAILED
+    assert str(directory) in (caught.value.details() or "")

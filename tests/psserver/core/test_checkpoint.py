@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import time
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import torch
 
 from psproto import codec
 from psproto.layout import Layout
-from psserver.core import checkpoint
+from psserver.core import checkpoint, checkpoint_file
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import Shard, ShardConfig, StateError
@@ -125,23 +127,30 @@ def test_time_based_checkpoints_only_when_the_clock_moved(tmp_path: Path) -> Non
     assert len(checkpoint.list_checkpoints(tmp_path)) == 1
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path) -> None:
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     shard = trained_shard()
     first = checkpoint.write_checkpoint(tmp_path, shard.state_dict(), keep=3)
     push(shard, 1, 4, shard.clock, torch.ones(8))
     second = checkpoint.write_checkpoint(tmp_path, shard.state_dict(), keep=3)
     second.path.write_bytes(second.path.read_bytes()[:100])
-    (tmp_path / ".ckpt-00000009-clock-9.pt.tmp-1").write_bytes(b"half")
+    leftover = tmp_path / ".ckpt-00000009-clock-9.pt.tmp-1"
+    leftover.write_bytes(b"half")
     restored = make_shard()
-    assert checkpoint.restore(restored, tmp_path) == first.path
+    with caplog.at_level(logging.WARNING, logger="psserver.core.checkpoint"):
+        assert checkpoint.restore(restored, tmp_path) == first.path
     assert restored.clock == 3
     assert not list(tmp_path.glob(".*tmp*"))
+    assert f"removed {leftover}" in caplog.text
+    assert f"skipping damaged checkpoint {second.path} (truncated" in caplog.text
 
 
 def test_only_damaged_checkpoints_refuse_to_start(tmp_path: Path) -> None:
     (tmp_path / "ckpt-00000001-clock-5.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(checkpoint.CheckpointError, match="none can be read"):
+    with pytest.raises(checkpoint.CheckpointError, match="none can be read") as caught:
         checkpoint.restore(make_shard(), tmp_path)
+    assert "ckpt-00000001-clock-5.pt: unreadable" in str(caught.value)
 
 
 def test_a_checkpoint_of_another_rule_or_shard_is_refused_and_changes_nothing(tmp_path: Path) -> None:
@@ -221,3 +230,151 @@ def test_an_ormo_state_saved_without_tags_restores_every_worker_fresh() -> None:
     bad["rule_state"]["tags"] = torch.zeros(3)
     with pytest.raises(StateError, match="tags"):
         make_shard("ormo").load_state_dict(bad)
+
+
+# --- The file format: a SHA-256 header over the torch.save payload ---------------------------
+
+
+def _alter(path: Path, offset: int, count: int = 40) -> None:
+    """Flip ``count`` bytes from ``offset`` in place: same length, different content (bit rot)."""
+    data = bytearray(path.read_bytes())
+    size = len(data)
+    for i in range(offset, min(offset + count, size)):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert path.stat().st_size == size
+
+
+def test_a_checkpoint_carries_the_sha256_of_its_payload(tmp_path: Path) -> None:
+    written = checkpoint.write_checkpoint(tmp_path, trained_shard().state_dict(), keep=3)
+    data = written.path.read_bytes()
+    magic, version, digest_kind, length, digest = checkpoint_file.HEADER.unpack(data[: checkpoint_file.HEADER.size])
+    payload = data[checkpoint_file.HEADER.size :]
+    assert (magic, version, digest_kind) == (b"HETPSCKP", 1, 1)
+    assert length == len(payload) and digest == hashlib.sha256(payload).digest()
+    assert checkpoint_file.verify(written.path) == checkpoint_file.Verdict("ok")
+    assert checkpoint_file.read_state(written.path)[1] is True
+
+
+@pytest.mark.parametrize(
+    ("where", "problem"),
+    [
+        ("digest", "checksum mismatch"),
+        ("payload start", "checksum mismatch"),
+        ("payload middle", "checksum mismatch"),
+        ("payload end", "checksum mismatch"),
+        ("length", "truncated"),
+        ("version", "unknown checkpoint file version"),
+        ("magic", "unreadable"),
+    ],
+)
+def test_bytes_changed_anywhere_are_detected(tmp_path: Path, where: str, problem: str) -> None:
+    path = checkpoint.write_checkpoint(tmp_path, trained_shard().state_dict(), keep=3).path
+    size, header = path.stat().st_size, checkpoint_file.HEADER.size
+    offset, count = {
+        "digest": (header - 32, 4),
+        "payload start": (header, 40),
+        "payload middle": ((header + size) // 2 - 20, 40),
+        "payload end": (size - 40, 40),
+        "length": (18, 1),  # a far larger length than the bytes that follow
+        "version": (8, 1),
+        "magic": (0, 3),  # no longer our header: read as the previous format, which it is not
+    }[where]
+    _alter(path, offset, count)
+    with pytest.raises(checkpoint.DamagedCheckpointError, match=problem) as caught:
+        checkpoint.read_checkpoint(path)
+    assert caught.value.path == path and str(path) in str(caught.value)
+    verdict = checkpoint_file.verify(path)
+    assert verdict.status == "damaged" and verdict.problem is not None and problem in verdict.problem
+
+
+@pytest.mark.parametrize("keep_bytes", [0, 5, checkpoint_file.HEADER.size - 1, checkpoint_file.HEADER.size + 10])
+def test_a_truncated_checkpoint_is_damaged(tmp_path: Path, keep_bytes: int) -> None:
+    path = checkpoint.write_checkpoint(tmp_path, trained_shard().state_dict(), keep=3).path
+    path.write_bytes(path.read_bytes()[:keep_bytes])
+    with pytest.raises(checkpoint.DamagedCheckpointError, match="truncated"):
+        checkpoint.read_checkpoint(path)
+    assert checkpoint_file.verify(path).status == "damaged"
+
+
+def test_bytes_appended_to_a_checkpoint_are_damage(tmp_path: Path) -> None:
+    path = checkpoint.write_checkpoint(tmp_path, trained_shard().state_dict(), keep=3).path
+    path.write_bytes(path.read_bytes() + b"junk")
+    with pytest.raises(checkpoint.DamagedCheckpointError, match="4 bytes longer than written"):
+        checkpoint.read_checkpoint(path)
+
+
+def test_a_checkpoint_of_the_previous_format_is_restored_unverified(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shard = trained_shard()
+    old = tmp_path / "ckpt-00000001-clock-3.pt"
+    torch.save(shard.state_dict(), old)  # the format before checksums: a bare torch.save
+    assert checkpoint_file.verify(old) == checkpoint_file.Verdict("unverified")
+    restored = make_shard()
+    with caplog.at_level(logging.WARNING, logger="psserver.core.checkpoint"):
+        assert checkpoint.restore(restored, tmp_path) == old
+    assert torch.equal(restored.params, shard.params) and restored.clock == 3
+    assert f"checkpoint {old} has no checksum" in caplog.text
+    # The next one is written in the new format after it, and both are listed as such.
+    checkpoint.write_checkpoint(tmp_path, restored.state_dict(), keep=3)
+    assert [r.verdict.status for r in checkpoint.inspect_directory(tmp_path)] == ["unverified", "ok"]
+    # A previous-format file that does not load is damaged, not unverified.
+    _alter(old, old.stat().st_size // 2)
+    assert checkpoint_file.verify(old).status == "damaged"
+
+
+def test_a_newest_checkpoint_altered_in_the_middle_falls_back_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shard = trained_shard()
+    first = checkpoint.write_checkpoint(tmp_path, shard.state_dict(), keep=3)
+    params_at_3 = shard.params.clone()
+    push(shard, 1, 4, shard.clock, torch.ones(8))
+    second = checkpoint.write_checkpoint(tmp_path, shard.state_dict(), keep=3)
+    _alter(second.path, second.path.stat().st_size // 2)
+    restored = make_shard()
+    with caplog.at_level(logging.WARNING, logger="psserver.core.checkpoint"):
+        assert checkpoint.restore(restored, tmp_path) == first.path
+    assert restored.clock == 3 and torch.equal(restored.params, params_at_3)
+    assert f"skipping damaged checkpoint {second.path} (checksum mismatch" in caplog.text
+    reports = checkpoint.inspect_directory(tmp_path)
+    assert [(r.clock, r.verdict.status) for r in reports] == [(3, "ok"), (4, "damaged")]
+    assert reports[1].size == second.path.stat().st_size and reports[1].modified > 0
+
+
+def test_every_checkpoint_damaged_refuses_and_names_each(tmp_path: Path) -> None:
+    shard = trained_shard()
+    paths = [checkpoint.write_checkpoint(tmp_path, shard.state_dict(), keep=3).path for _ in range(2)]
+    for path in paths:
+        _alter(path, path.stat().st_size // 2)
+    restored = make_shard()
+    with pytest.raises(checkpoint.CheckpointError, match="2 checkpoint file") as caught:
+        checkpoint.restore(restored, tmp_path)
+    assert all(f"{p.name}: checksum mismatch" in str(caught.value) for p in paths)
+    assert restored.clock == 0 and restored.layout is None
+
+
+def test_a_file_where_the_folder_should_be_is_a_checkpoint_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    state = trained_shard().state_dict()
+    for directory in (blocker, blocker / "below"):
+        with pytest.raises(checkpoint.CheckpointError, match="cannot write a checkpoint"):
+            checkpoint.write_checkpoint(directory, state, keep=3)
+        with pytest.raises(checkpoint.CheckpointError, match=r"cannot use|not a directory"):
+            checkpoint.restore(make_shard(), directory)
+    # The admin RPC and shutdown go through write_now: the same error, counted.
+    writer = checkpoint.Checkpointer(trained_shard(), blocker)
+    with pytest.raises(checkpoint.CheckpointError, match="could not be written"):
+        writer.write_now()
+    assert writer.failures == 1
+    assert blocker.read_text() == "not a folder"
+
+
+def test_a_failed_write_leaves_no_temporary(tmp_path: Path) -> None:
+    state = trained_shard().state_dict()
+    state["bad"] = lambda: None  # torch.save cannot pickle it: fails mid-write, not at the disk
+    with pytest.raises(Exception, match=r"pickle|lambda"):
+        checkpoint.write_checkpoint(tmp_path, state, keep=3)
+    assert list(tmp_path.iterdir()) == []

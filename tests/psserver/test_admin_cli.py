@@ -1,0 +1,106 @@
+"""``psserver checkpoints DIR``: every checkpoint's clock, size, age and state; exit 1 when the newest is damaged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from click.testing import CliRunner
+
+from psserver.cli import main
+from psserver.core.checkpoint import write_checkpoint
+from psserver.core.rules import RuleSpec
+from psserver.core.shard import Shard, ShardConfig
+
+
+def _state(clock: int) -> dict[str, object]:
+    state = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.1"}))).state_dict()
+    state["clock"] = clock
+    return state
+
+
+def _folder(tmp_path: Path, clocks: tuple[int, ...] = (2, 4, 6)) -> list[Path]:
+    return [write_checkpoint(tmp_path, _state(clock), keep=10).path for clock in clocks]
+
+
+def _alter_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle - 20 : middle + 20] = bytes(b ^ 0xFF for b in data[middle - 20 : middle + 20])
+    path.write_bytes(bytes(data))
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["checkpoints", *args])
+    return result.exit_code, result.output
+
+
+def test_intact_checkpoints_are_listed_and_exit_0(tmp_path: Path) -> None:
+    paths = _folder(tmp_path)
+    code, output = _run(str(tmp_path))
+    assert code == 0, output
+    for path, clock in zip(paths, (2, 4, 6), strict=True):
+        row = next(line for line in output.splitlines() if path.name in line)
+        assert f" {clock} " in row and " ok" in row and "B " in row and "s " in row
+    assert "damaged" not in output
+
+
+def test_a_damaged_newest_checkpoint_is_flagged_and_exits_1(tmp_path: Path) -> None:
+    paths = _folder(tmp_path)
+    _alter_middle(paths[-1])
+    code, output = _run(str(tmp_path))
+    assert code == 1, output
+    row = next(line for line in output.splitlines() if paths[-1].name in line)
+    assert "damaged: checksum" in row and "mismatch" in output
+    assert f"a start restores {paths[1].name} (clock 4)" in output
+
+    code, output = _run(str(tmp_path), "--json")
+    assert code == 1
+    document = json.loads(output)
+    assert [(c["clock"], c["status"]) for c in document["checkpoints"]] == [(2, "ok"), (4, "ok"), (6, "damaged")]
+    assert document["checkpoints"][2]["problem"].startswith("checksum mismatch")
+    assert document["newest_damaged"] is True and document["restores"] == str(paths[1])
+    newest = document["checkpoints"][2]
+    assert newest["size"] == paths[2].stat().st_size and 0 <= newest["age_seconds"] < 600
+
+
+def test_an_older_damaged_checkpoint_is_flagged_but_exits_0(tmp_path: Path) -> None:
+    paths = _folder(tmp_path)
+    paths[0].write_bytes(paths[0].read_bytes()[:200])
+    code, output = _run(str(tmp_path), "--json")
+    assert code == 0
+    first = json.loads(output)["checkpoints"][0]
+    assert first["status"] == "damaged" and first["problem"].startswith("truncated")
+
+
+def test_all_damaged_says_a_start_is_refused(tmp_path: Path) -> None:
+    for path in _folder(tmp_path, (1,)):
+        _alter_middle(path)
+    code, output = _run(str(tmp_path))
+    assert code == 1 and "a start is refused" in output
+
+
+def test_previous_format_checkpoints_are_unverified_not_damaged(tmp_path: Path) -> None:
+    torch.save(_state(3), tmp_path / "ckpt-00000001-clock-3.pt")
+    code, output = _run(str(tmp_path), "--json")
+    assert code == 0
+    assert json.loads(output)["checkpoints"][0]["status"] == "unverified"
+
+
+def test_an_empty_folder_and_leftover_temporaries(tmp_path: Path) -> None:
+    code, output = _run(str(tmp_path))
+    assert code == 0 and "no checkpoints" in output
+    (tmp_path / ".ckpt-00000001-clock-5.pt.tmp-42").write_bytes(b"half")
+    code, output = _run(str(tmp_path))
+    assert code == 0 and "1 half-written temporary file(s)" in output and ".tmp-42" in output
+    code, output = _run(str(tmp_path), "--json")
+    assert json.loads(output)["temporaries"] == [str(tmp_path / ".ckpt-00000001-clock-5.pt.tmp-42")]
+
+
+def test_a_missing_folder_or_a_file_exits_2(tmp_path: Path) -> None:
+    code, output = _run(str(tmp_path / "missing"))
+    assert code == 2 and "does not exist" in output
+    (tmp_path / "file").write_text("x")
+    code, output = _run(str(tmp_path / "file"))
+    assert code == 2 and "is a file" in output
