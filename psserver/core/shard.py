@@ -353,11 +353,11 @@ class Shard:
             with self._lock:
                 return self._replay_locked(pending.worker, pending.replay)
         try:
-            assembler = pending.decoder()
-            # The stream ended: no longer watched for stalls; a push cancelled first is never applied.
+            # The stream ended: no longer watched; a push a limit ended first is never applied.
             stalled = self._receiver.stalled(pending)
             if stalled is not None:
                 raise stalled
+            assembler = pending.decoder()
             check_complete(assembler, self._refusals, pending.worker)
             with self._lock:
                 return self._commit_locked(pending, assembler.out)
