@@ -19,7 +19,7 @@ from collections import Counter
 import torch
 
 
-class BufferWaitTimeout(TimeoutError):
+class BufferWaitTimeoutError(TimeoutError):
     """No buffer came free in time; ``own_share`` when the owner's own other buffer was what it waited for."""
 
     def __init__(self, message: str, own_share: bool) -> None:
@@ -64,7 +64,7 @@ class ReceiveBuffers:
         ``bypass_limit`` gives one at once even when all are in use (a temporary buffer, not
         kept): for a push others are waiting on, which must not queue behind them. It never
         bypasses the owner's share, so a bypassing owner holds at most one extra buffer.
-        Raises ``BufferWaitTimeout`` when none came free within ``timeout_s``.
+        Raises ``BufferWaitTimeoutError`` when none came free within ``timeout_s``.
         """
         with self._changed:
 
@@ -77,7 +77,7 @@ class ReceiveBuffers:
             if not self._changed.wait_for(free, timeout_s):
                 own = not own_share_free()
                 held = f"worker {owner} already holds one" if own else f"{self.limit} in use"
-                raise BufferWaitTimeout(f"no receive buffer came free in {timeout_s} s ({held})", own)
+                raise BufferWaitTimeoutError(f"no receive buffer came free in {timeout_s} s ({held})", own)
             if owner is not None:
                 self._owners[owner] += 1
             if self._in_use >= self.limit:

@@ -17,8 +17,11 @@ needs. It is never applied then; its worker gets PUSH_STALLED (CANCELLED) and re
   buffer is given back at once, and its next chunk is refused with the reason (a client that
   sends none is cancelled as idle).
 
-A worker has at most ``MAX_OPEN_PUSHES_PER_WORKER`` pushes receiving at once, so one worker
-cannot hold every server thread. None of this takes the shard lock: the receiver has its own
+A worker whose push was ended for its pace sits out ``SIT_OUT_GRACES`` × the pace's grace: its pushes
+meanwhile are refused at their header (PUSH_STALLED, retried by the client), so a client that
+trickles push after push holds a buffer about a ninth of the time, not all of it. A worker
+has at most ``MAX_OPEN_PUSHES_PER_WORKER`` pushes receiving at once, so one worker cannot hold
+every server thread. None of this takes the shard lock: the receiver has its own
 small lock over the pushes it watches, and each push a lock over its buffer.
 """
 
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from psproto import codec
-from psserver.core.buffers import BufferWaitTimeout, ReceiveBuffers
+from psserver.core.buffers import BufferWaitTimeoutError, ReceiveBuffers
 from psserver.core.config import ShardConfig
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.refusals import Refusals
@@ -43,6 +46,8 @@ _LOGGER = logging.getLogger(__name__)
 
 # Pushes of one worker receiving at once (one into its buffer, one retry waiting behind it).
 MAX_OPEN_PUSHES_PER_WORKER = 2
+# A worker whose push was ended waits this many graces before its next push is received.
+SIT_OUT_GRACES = 8.0
 
 # What a codec refusal means to a client; anything else is a wrong length.
 _CODEC_REFUSALS = {
@@ -149,6 +154,8 @@ class PushReceiver:
         # Pushes from their header to the end of their stream (for ``cancel_stalled``).
         self._open: set[PendingPush] = set()
         self._open_by_worker: Counter[str] = Counter()
+        # Worker name -> when it may push again, after a limit ended one of its pushes.
+        self._sitting_out: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def open(
@@ -171,12 +178,24 @@ class PushReceiver:
         pending = PendingPush(
             worker, push_id, base_clock, kind, metadata, self, self.buffers, replay, bypass_buffer_limit, cancel
         )
-        pending.last_chunk_at = self.now()
+        now = pending.last_chunk_at = self.now()
         with self._lock:
+            back_at = self._sitting_out.get(worker.name, now)
+            if back_at <= now:
+                self._sitting_out.pop(worker.name, None)
             crowded = self._open_by_worker[worker.name] >= MAX_OPEN_PUSHES_PER_WORKER
-            if not crowded:
+            if not crowded and back_at <= now:
                 self._open.add(pending)
                 self._open_by_worker[worker.name] += 1
+        if back_at > now:
+            self.refusals.count(ErrorKind.PUSH_STALLED.reason, worker)
+            raise ShardError(
+                ErrorKind.PUSH_STALLED,
+                f"a push of worker {worker.name} was ended for holding a receive buffer too long, so its pushes are "
+                f"not received for {SIT_OUT_GRACES:g} × --push-grace-seconds; retry in {back_at - now:.1f} s",
+                counted=True,
+                metadata={"limit": "sit_out", "retry_after_s": f"{back_at - now:.3f}"},
+            )
         if crowded:
             self.refusals.refuse(
                 ErrorKind.LIMIT_REACHED,
@@ -201,7 +220,7 @@ class PushReceiver:
             buffer = self.buffers.acquire(
                 self._wait_seconds, bypass_limit=pending.bypass_buffer_limit, owner=pending.worker.name
             )
-        except BufferWaitTimeout as error:
+        except BufferWaitTimeoutError as error:
             self.refusals.refuse(ErrorKind.LIMIT_REACHED, self._no_buffer_message(pending, error), pending.worker)
         finally:
             with self._lock:
@@ -212,7 +231,7 @@ class PushReceiver:
         with self._lock:
             pending.receiving_since = pending.last_chunk_at
 
-    def _no_buffer_message(self, pending: PendingPush, error: BufferWaitTimeout) -> str:
+    def _no_buffer_message(self, pending: PendingPush, error: BufferWaitTimeoutError) -> str:
         if error.own_share:
             return (
                 f"no receive buffer came free within {self._wait_seconds:.0f} s: another push of worker "
@@ -276,6 +295,12 @@ class PushReceiver:
                 ):
                     pending.ended = Limit.PACE
                     newly_ended.append(pending)
+            for pending in newly_ended:
+                sit_out_s = SIT_OUT_GRACES * self.pace.grace_s
+                # Only a push that held a buffer sits its worker out (one ended idle before its
+                # first chunk held none; one holding a buffer falls behind the pace first).
+                if pending.ended is Limit.PACE and sit_out_s > 0:
+                    self._sitting_out[pending.worker.name] = now + sit_out_s
         for pending in newly_ended:
             self._give_back(pending)
             self._log_ended(pending, now)

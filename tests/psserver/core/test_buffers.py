@@ -10,7 +10,7 @@ import torch
 from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
-from psserver.core.buffers import BufferWaitTimeout, ReceiveBuffers
+from psserver.core.buffers import BufferWaitTimeoutError, ReceiveBuffers
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
@@ -55,7 +55,7 @@ def test_an_owner_holds_one_buffer_at_a_time_even_when_bypassing_the_limit() -> 
     pool = ReceiveBuffers(16, limit=3)
     mine = pool.acquire(0, owner="a")
     for bypass in (False, True):
-        with pytest.raises(BufferWaitTimeout) as waited:
+        with pytest.raises(BufferWaitTimeoutError) as waited:
             pool.acquire(0.01, owner="a", bypass_limit=bypass)
         assert waited.value.own_share and "worker a already holds one" in str(waited.value)
     theirs = pool.acquire(0, owner="b")

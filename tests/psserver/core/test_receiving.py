@@ -13,7 +13,14 @@ from psserver.core.config import ShardConfig
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.observer import NullObserver
 from psserver.core.pace import TransferPace
-from psserver.core.receiving import MAX_OPEN_PUSHES_PER_WORKER, Limit, PendingPush, PushReceiver, check_complete
+from psserver.core.receiving import (
+    MAX_OPEN_PUSHES_PER_WORKER,
+    SIT_OUT_GRACES,
+    Limit,
+    PendingPush,
+    PushReceiver,
+    check_complete,
+)
 from psserver.core.refusals import Refusals
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.workers import PushOutcome, WorkerRecord
@@ -161,6 +168,27 @@ def test_a_trickling_push_is_ended_after_the_grace_and_its_buffer_freed_at_once(
     stalled = push_receiver.stalled(pending)
     assert stalled is not None and stalled.metadata == {"limit": "min_push_rate"}
     assert refusals.counts() == {"push_stalled": 1}  # counted once
+
+
+def test_a_worker_whose_push_was_too_slow_sits_out_before_its_next_push_is_received() -> None:
+    clock = FakeClock()
+    push_receiver, refusals = receiver(clock, receive_idle_seconds=50.0)
+    slow = open_push(push_receiver, "a")
+    slow.add(chunks(4)[0])
+    clock.now = 2.5
+    assert push_receiver.cancel_stalled() == [slow]
+    push_receiver.discard(slow)
+    back_at = 2.5 + SIT_OUT_GRACES * PACE.grace_s
+    clock.now = back_at - 0.5
+    with pytest.raises(ShardError) as refused:
+        open_push(push_receiver, "a")
+    error = refused.value
+    assert error.kind is ErrorKind.PUSH_STALLED and error.counted and "retry in 0.5 s" in error.message
+    assert error.metadata == {"limit": "sit_out", "retry_after_s": "0.500"}
+    assert refusals.counts() == {"push_stalled": 2}
+    open_push(push_receiver, "b")  # other workers are not held up
+    clock.now = back_at
+    open_push(push_receiver, "a")
 
 
 def test_an_ended_push_that_goes_silent_is_cancelled_without_counting_it_again() -> None:
