@@ -90,21 +90,26 @@ class ShardLimits:
     # A push holding a receive buffer that sends nothing for this long is cancelled.
     receive_idle_seconds: float = 30.0
     # A push holding a receive buffer must move this many MiB a second on average after
-    # ``push_grace_seconds`` (psserver.core.pace), or it is ended and its buffer given back.
-    min_push_mib_per_s: float = 0.1
-    push_grace_seconds: float = 5.0
+    # ``transfer_grace_seconds`` (psserver.core.pace), or it is ended and its buffer given back.
+    min_transfer_mib_per_s: float = 0.1
+    transfer_grace_seconds: float = 5.0
     # Cap on parameter versions kept for gap-measuring rules (GA, DC-ASGD).
     snapshot_memory_bytes: int = 2048 * 1024 * 1024
 
     def __post_init__(self) -> None:
         counts = (self.max_workers, self.max_parameters, self.receive_buffers, self.snapshot_memory_bytes)
         _require(min(counts) >= 1 and self.receive_idle_seconds > 0, f"every shard limit must be positive: {self}")
-        _require(self.min_push_mib_per_s > 0, f"the minimum push rate must be > 0 MiB/s, not {self.min_push_mib_per_s}")
-        _require(self.push_grace_seconds >= 0, f"the push grace must be >= 0 s, not {self.push_grace_seconds}")
+        _require(
+            self.min_transfer_mib_per_s > 0,
+            f"the minimum transfer rate must be > 0 MiB/s, not {self.min_transfer_mib_per_s}",
+        )
+        _require(
+            self.transfer_grace_seconds >= 0, f"the transfer grace must be >= 0 s, not {self.transfer_grace_seconds}"
+        )
 
     @property
-    def push_pace(self) -> TransferPace:
-        return TransferPace(self.min_push_mib_per_s * MIB, self.push_grace_seconds)
+    def transfer_pace(self) -> TransferPace:
+        return TransferPace(self.min_transfer_mib_per_s * MIB, self.transfer_grace_seconds)
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,7 @@ class ServerConfig:
             max_parameters=self.limits.max_parameters,
             receive_buffers=self.limits.receive_buffers,
             receive_idle_seconds=self.limits.receive_idle_seconds,
-            push_pace=self.limits.push_pace,
+            transfer_pace=self.limits.transfer_pace,
             # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
             chunk_bytes=min(codec.DEFAULT_CHUNK_BYTES, self.transport.max_message_bytes // 2),
         )
@@ -318,7 +323,7 @@ class ServerApp:
             self.checkpointer.start()
         limits = config.limits
         # Often enough that a push is ended within a quarter of its shortest limit past it.
-        shortest = min(config.lease_seconds, limits.receive_idle_seconds, limits.push_grace_seconds or math.inf)
+        shortest = min(config.lease_seconds, limits.receive_idle_seconds, limits.transfer_grace_seconds or math.inf)
         self._reaper = _Reaper(self.shard, max(0.05, shortest / 4))
         if config.ready_file is not None:
             write_ready_file(config.ready_file, self.ready_info)

@@ -167,20 +167,20 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     "CANCELLED), so a stalled client cannot keep the buffer from the others",
 )
 @click.option(
-    "--min-push-rate",
+    "--min-transfer-rate",
     default=0.1,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
-    help="MiB/s a push holding a receive buffer must average after --push-grace-seconds, or it is ended "
+    help="MiB/s a push holding a receive buffer must average after --transfer-grace-seconds, or it is ended "
     "(its worker sees CANCELLED, PUSH_STALLED, and retries) and its buffer given back: a push of N MiB holds a "
     "buffer at most grace + N / rate seconds. Keep it far below the slowest worker's link",
 )
 @click.option(
-    "--push-grace-seconds",
+    "--transfer-grace-seconds",
     default=5.0,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="seconds a push holding a receive buffer has for its first bytes before --min-push-rate applies",
+    help="seconds a push holding a receive buffer has for its first bytes before --min-transfer-rate applies",
 )
 @click.option(
     "--receive-window",
@@ -228,8 +228,8 @@ def serve(
     max_parameters: int,
     receive_buffers: int,
     receive_idle_seconds: float,
-    min_push_rate: float,
-    push_grace_seconds: float,
+    min_transfer_rate: float,
+    transfer_grace_seconds: float,
     receive_window: str,
     ready_file: Path | None,
 ) -> None:
@@ -272,8 +272,8 @@ def serve(
             max_parameters=max_parameters,
             receive_buffers=receive_buffers,
             receive_idle_seconds=receive_idle_seconds,
-            min_push_mib_per_s=min_push_rate,
-            push_grace_seconds=push_grace_seconds,
+            min_transfer_mib_per_s=min_transfer_rate,
+            transfer_grace_seconds=transfer_grace_seconds,
             snapshot_memory_bytes=snapshot_memory_mb * 1024 * 1024,
         ),
         security=SecurityConfig(

@@ -34,7 +34,7 @@ class ShardConfig:
     receive_idle_seconds: float = 30.0
     # A push holding a receive buffer must keep this pace (psserver.core.pace), so a client
     # trickling its bytes cannot hold the buffer longer than an honest client needs.
-    push_pace: TransferPace = field(default_factory=TransferPace)
+    transfer_pace: TransferPace = field(default_factory=TransferPace)
     # Serialised parameter versions being sent at once (asynchronous training). At the limit a
     # pull gets the newest version already being sent instead of a newer one: the reply carries
     # that version's clock, so the worker's next push counts the extra staleness.

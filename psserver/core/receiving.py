@@ -13,7 +13,7 @@ needs. It is never applied then; its worker gets PUSH_STALLED (CANCELLED) and re
 
 - idle: sent nothing for ``receive_idle_seconds``, from its header or its last chunk: its
   stream is cancelled (the transport's ``cancel``), freeing the server thread it holds;
-- too slow: fell behind ``push_pace`` (psserver.core.pace) while holding a receive buffer: the
+- too slow: fell behind ``transfer_pace`` (psserver.core.pace) while holding a receive buffer: the
   buffer is given back at once, and its next chunk is refused with the reason (a client that
   sends none is cancelled as idle).
 
@@ -40,6 +40,7 @@ from psserver.core.config import ShardConfig
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.refusals import Refusals
 from psserver.core.rules import PayloadKind
+from psserver.core.stream_watch import StreamWatch
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 _LOGGER = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class Limit(str, enum.Enum):
     """Which limit ended a push (the ``limit`` of its refusal's ErrorInfo metadata)."""
 
     IDLE = "receive_idle_seconds"
-    PACE = "min_push_rate"
+    PACE = "min_transfer_rate"
 
 
 def decode_into(
@@ -149,8 +150,10 @@ class PushReceiver:
         self._limit = config.receive_buffers
         self._wait_seconds = config.receive_wait_seconds
         self._idle_seconds = config.receive_idle_seconds
-        self.pace = config.push_pace
+        self.pace = config.transfer_pace
         self.buffers = ReceiveBuffers(0, config.receive_buffers)
+        # Init uploads and pull replies, held to the same limits (``cancel_stalled`` checks them too).
+        self.streams = StreamWatch(refusals, now, config.receive_idle_seconds, config.transfer_pace)
         # Pushes from their header to the end of their stream (for ``cancel_stalled``).
         self._open: set[PendingPush] = set()
         self._open_by_worker: Counter[str] = Counter()
@@ -192,7 +195,7 @@ class PushReceiver:
             raise ShardError(
                 ErrorKind.PUSH_STALLED,
                 f"a push of worker {worker.name} was ended for holding a receive buffer too long, so its pushes are "
-                f"not received for {SIT_OUT_GRACES:g} × --push-grace-seconds; retry in {back_at - now:.1f} s",
+                f"not received for {SIT_OUT_GRACES:g} × --transfer-grace-seconds; retry in {back_at - now:.1f} s",
                 counted=True,
                 metadata={"limit": "sit_out", "retry_after_s": f"{back_at - now:.3f}"},
             )
@@ -256,7 +259,7 @@ class PushReceiver:
         else:
             message = (
                 f"the push held a receive buffer but sent its bytes slower than {self.pace.describe()} "
-                "(--min-push-rate, --push-grace-seconds), so it was ended and not applied; retry it"
+                "(--min-transfer-rate, --transfer-grace-seconds), so it was ended and not applied; retry it"
             )
         return ShardError(ErrorKind.PUSH_STALLED, message, counted=True, metadata={"limit": limit.value})
 
@@ -274,7 +277,9 @@ class PushReceiver:
                     del self._open_by_worker[pending.worker.name]
 
     def cancel_stalled(self) -> list[PendingPush]:
-        """End every push past a limit (see the module's docstring); returns the ones ended or cancelled now."""
+        """End every push past a limit (see the module's docstring), and cancel the Init and pull
+        streams past one (``self.streams``); returns the pushes ended or cancelled now."""
+        self.streams.cancel_slow()
         now = self.now()
         newly_ended: list[PendingPush] = []
         to_cancel: list[PendingPush] = []
@@ -323,7 +328,7 @@ class PushReceiver:
         held = now - (pending.receiving_since or now)
         _LOGGER.warning(
             "ended a push of worker %s (%s): %d bytes in %.1f s holding a receive buffer, slower than %s "
-            "(--min-push-rate); its buffer is free again",
+            "(--min-transfer-rate); its buffer is free again",
             worker.worker_id,
             worker.name,
             pending.bytes_received,

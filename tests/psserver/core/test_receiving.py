@@ -40,7 +40,7 @@ class FakeClock:
 
 
 def receiver(clock: FakeClock, **limits: object) -> tuple[PushReceiver, Refusals]:
-    limits.setdefault("push_pace", PACE)
+    limits.setdefault("transfer_pace", PACE)
     config = ShardConfig(RuleSpec.parse("asgd", {}), **limits)  # type: ignore[arg-type]
     refusals = Refusals(NullObserver())
     return PushReceiver(refusals, clock, config), refusals
@@ -163,10 +163,10 @@ def test_a_trickling_push_is_ended_after_the_grace_and_its_buffer_freed_at_once(
     with pytest.raises(ShardError) as refused:
         pending.add(next(trickle))
     error = refused.value
-    assert error.kind is ErrorKind.PUSH_STALLED and error.counted and error.metadata == {"limit": "min_push_rate"}
-    assert "--min-push-rate" in error.message
+    assert error.kind is ErrorKind.PUSH_STALLED and error.counted and error.metadata == {"limit": "min_transfer_rate"}
+    assert "--min-transfer-rate" in error.message
     stalled = push_receiver.stalled(pending)
-    assert stalled is not None and stalled.metadata == {"limit": "min_push_rate"}
+    assert stalled is not None and stalled.metadata == {"limit": "min_transfer_rate"}
     assert refusals.counts() == {"push_stalled": 1}  # counted once
 
 

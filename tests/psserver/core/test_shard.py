@@ -334,7 +334,9 @@ class FakeClock:
 def test_a_push_holding_its_buffer_without_sending_is_cancelled_once_idle_too_long() -> None:
     clock = FakeClock()
     # A pace this slow never ends the push: only its idleness does.
-    config = ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), receive_idle_seconds=5.0, push_pace=TransferPace(1.0))
+    config = ShardConfig(
+        RuleSpec.parse("asgd", {"lr": "0.5"}), receive_idle_seconds=5.0, transfer_pace=TransferPace(1.0)
+    )
     shard = Shard(config, clock_source=clock)
     worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     upload(shard, worker, torch.zeros(8))
