@@ -93,10 +93,10 @@ class Trickler(threading.Thread):
             worker_id=worker_id, push_id=push_id, kind=ps_pb2.PAYLOAD_KIND_GRADIENT, layout_hash=LAYOUT.hash
         )
         yield ps_pb2.PushRequest(header=header)
+        # Trickles until the server ends the push, even once told to stop: its end is what is measured.
         for chunk in codec.encode(torch.zeros(LAYOUT.total_length), chunk_bytes=4):
             yield ps_pb2.PushRequest(chunk=chunk)
-            if self.stop.wait(self._interval_s):
-                return
+            time.sleep(self._interval_s)
 
     def _push(self, worker_id: int, push_id: int) -> dict[str, Any]:
         started = time.monotonic()
@@ -112,6 +112,7 @@ class Trickler(threading.Thread):
         return {"code": code, "reason": reason, "limit": limit, "seconds": seconds, "retry_after_s": retry_after_s}
 
     def finish(self, timeout_s: float) -> None:
+        """Send no new push; wait ``timeout_s`` for the current one to be ended, then close the channel."""
         self.stop.set()
         self.join(timeout_s)
         self._channel.close()
@@ -178,7 +179,7 @@ def measure(
             rate = honest.rate(seconds)
             for client in clients:
                 # A push ended by the server learns it at its next chunk, one interval later.
-                client.finish(interval_s + 5.0)
+                client.finish(GRACE_S + 2 * interval_s + 5.0)
             base = rows[0]["pushes_per_s"] if rows else rate
             rows.append(
                 {

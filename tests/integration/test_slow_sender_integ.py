@@ -46,7 +46,7 @@ def test_two_trickling_clients_leave_honest_workers_at_least_half_their_push_rat
         with_tricklers = honest.rate(WITH_S)
     finally:
         for trickler in tricklers:
-            trickler.finish(INTERVAL_S + 5.0)
+            trickler.finish(GRACE_S + 2 * INTERVAL_S + 5.0)
         honest.close()
     assert not honest.errors, honest.errors
     assert alone > 20, alone
