@@ -10,7 +10,8 @@ name and sends a push header, then one element (4 bytes) every ``--interval`` se
 inside the server's ``--receive-idle-seconds``; with ``--retry`` it sends a new push whenever
 one is ended, as a persistent hostile client would (after the backoff of psworker, 0.1 s,
 or the ``retry_after_s`` the server gives). Each count's rate is compared with the
-rate with no trickler (the first count), and each trickling push's end (status code, reason,
+rate with no trickler (the first count) measured in the same round (``--repeats`` rounds; the
+target: at least half), and each trickling push's end (status code, reason,
 the limit that ended it, seconds it lasted) and the server's ``push_stalled`` count are kept.
 
 Prints a table and writes JSON (``--out``, default benchmarks/results/slow_senders.json).
@@ -29,7 +30,8 @@ import grpc
 import torch
 from rich.table import Table
 
-from benchmarks.harness.report import prepare_output, write_results
+from benchmarks.harness.report import prepare_output, print_targets, spread, target, write_results
+from benchmarks.harness.stats import summarize
 from psproto import codec
 from psproto.errors import error_info
 from psproto.layout import Layout
@@ -164,41 +166,51 @@ def stalled_count(address: str) -> int:
 
 
 def measure(
-    address: str, workers: int, tricklers: Sequence[int], seconds: float, interval_s: float, retry: bool
+    address: str, workers: int, tricklers: Sequence[int], seconds: float, interval_s: float, retry: bool, repeats: int
 ) -> list[dict[str, Any]]:
-    """One row per count of tricklers: the honest rate with them running, and how their pushes ended."""
+    """One row per count of tricklers: the honest rate with them running (each repeat measures
+    every count in turn, so a busy machine weighs on all alike), and how their pushes ended."""
     honest = HonestWorkers(address, workers)
-    rows: list[dict[str, Any]] = []
+    rates: dict[int, list[float]] = {count: [] for count in tricklers}
+    ratios: dict[int, list[float]] = {count: [] for count in tricklers}
+    ends: dict[int, list[dict[str, Any]]] = {count: [] for count in tricklers}
+    counted = dict.fromkeys(tricklers, 0)
     try:
-        honest.rate(min(1.0, seconds))  # warm-up: connections, the first pulls of the shard
-        for count in tricklers:
-            stalled_before = stalled_count(address)
-            clients = [Trickler(address, f"trickler-{len(rows)}-{i}", interval_s, retry) for i in range(count)]
-            for client in clients:
-                client.start()
-            rate = honest.rate(seconds)
-            for client in clients:
-                # A push ended by the server learns it at its next chunk, one interval later.
-                client.finish(GRACE_S + 2 * interval_s + 5.0)
-            base = rows[0]["pushes_per_s"] if rows else rate
-            rows.append(
-                {
-                    "tricklers": count,
-                    "pushes_per_s": rate,
-                    "vs_alone": rate / base if base else 0.0,
-                    "trickling_pushes": [end for client in clients for end in client.ends],
-                    "push_stalled_counted": stalled_count(address) - stalled_before,
-                }
-            )
+        honest.rate(min(1.0, seconds))  # warm-up: connections, the first pushes
+        for repeat in range(repeats):
+            for count in tricklers:
+                stalled_before = stalled_count(address)
+                clients = [Trickler(address, f"trickler-{repeat}-{count}-{i}", interval_s, retry) for i in range(count)]
+                for client in clients:
+                    client.start()
+                rate = honest.rate(seconds)
+                for client in clients:
+                    # A push ended by the server learns it at its next chunk, one interval later.
+                    client.finish(GRACE_S + 2 * interval_s + 5.0)
+                rates[count].append(rate)
+                base = rates[tricklers[0]][-1]
+                ratios[count].append(rate / base if base else 0.0)
+                ends[count].extend(end for client in clients for end in client.ends)
+                counted[count] += stalled_count(address) - stalled_before
     finally:
         honest.close()
     if honest.errors:
         raise RuntimeError(f"an honest worker failed: {honest.errors[0]}")
-    return rows
+    return [
+        {
+            "tricklers": count,
+            "pushes_per_s": summarize(rates[count]),
+            "vs_alone": summarize(ratios[count]),
+            "trickling_pushes": ends[count],
+            "push_stalled_counted": counted[count],
+        }
+        for count in tricklers
+    ]
 
 
 def print_table(rows: list[dict[str, Any]], console: Any) -> None:
-    table = Table(title=f"Honest push rate with trickling clients (--receive-buffers 2, {MIN_RATE_MIB_S} MiB/s)")
+    title = f"Honest push rate with trickling clients (--receive-buffers 2, {MIN_RATE_MIB_S} MiB/s; median, min–max)"
+    table = Table(title=title)
     for column in ("tricklers", "honest pushes/s", "vs alone", "trickling pushes ended (code/reason/limit)", "counted"):
         table.add_column(column, justify="right")
     for row in rows:
@@ -206,10 +218,11 @@ def print_table(rows: list[dict[str, Any]], console: Any) -> None:
         for end in row["trickling_pushes"]:
             key = "/".join(part for part in (end["code"], end["reason"], end["limit"]) if part)
             ends[key] = ends.get(key, 0) + 1
+        rate, ratio = row["pushes_per_s"], row["vs_alone"]
         table.add_row(
             str(row["tricklers"]),
-            f"{row['pushes_per_s']:.0f}",
-            f"{row['vs_alone']:.2f}",
+            f"{rate['median']:.0f} ({spread(rate, 0)})",
+            f"{ratio['median']:.2f} ({spread(ratio, 2)})",
             ", ".join(f"{n}× {key}" for key, n in ends.items()) or "-",
             str(row["push_stalled_counted"]),
         )
@@ -223,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per count")
     parser.add_argument("--interval", type=float, default=0.8 * IDLE_S, help="seconds between a trickler's chunks")
     parser.add_argument("--retry", action="store_true", help="tricklers send a new push whenever one is ended")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds over every count")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/slow_senders.json"))
     args = parser.parse_args(argv)
     counts = [int(part) for part in args.tricklers.split(",")]
@@ -230,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     process, address = start_server(log_dir, "asgd", 0.01, (), extra_args=SERVER_ARGS)
     try:
-        rows = measure(address, args.workers, counts, args.seconds, args.interval, args.retry)
+        rows = measure(address, args.workers, counts, args.seconds, args.interval, args.retry, args.repeats)
     finally:
         stop_process(process)
     results: dict[str, Any] = {
@@ -240,10 +254,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "seconds": args.seconds,
         "interval_s": args.interval,
         "retry": args.retry,
+        "repeats": args.repeats,
         "rows": rows,
+        "targets": [
+            target(f"honest rate with {row['tricklers']} trickler(s) / alone", row["vs_alone"], 0.5, at_least=True)
+            for row in rows[1:]
+        ],
         "wall_seconds": time.perf_counter() - started,
     }
     print_table(rows, console)
+    print_targets(results["targets"], console)
     write_results("slow_senders", argv, results, args.out, console)
     return results
 
