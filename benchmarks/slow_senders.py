@@ -46,19 +46,9 @@ LAYOUT = Layout.from_named_shapes([("w", (250, 400))])
 IDLE_S = 1.0
 MIN_RATE_MIB_S = 4.0
 GRACE_S = 0.5
-SERVER_ARGS = (
-    "--receive-buffers",
-    "2",
-    "--receive-idle-seconds",
-    str(IDLE_S),
-    "--min-transfer-rate",
-    str(MIN_RATE_MIB_S),
-    "--transfer-grace-seconds",
-    str(GRACE_S),
-    "--lease-seconds",
-    "60",
-    "--no-metrics",
-)
+PACE_ARGS = ("--min-transfer-rate", str(MIN_RATE_MIB_S), "--transfer-grace-seconds", str(GRACE_S))
+BASE_ARGS = ("--receive-buffers", "2", "--receive-idle-seconds", str(IDLE_S), "--lease-seconds", "60")
+SERVER_ARGS = (*BASE_ARGS, *PACE_ARGS)
 
 
 class Trickler(threading.Thread):
@@ -237,18 +227,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--interval", type=float, default=0.8 * IDLE_S, help="seconds between a trickler's chunks")
     parser.add_argument("--retry", action="store_true", help="tricklers send a new push whenever one is ended")
     parser.add_argument("--repeats", type=int, default=3, help="rounds over every count")
+    parser.add_argument(
+        "--server-source",
+        type=Path,
+        default=None,
+        help="serve from this source tree (e.g. `git archive` of an older commit); a tree without "
+        "psserver/core/pace.py gets the flags it knows only",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/slow_senders.json"))
     args = parser.parse_args(argv)
     counts = [int(part) for part in args.tricklers.split(",")]
     console, log_dir = prepare_output(args.out)
     started = time.perf_counter()
-    process, address = start_server(log_dir, "asgd", 0.01, (), extra_args=SERVER_ARGS)
+    server_args, environment = list(SERVER_ARGS), None
+    if args.server_source is not None:
+        # PYTHONSAFEPATH: the working directory must not come before the tree on the path.
+        environment = {"PYTHONPATH": str(args.server_source.resolve()), "PYTHONSAFEPATH": "1"}
+        if not (args.server_source / "psserver/core/pace.py").exists():
+            server_args = list(BASE_ARGS)
+    process, address = start_server(log_dir, "asgd", 0.01, (), extra_args=server_args, environment=environment)
     try:
         rows = measure(address, args.workers, counts, args.seconds, args.interval, args.retry, args.repeats)
     finally:
         stop_process(process)
     results: dict[str, Any] = {
-        "server_args": list(SERVER_ARGS),
+        "server_args": server_args,
+        "server_source": str(args.server_source or "."),
         "parameters": LAYOUT.total_length,
         "workers": args.workers,
         "seconds": args.seconds,
