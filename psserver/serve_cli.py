@@ -171,16 +171,17 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     default=0.1,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
-    help="MiB/s a push holding a receive buffer must average after --transfer-grace-seconds, or it is ended "
-    "(its worker sees CANCELLED, PUSH_STALLED, and retries) and its buffer given back: a push of N MiB holds a "
-    "buffer at most grace + N / rate seconds. Keep it far below the slowest worker's link",
+    help="MiB/s that a push holding a receive buffer, an Init upload and a pull reply must average after "
+    "--transfer-grace-seconds, or it is ended (a push: PUSH_STALLED, retried; a worker whose push was ended "
+    "sits out 8 graces) and what it held is freed: a push of N MiB holds a buffer at most grace + N / rate "
+    "seconds. Keep it far below the slowest worker's link",
 )
 @click.option(
     "--transfer-grace-seconds",
     default=5.0,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="seconds a push holding a receive buffer has for its first bytes before --min-transfer-rate applies",
+    help="seconds for a push's (or Init's, or pull reply's) first bytes before --min-transfer-rate applies",
 )
 @click.option(
     "--receive-window",
