@@ -220,7 +220,7 @@ class PushReceiver:
         with self._lock:
             pending.waiting = True
         try:
-            buffer = self.buffers.acquire(
+            buffer = pending.buffers.acquire(
                 self._wait_seconds, bypass_limit=pending.bypass_buffer_limit, owner=pending.worker.name
             )
         except BufferWaitTimeoutError as error:
@@ -284,6 +284,8 @@ class PushReceiver:
         newly_ended: list[PendingPush] = []
         to_cancel: list[PendingPush] = []
         with self._lock:
+            for name in [name for name, back_at in self._sitting_out.items() if back_at <= now]:
+                del self._sitting_out[name]
             for pending in self._open:
                 if pending.waiting or pending.cancelled:
                     continue
