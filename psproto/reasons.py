@@ -33,7 +33,8 @@ class Reason(str, enum.Enum):
     CHECKPOINTS_OFF = "CHECKPOINTS_OFF"  # a checkpoint asked of a server without --checkpoint-dir
     CHECKPOINT_FAILED = "CHECKPOINT_FAILED"  # writing the checkpoint failed on the server
     NAME_IN_USE = "NAME_IN_USE"  # another joined worker has this name
-    PUSH_STALLED = "PUSH_STALLED"  # a push that held a receive buffer and sent nothing for too long
+    PUSH_STALLED = "PUSH_STALLED"  # a push that went idle, or fell behind the minimum transfer rate
+    STREAM_STALLED = "STREAM_STALLED"  # an Init upload or a pull reply that went idle or fell behind that rate
     UNAUTHENTICATED = "UNAUTHENTICATED"  # a missing or wrong bearer token
     DRAINING = "DRAINING"  # the server is shutting down (SIGTERM) and takes no new calls
 

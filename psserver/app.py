@@ -15,6 +15,7 @@ subclass, which the CLI maps to its exit codes and flag names.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from psproto import codec
 from psproto.security import SecurityConfigError, read_token_file
 from psserver.core import checkpoint
 from psserver.core.consistency import Consistency
+from psserver.core.pace import MIB, TransferPace
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig, StateError
 from psserver.metrics import DEFAULT_METRICS_PORT, MetricsServer, ShardMetrics, serve_metrics
@@ -87,12 +89,27 @@ class ShardLimits:
     receive_buffers: int = 2
     # A push holding a receive buffer that sends nothing for this long is cancelled.
     receive_idle_seconds: float = 30.0
+    # A push holding a receive buffer must move this many MiB a second on average after
+    # ``transfer_grace_seconds`` (psserver.core.pace), or it is ended and its buffer given back.
+    min_transfer_mib_per_s: float = 0.1
+    transfer_grace_seconds: float = 5.0
     # Cap on parameter versions kept for gap-measuring rules (GA, DC-ASGD).
     snapshot_memory_bytes: int = 2048 * 1024 * 1024
 
     def __post_init__(self) -> None:
         counts = (self.max_workers, self.max_parameters, self.receive_buffers, self.snapshot_memory_bytes)
         _require(min(counts) >= 1 and self.receive_idle_seconds > 0, f"every shard limit must be positive: {self}")
+        _require(
+            self.min_transfer_mib_per_s > 0,
+            f"the minimum transfer rate must be > 0 MiB/s, not {self.min_transfer_mib_per_s}",
+        )
+        _require(
+            self.transfer_grace_seconds >= 0, f"the transfer grace must be >= 0 s, not {self.transfer_grace_seconds}"
+        )
+
+    @property
+    def transfer_pace(self) -> TransferPace:
+        return TransferPace(self.min_transfer_mib_per_s * MIB, self.transfer_grace_seconds)
 
 
 @dataclass(frozen=True)
@@ -180,13 +197,14 @@ class ServerConfig:
             max_parameters=self.limits.max_parameters,
             receive_buffers=self.limits.receive_buffers,
             receive_idle_seconds=self.limits.receive_idle_seconds,
+            transfer_pace=self.limits.transfer_pace,
             # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
             chunk_bytes=min(codec.DEFAULT_CHUNK_BYTES, self.transport.max_message_bytes // 2),
         )
 
 
 class _Reaper:
-    """Evicts workers whose lease expired and cancels pushes stalled while holding a receive buffer."""
+    """Evicts workers whose lease expired and ends pushes that went idle or fell behind their pace."""
 
     def __init__(self, shard: Shard, interval_s: float) -> None:
         self._stop = threading.Event()
@@ -304,7 +322,9 @@ class ServerApp:
         if self.checkpointer is not None:
             self.checkpointer.start()
         limits = config.limits
-        self._reaper = _Reaper(self.shard, max(0.05, min(config.lease_seconds, limits.receive_idle_seconds) / 4))
+        # Often enough that a push is ended within a quarter of its shortest limit past it.
+        shortest = min(config.lease_seconds, limits.receive_idle_seconds, limits.transfer_grace_seconds or math.inf)
+        self._reaper = _Reaper(self.shard, max(0.05, shortest / 4))
         if config.ready_file is not None:
             write_ready_file(config.ready_file, self.ready_info)
         return self

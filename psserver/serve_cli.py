@@ -167,6 +167,23 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     "CANCELLED), so a stalled client cannot keep the buffer from the others",
 )
 @click.option(
+    "--min-transfer-rate",
+    default=0.1,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="MiB/s that a push holding a receive buffer, an Init upload and a pull reply must average after "
+    "--transfer-grace-seconds, or it is ended (a push: PUSH_STALLED, retried; a worker whose push was ended "
+    "sits out 8 graces) and what it held is freed: a push of N MiB holds a buffer at most grace + N / rate "
+    "seconds. Keep it far below the slowest worker's link",
+)
+@click.option(
+    "--transfer-grace-seconds",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="seconds for a push's (or Init's, or pull reply's) first bytes before --min-transfer-rate applies",
+)
+@click.option(
     "--receive-window",
     default=str(DEFAULT_RECEIVE_WINDOW_BYTES),
     show_default=True,
@@ -212,6 +229,8 @@ def serve(
     max_parameters: int,
     receive_buffers: int,
     receive_idle_seconds: float,
+    min_transfer_rate: float,
+    transfer_grace_seconds: float,
     receive_window: str,
     ready_file: Path | None,
 ) -> None:
@@ -254,6 +273,8 @@ def serve(
             max_parameters=max_parameters,
             receive_buffers=receive_buffers,
             receive_idle_seconds=receive_idle_seconds,
+            min_transfer_mib_per_s=min_transfer_rate,
+            transfer_grace_seconds=transfer_grace_seconds,
             snapshot_memory_bytes=snapshot_memory_mb * 1024 * 1024,
         ),
         security=SecurityConfig(

@@ -1,4 +1,4 @@
-"""Receive buffers for pushes: reused across pushes, and only so many in use at once.
+"""Receive buffers for pushes: reused across pushes, only so many in use at once, one per worker.
 
 Every push is decoded into a flat fp32 buffer of the shard's length and checked whole before
 the rule sees it. Allocating that buffer per push churns the allocator; letting every
@@ -6,17 +6,29 @@ concurrent push hold one makes the server's memory grow with the number of worke
 workers pushing ResNet-18 at once would hold 16 × 47 MB). The pool keeps at most ``limit``
 buffers in use; a push that finds none free waits for one before it reads its chunks, so
 gRPC's flow control holds the rest of its bytes on the worker's side.
+
+A worker (an ``owner``) holds at most one buffer at a time: its second concurrent push waits
+for its first to finish, so one worker can never take every buffer from the others.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 import torch
 
 
+class BufferWaitTimeoutError(TimeoutError):
+    """No buffer came free in time; ``own_share`` when the owner's own other buffer was what it waited for."""
+
+    def __init__(self, message: str, own_share: bool) -> None:
+        super().__init__(message)
+        self.own_share = own_share
+
+
 class ReceiveBuffers:
-    """Flat fp32 buffers of one length; ``acquire`` blocks while ``limit`` are in use."""
+    """Flat fp32 buffers of one length; ``acquire`` blocks while ``limit`` are in use, or the owner holds one."""
 
     def __init__(self, length: int, limit: int) -> None:
         if limit < 1:
@@ -26,6 +38,7 @@ class ReceiveBuffers:
         self._free: list[torch.Tensor] = []
         self._in_use = 0
         self._extra = 0
+        self._owners: Counter[str] = Counter()
         self._changed = threading.Condition()
 
     @property
@@ -39,30 +52,53 @@ class ReceiveBuffers:
         with self._changed:
             return len(self._free) + self._in_use
 
-    def acquire(self, timeout_s: float | None = None, *, bypass_limit: bool = False) -> torch.Tensor:
-        """A buffer of ``length`` elements (contents undefined).
+    def held_by(self, owner: str) -> int:
+        with self._changed:
+            return self._owners[owner]
+
+    def acquire(
+        self, timeout_s: float | None = None, *, bypass_limit: bool = False, owner: str | None = None
+    ) -> torch.Tensor:
+        """A buffer of ``length`` elements (contents undefined), counted against ``owner``'s share.
 
         ``bypass_limit`` gives one at once even when all are in use (a temporary buffer, not
-        kept): for a push others are waiting on, which must not queue behind them.
-        Raises ``TimeoutError`` when none came free within ``timeout_s``.
+        kept): for a push others are waiting on, which must not queue behind them. It never
+        bypasses the owner's share, so a bypassing owner holds at most one extra buffer.
+        Raises ``BufferWaitTimeoutError`` when none came free within ``timeout_s``.
         """
         with self._changed:
-            if bypass_limit and self._in_use >= self.limit:
+
+            def own_share_free() -> bool:
+                return owner is None or self._owners[owner] == 0
+
+            def free() -> bool:
+                return own_share_free() and (bypass_limit or self._in_use < self.limit)
+
+            if not self._changed.wait_for(free, timeout_s):
+                own = not own_share_free()
+                held = f"worker {owner} already holds one" if own else f"{self.limit} in use"
+                raise BufferWaitTimeoutError(f"no receive buffer came free in {timeout_s} s ({held})", own)
+            if owner is not None:
+                self._owners[owner] += 1
+            if self._in_use >= self.limit:
                 self._extra += 1
                 return torch.empty(self.length)
-            if not self._changed.wait_for(lambda: self._in_use < self.limit, timeout_s):
-                raise TimeoutError(f"no receive buffer came free in {timeout_s} s ({self.limit} in use)")
             self._in_use += 1
             return self._free.pop() if self._free else torch.empty(self.length)
 
-    def release(self, buffer: torch.Tensor) -> None:
+    def release(self, buffer: torch.Tensor, owner: str | None = None) -> None:
         with self._changed:
             if buffer.numel() != self.length:
                 raise ValueError(f"a buffer of {buffer.numel()} elements is not this pool's ({self.length})")
+            if owner is not None and self._owners[owner] > 0:
+                self._owners[owner] -= 1
+                if not self._owners[owner]:
+                    del self._owners[owner]
+            # Every release may free the owner's share, so wake every waiter to re-check.
+            self._changed.notify_all()
             if self._extra and self._in_use + self._extra > self.limit:
                 # Temporary buffers are dropped first so the pool never keeps more than ``limit``.
                 self._extra -= 1
                 return
             self._in_use -= 1
             self._free.append(buffer)
-            self._changed.notify()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from psproto import codec
 from psserver.core.consistency import Consistency
+from psserver.core.pace import TransferPace
 from psserver.core.rules import RuleSpec
 
 
@@ -31,6 +32,9 @@ class ShardConfig:
     # A push holding a receive buffer that sends nothing for this long is cancelled, so a
     # stalled (or hostile) client cannot keep the buffer from everyone else.
     receive_idle_seconds: float = 30.0
+    # A push holding a receive buffer must keep this pace (psserver.core.pace), so a client
+    # trickling its bytes cannot hold the buffer longer than an honest client needs.
+    transfer_pace: TransferPace = field(default_factory=TransferPace)
     # Serialised parameter versions being sent at once (asynchronous training). At the limit a
     # pull gets the newest version already being sent instead of a newer one: the reply carries
     # that version's clock, so the worker's next push counts the extra staleness.

@@ -1,31 +1,54 @@
-"""Receiving pushes: the pending push, its receive buffer, decoding, and stall cancellation.
+"""Receiving pushes: the pending push, its receive buffer, decoding, and ending pushes that hold
+shared resources too long.
 
 ``PushReceiver.open`` hands out a ``PendingPush`` for a header the shard validated; the
 transport feeds it the chunks (``PendingPush.add``), each decoded by psproto.codec straight
-into the push's receive buffer, taken from a bounded pool at the first chunk. The push is then
-committed by the shard (``Shard.commit_push``) or discarded, which gives the buffer back.
+into the push's receive buffer, taken from a bounded pool at the first chunk (one per worker
+at a time). The push is then committed by the shard (``Shard.commit_push``) or discarded,
+which gives the buffer back.
 
-A push that holds a buffer and sends nothing for ``receive_idle_seconds`` is cancelled by
-``cancel_stalled`` (the transport's ``cancel`` ends its stream) and is never applied. None of
-this takes the shard lock: the receiver has its own small lock over the pushes it watches.
+The receiver watches every open push until its stream ends (``cancel_stalled``, called by the
+server's reaper), and ends one that holds the shard's resources longer than an honest client
+needs. It is never applied then; its worker gets PUSH_STALLED (CANCELLED) and retries it:
+
+- idle: sent nothing for ``receive_idle_seconds``, from its header or its last chunk: its
+  stream is cancelled (the transport's ``cancel``), freeing the server thread it holds;
+- too slow: fell behind ``transfer_pace`` (psserver.core.pace) while holding a receive buffer: the
+  buffer is given back at once, and its next chunk is refused with the reason (a client that
+  sends none is cancelled as idle).
+
+A worker whose push was ended for its pace sits out ``SIT_OUT_GRACES`` × the pace's grace: its pushes
+meanwhile are refused at their header (PUSH_STALLED, retried by the client), so a client that
+trickles push after push holds a buffer about a ninth of the time, not all of it. A worker
+has at most ``MAX_OPEN_PUSHES_PER_WORKER`` pushes receiving at once, so one worker cannot hold
+every server thread. None of this takes the shard lock: the receiver has its own
+small lock over the pushes it watches, and each push a lock over its buffer.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from psproto import codec
-from psserver.core.buffers import ReceiveBuffers
+from psserver.core.buffers import BufferWaitTimeoutError, ReceiveBuffers
 from psserver.core.config import ShardConfig
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.refusals import Refusals
 from psserver.core.rules import PayloadKind
+from psserver.core.stream_watch import StreamWatch
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 _LOGGER = logging.getLogger(__name__)
+
+# Pushes of one worker receiving at once (one into its buffer, one retry waiting behind it).
+MAX_OPEN_PUSHES_PER_WORKER = 2
+# A worker whose push was ended waits this many graces before its next push is received.
+SIT_OUT_GRACES = 8.0
 
 # What a codec refusal means to a client; anything else is a wrong length.
 _CODEC_REFUSALS = {
@@ -33,6 +56,13 @@ _CODEC_REFUSALS = {
     "chunk_out_of_range": ErrorKind.CHUNK_OUT_OF_RANGE,
     "bad_chunk_size": ErrorKind.BAD_REQUEST,
 }
+
+
+class Limit(str, enum.Enum):
+    """Which limit ended a push (the ``limit`` of its refusal's ErrorInfo metadata)."""
+
+    IDLE = "receive_idle_seconds"
+    PACE = "min_transfer_rate"
 
 
 def decode_into(
@@ -56,12 +86,12 @@ def check_complete(assembler: codec.Assembler, refusals: Refusals, worker: Worke
         refusals.refuse(ErrorKind.NON_FINITE, f"{bad} element(s) are NaN or Inf; nothing was applied", worker)
 
 
-@dataclass(eq=False)  # identity: the receiver tracks the pushes holding receive buffers
+@dataclass(eq=False)  # identity: the receiver tracks the pushes it watches
 class PendingPush:
     """A push whose header passed validation, receiving its chunks.
 
     A retried push id comes back with ``replay`` set and its chunks are ignored. ``cancel``
-    (from the transport) ends the push's stream if it stalls while holding its buffer.
+    (from the transport) ends the push's stream if it goes idle.
     """
 
     worker: WorkerRecord
@@ -78,21 +108,38 @@ class PendingPush:
     cancel: Callable[[], object] | None = None
     assembler: codec.Assembler | None = None
     bytes_received: int = 0
+    # When the header or the last chunk arrived (the idle limit counts from it).
     last_chunk_at: float = 0.0
-    # Set (under the receiver's lock) when the push was cancelled as stalled: never applied then.
+    # When the push began to hold a receive buffer (a replay: its first chunk); the pace counts from it.
+    receiving_since: float | None = None
+    # Waiting for a receive buffer: the server's wait, not the client's, so not watched meanwhile.
+    waiting: bool = False
+    # Set (under the receiver's lock) when a limit ended the push: never applied then.
+    ended: Limit | None = None
+    # Set (under the receiver's lock) when its stream was cancelled.
     cancelled: bool = False
+    # Held while a chunk is decoded into the buffer, and while the receiver takes the buffer back.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, chunk: codec.ChunkLike) -> None:
         """Decode one chunk into the receive buffer (taken at the first chunk); a replay ignores it."""
+        self.receiver.refuse_if_ended(self)
         self.bytes_received += len(chunk.data)
-        self.last_chunk_at = self.receiver.now()
-        if self.replay is None:
-            decode_into(self.decoder(), chunk, self.receiver.refusals, self.worker)
+        self.receiver.arrived(self)
+        if self.replay is not None:
+            return
+        if self.assembler is None:
+            self.receiver.take_buffer(self)
+        with self.lock:
+            self.receiver.refuse_if_ended(self)
+            assert self.assembler is not None
+            decode_into(self.assembler, chunk, self.receiver.refusals, self.worker)
 
     def decoder(self) -> codec.Assembler:
         """The push's assembler, over a receive buffer taken now if it has none yet."""
         if self.assembler is None:
-            self.assembler = self.receiver.take_buffer(self)
+            self.receiver.take_buffer(self)
+        assert self.assembler is not None
         return self.assembler
 
 
@@ -103,9 +150,15 @@ class PushReceiver:
         self._limit = config.receive_buffers
         self._wait_seconds = config.receive_wait_seconds
         self._idle_seconds = config.receive_idle_seconds
+        self.pace = config.transfer_pace
         self.buffers = ReceiveBuffers(0, config.receive_buffers)
-        # Pushes holding a receive buffer while their chunks arrive (for ``cancel_stalled``).
-        self._receiving: set[PendingPush] = set()
+        # Init uploads and pull replies, held to the same limits (``cancel_stalled`` checks them too).
+        self.streams = StreamWatch(refusals, now, config.receive_idle_seconds, config.transfer_pace)
+        # Pushes from their header to the end of their stream (for ``cancel_stalled``).
+        self._open: set[PendingPush] = set()
+        self._open_by_worker: Counter[str] = Counter()
+        # Worker name -> when it may push again, after a limit ended one of its pushes.
+        self._sitting_out: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def open(
@@ -120,65 +173,178 @@ class PushReceiver:
         bypass_buffer_limit: bool,
         cancel: Callable[[], object] | None,
     ) -> PendingPush:
-        """A pending push of ``length`` elements (caller holds the shard lock: the length is the shard's)."""
+        """A pending push of ``length`` elements (caller holds the shard lock: the length is the shard's).
+
+        Refused (LIMIT_REACHED) when the worker already has ``MAX_OPEN_PUSHES_PER_WORKER`` receiving."""
         if self.buffers.length != length:
             self.buffers = ReceiveBuffers(length, self._limit)
-        return PendingPush(
+        pending = PendingPush(
             worker, push_id, base_clock, kind, metadata, self, self.buffers, replay, bypass_buffer_limit, cancel
         )
-
-    def take_buffer(self, pending: PendingPush) -> codec.Assembler:
-        """An assembler over a receive buffer for ``pending``; refused when none came free in time."""
-        try:
-            buffer = self.buffers.acquire(self._wait_seconds, bypass_limit=pending.bypass_buffer_limit)
-        except TimeoutError:
+        now = pending.last_chunk_at = self.now()
+        with self._lock:
+            back_at = self._sitting_out.get(worker.name, now)
+            if back_at <= now:
+                self._sitting_out.pop(worker.name, None)
+            crowded = self._open_by_worker[worker.name] >= MAX_OPEN_PUSHES_PER_WORKER
+            if not crowded and back_at <= now:
+                self._open.add(pending)
+                self._open_by_worker[worker.name] += 1
+        if back_at > now:
+            self.refusals.count(ErrorKind.PUSH_STALLED.reason, worker)
+            raise ShardError(
+                ErrorKind.PUSH_STALLED,
+                f"a push of worker {worker.name} was ended for holding a receive buffer too long, so its pushes are "
+                f"not received for {SIT_OUT_GRACES:g} × --transfer-grace-seconds; retry in {back_at - now:.1f} s",
+                counted=True,
+                metadata={"limit": "sit_out", "retry_after_s": f"{back_at - now:.3f}"},
+            )
+        if crowded:
             self.refusals.refuse(
                 ErrorKind.LIMIT_REACHED,
-                f"no receive buffer came free within {self._wait_seconds:.0f} s: "
-                f"{self.buffers.limit} pushes are being received (--receive-buffers); retry, or raise it",
-                pending.worker,
+                f"worker {worker.name} already has {MAX_OPEN_PUSHES_PER_WORKER} pushes being received by this "
+                "shard; send one push at a time to each shard",
+                worker,
             )
+        return pending
+
+    def arrived(self, pending: PendingPush) -> None:
+        """A chunk of ``pending`` arrived: its idle time starts again (a replay's pace starts now)."""
         pending.last_chunk_at = self.now()
+        if pending.replay is not None and pending.receiving_since is None:
+            pending.receiving_since = pending.last_chunk_at
+
+    def take_buffer(self, pending: PendingPush) -> None:
+        """Give ``pending`` an assembler over a receive buffer; refused when none came free in time."""
+        self.refuse_if_ended(pending)
         with self._lock:
-            self._receiving.add(pending)
-        return codec.Assembler(buffer)
+            pending.waiting = True
+        try:
+            buffer = pending.buffers.acquire(
+                self._wait_seconds, bypass_limit=pending.bypass_buffer_limit, owner=pending.worker.name
+            )
+        except BufferWaitTimeoutError as error:
+            self.refusals.refuse(ErrorKind.LIMIT_REACHED, self._no_buffer_message(pending, error), pending.worker)
+        finally:
+            with self._lock:
+                pending.waiting = False
+                pending.last_chunk_at = self.now()
+        with pending.lock:
+            pending.assembler = codec.Assembler(buffer)
+        with self._lock:
+            pending.receiving_since = pending.last_chunk_at
+
+    def _no_buffer_message(self, pending: PendingPush, error: BufferWaitTimeoutError) -> str:
+        if error.own_share:
+            return (
+                f"no receive buffer came free within {self._wait_seconds:.0f} s: another push of worker "
+                f"{pending.worker.name} holds one, and a worker's pushes to a shard are received one at a time"
+            )
+        return (
+            f"no receive buffer came free within {self._wait_seconds:.0f} s: "
+            f"{self.buffers.limit} pushes are being received (--receive-buffers); retry, or raise it"
+        )
+
+    def refuse_if_ended(self, pending: PendingPush) -> None:
+        """Refuse (PUSH_STALLED, counted when it was ended) a push a limit has ended."""
+        if pending.ended is not None:
+            raise self._ended_error(pending.ended)
+
+    def _ended_error(self, limit: Limit) -> ShardError:
+        if limit is Limit.IDLE:
+            message = (
+                f"the push sent nothing for {self._idle_seconds:g} s (--receive-idle-seconds), so it was "
+                "cancelled and not applied; retry it"
+            )
+        else:
+            message = (
+                f"the push held a receive buffer but sent its bytes slower than {self.pace.describe()} "
+                "(--min-transfer-rate, --transfer-grace-seconds), so it was ended and not applied; retry it"
+            )
+        return ShardError(ErrorKind.PUSH_STALLED, message, counted=True, metadata={"limit": limit.value})
 
     def stalled(self, pending: PendingPush) -> ShardError | None:
-        """Stop watching ``pending`` (its stream ended); the refusal to answer if it was cancelled as stalled."""
+        """Stop watching ``pending`` (its stream ended); the refusal to answer if a limit ended it."""
+        self._forget(pending)
+        return None if pending.ended is None else self._ended_error(pending.ended)
+
+    def _forget(self, pending: PendingPush) -> None:
         with self._lock:
-            self._receiving.discard(pending)
-        if not pending.cancelled:
-            return None
-        message = (
-            f"the push held a receive buffer and sent nothing for {self._idle_seconds:g} s "
-            "(--receive-idle-seconds), so it was cancelled and not applied; retry it"
-        )
-        return ShardError(ErrorKind.PUSH_STALLED, message, counted=True)
+            if pending in self._open:
+                self._open.discard(pending)
+                self._open_by_worker[pending.worker.name] -= 1
+                if not self._open_by_worker[pending.worker.name]:
+                    del self._open_by_worker[pending.worker.name]
 
     def cancel_stalled(self) -> list[PendingPush]:
-        """Cancel every push holding a buffer that sent nothing for ``receive_idle_seconds``; returns them."""
-        deadline = self.now() - self._idle_seconds
+        """End every push past a limit (see the module's docstring), and cancel the Init and pull
+        streams past one (``self.streams``); returns the pushes ended or cancelled now."""
+        self.streams.cancel_slow()
+        now = self.now()
+        newly_ended: list[PendingPush] = []
+        to_cancel: list[PendingPush] = []
         with self._lock:
-            stalled = [p for p in self._receiving if p.last_chunk_at < deadline]
-            self._receiving.difference_update(stalled)
-            for pending in stalled:
-                pending.cancelled = True
-        for pending in stalled:
-            _LOGGER.warning(
-                "cancelled a push of worker %s (%s): it held a receive buffer and sent nothing for %.0f s",
-                pending.worker.worker_id,
-                pending.worker.name,
-                self._idle_seconds,
-            )
+            for name in [name for name, back_at in self._sitting_out.items() if back_at <= now]:
+                del self._sitting_out[name]
+            for pending in self._open:
+                if pending.waiting or pending.cancelled:
+                    continue
+                if now - pending.last_chunk_at > self._idle_seconds:
+                    pending.cancelled = True
+                    to_cancel.append(pending)
+                    if pending.ended is None:
+                        pending.ended = Limit.IDLE
+                        newly_ended.append(pending)
+                elif (
+                    pending.ended is None
+                    and pending.receiving_since is not None
+                    and self.pace.behind(pending.bytes_received, now - pending.receiving_since)
+                ):
+                    pending.ended = Limit.PACE
+                    newly_ended.append(pending)
+            for pending in newly_ended:
+                sit_out_s = SIT_OUT_GRACES * self.pace.grace_s
+                # Only a push that held a buffer sits its worker out (one ended idle before its
+                # first chunk held none; one holding a buffer falls behind the pace first).
+                if pending.ended is Limit.PACE and sit_out_s > 0:
+                    self._sitting_out[pending.worker.name] = now + sit_out_s
+        for pending in newly_ended:
+            self._give_back(pending)
+            self._log_ended(pending, now)
             self.refusals.count(ErrorKind.PUSH_STALLED.reason, pending.worker)
+        for pending in to_cancel:
             if pending.cancel is not None:
                 pending.cancel()
-        return stalled
+        return list(dict.fromkeys(newly_ended + to_cancel))
+
+    def _log_ended(self, pending: PendingPush, now: float) -> None:
+        worker = pending.worker
+        if pending.ended is Limit.IDLE:
+            _LOGGER.warning(
+                "cancelled a push of worker %s (%s): it sent nothing for %.0f s (--receive-idle-seconds)",
+                worker.worker_id,
+                worker.name,
+                self._idle_seconds,
+            )
+            return
+        held = now - (pending.receiving_since or now)
+        _LOGGER.warning(
+            "ended a push of worker %s (%s): %d bytes in %.1f s holding a receive buffer, slower than %s "
+            "(--min-transfer-rate); its buffer is free again",
+            worker.worker_id,
+            worker.name,
+            pending.bytes_received,
+            held,
+            self.pace.describe(),
+        )
+
+    def _give_back(self, pending: PendingPush) -> None:
+        with pending.lock:
+            if pending.assembler is not None:
+                pending.buffers.release(pending.assembler.out, pending.worker.name)
+                pending.assembler = None
 
     def discard(self, pending: PendingPush) -> None:
         """Give back a push's receive buffer; safe to call more than once, and after a commit."""
-        with self._lock:
-            self._receiving.discard(pending)
-        if pending.assembler is not None:
-            pending.buffers.release(pending.assembler.out)
-            pending.assembler = None
+        self._forget(pending)
+        self._give_back(pending)

@@ -9,7 +9,7 @@ component owns its state and its job:
 - ``admission`` (SSP waits, GEM reservations, routing, pull sharing) and
   ``bsp_round.BspBarrier`` (the BSP round): pure decisions the shard acts on;
 - ``request_checks``: every refusal of a request's header, as a decision;
-- ``receiving.PushReceiver``: pending pushes, their receive buffers, stall cancellation;
+- ``receiving.PushReceiver``: pending pushes, their buffers, ending slow pushes and streams;
 - ``pull_versions.PullVersions``: the versions handed to pulls, one per clock and form, with
   the wire encoder injected by the transport (the core never builds wire bytes);
 - ``shard_state``: the checkpoint form (``state_dict`` / ``load_state_dict``);
@@ -58,6 +58,7 @@ from psserver.core.rules.options import RuleOptions
 from psserver.core.shard_state import StateError
 from psserver.core.snapshots import SnapshotStore
 from psserver.core.status import JoinResult, ShardStatus
+from psserver.core.stream_watch import WatchedStream
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 __all__ = ["JoinResult", "PendingPush", "PullResult", "Shard", "ShardConfig", "StateError"]
@@ -341,6 +342,12 @@ class Shard:
     def discard_push(self, pending: PendingPush) -> None:
         self._receiver.discard(pending)
 
+    def watch_stream(self, worker_id: int, rpc: str, cancel: Callable[[], object]) -> WatchedStream:
+        """Watch an Init upload or pull reply of a joined worker for the push limits (``stream_watch``)."""
+        with self._lock:
+            worker = self._membership.get(worker_id)
+        return self._receiver.streams.watch(worker, rpc, cancel)
+
     def count_rejected(self, reason: str, worker: WorkerRecord | None = None) -> None:
         """Count a refused request (Status and metrics), also ones refused before the shard (auth)."""
         self._refusals.count(reason, worker)
@@ -353,11 +360,11 @@ class Shard:
             with self._lock:
                 return self._replay_locked(pending.worker, pending.replay)
         try:
-            assembler = pending.decoder()
-            # The stream ended: no longer watched for stalls; a push cancelled first is never applied.
+            # The stream ended: no longer watched; a push a limit ended first is never applied.
             stalled = self._receiver.stalled(pending)
             if stalled is not None:
                 raise stalled
+            assembler = pending.decoder()
             check_complete(assembler, self._refusals, pending.worker)
             with self._lock:
                 return self._commit_locked(pending, assembler.out)

@@ -21,6 +21,7 @@ from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import PendingPush, PullResult, Shard
 from psserver.core.status import WorkerView
+from psserver.core.stream_watch import WatchedStream
 from psserver.core.workers import PushOutcome
 from psserver.rpc.pull_encoding import PULL_RESPONSE, PUSH_PULL_PARAMS
 from psserver.rpc.status_codes import refusal
@@ -177,11 +178,19 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
-def _send(result: PullResult, first: bytes | None = None) -> Iterator[bytes]:
-    """The reply stream; it holds ``result`` until sent, so the shard counts it as a version in flight."""
-    if first is not None:
-        yield first
-    yield from result.messages
+def _send(result: PullResult, watched: WatchedStream, first: bytes | None = None) -> Iterator[bytes]:
+    """The reply stream; it holds ``result`` until sent, so the shard counts it as a version in flight.
+
+    Each message is counted as moved once the client took it (gRPC asks for the next one only
+    then): a reader that stops reading is cancelled by the shard's stream watch."""
+    try:
+        if first is not None:
+            yield first
+        for message in result.messages:
+            yield message
+            watched.moved(len(message))
+    finally:
+        watched.close()
 
 
 class ParameterServerServicer:
@@ -231,8 +240,15 @@ class ParameterServerServicer:
         if not isinstance(first, ps_pb2.InitRequest) or first.WhichOneof("body") != "header":
             raise ShardError(ErrorKind.BAD_REQUEST, "an Init stream must start with an InitHeader")
         assembler = self.shard.begin_upload(first.header.worker_id, first.header.layout_hash)
-        for message in request_iterator:
-            self.shard.decode_chunk(assembler, _chunk_of(message, "Init"))
+        # Its buffer is the shard's size: a trickled or stalled upload is cancelled (stream_watch).
+        watched = self.shard.watch_stream(first.header.worker_id, "Init", context.cancel)
+        try:
+            for message in request_iterator:
+                chunk = _chunk_of(message, "Init")
+                watched.moved(len(chunk.data))
+                self.shard.decode_chunk(assembler, chunk)
+        finally:
+            watched.close()
         applied, clock = self.shard.finish_upload(assembler)
         return ps_pb2.InitResponse(applied=applied, clock=clock)
 
@@ -240,7 +256,7 @@ class ParameterServerServicer:
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Yields already serialised PullResponse messages (registered with an identity serializer)."""
         result = self.shard.pull(request.worker_id, request.wire_dtype, reserve=request.reserve, encoder=PULL_RESPONSE)
-        return _send(result)
+        return _send(result, self.shard.watch_stream(request.worker_id, "Pull", context.cancel))
 
     def _receive_push(
         self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext, then_pull: bool
@@ -289,7 +305,7 @@ class ParameterServerServicer:
         header, outcome = self._receive_push(request_iterator, context, then_pull=True)
         result = self.shard.pull(header.worker_id, header.pull_dtype, encoder=PUSH_PULL_PARAMS)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
-        return _send(result, ack)
+        return _send(result, self.shard.watch_stream(header.worker_id, "PushPull", context.cancel), ack)
 
     @_translate_errors
     def Heartbeat(self, request: ps_pb2.HeartbeatRequest, context: grpc.ServicerContext) -> ps_pb2.HeartbeatResponse:

@@ -28,8 +28,9 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.CHECKPOINTS_OFF: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.CHECKPOINT_FAILED: grpc.StatusCode.INTERNAL,
     Reason.NAME_IN_USE: grpc.StatusCode.ALREADY_EXISTS,
-    # The transport cancels a stalled push, so its worker sees CANCELLED.
+    # The transport cancels a stalled push or stream, so its client sees CANCELLED.
     Reason.PUSH_STALLED: grpc.StatusCode.CANCELLED,
+    Reason.STREAM_STALLED: grpc.StatusCode.CANCELLED,
     Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Reason.DRAINING: grpc.StatusCode.UNAVAILABLE,
 }

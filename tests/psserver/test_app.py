@@ -146,6 +146,14 @@ def test_every_failure_to_build_or_start_is_a_typed_error(tmp_path: Path) -> Non
         CheckpointConfig(tmp_path, keep=0)
     with pytest.raises(ServerConfigError, match="every shard limit must be positive"):
         ShardLimits(receive_buffers=0)
+    with pytest.raises(ServerConfigError, match="minimum transfer rate must be > 0 MiB/s"):
+        ShardLimits(min_transfer_mib_per_s=0)
+    with pytest.raises(ServerConfigError, match="transfer grace must be >= 0 s"):
+        ShardLimits(transfer_grace_seconds=-1)
+    pace = (
+        _config(limits=ShardLimits(min_transfer_mib_per_s=2.0, transfer_grace_seconds=1.5)).shard_config().transfer_pace
+    )
+    assert (pace.min_bytes_per_s, pace.grace_s) == (2 * 1024 * 1024, 1.5)
     with pytest.raises(SecurityFilesError, match="--auth-token-file"):
         ServerApp.build(_config(security=SecurityConfig(auth_token_file=tmp_path / "missing")))
     missing = tmp_path / "missing.pem"

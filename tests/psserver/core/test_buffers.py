@@ -10,7 +10,7 @@ import torch
 from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
-from psserver.core.buffers import ReceiveBuffers
+from psserver.core.buffers import BufferWaitTimeoutError, ReceiveBuffers
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
@@ -49,6 +49,26 @@ def test_bypass_gives_a_temporary_buffer_that_is_not_kept() -> None:
     pool.release(extra)
     pool.release(held)
     assert pool.in_use == 0 and pool.allocated == 1
+
+
+def test_an_owner_holds_one_buffer_at_a_time_even_when_bypassing_the_limit() -> None:
+    pool = ReceiveBuffers(16, limit=3)
+    mine = pool.acquire(0, owner="a")
+    for bypass in (False, True):
+        with pytest.raises(BufferWaitTimeoutError) as waited:
+            pool.acquire(0.01, owner="a", bypass_limit=bypass)
+        assert waited.value.own_share and "worker a already holds one" in str(waited.value)
+    theirs = pool.acquire(0, owner="b")
+    assert pool.held_by("a") == pool.held_by("b") == 1
+    got: list[torch.Tensor] = []
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire(WAIT_S, owner="a")))
+    waiter.start()
+    pool.release(theirs, "b")  # frees the pool, not a's share: a still waits
+    waiter.join(0.1)
+    assert waiter.is_alive()
+    pool.release(mine, "a")
+    waiter.join(WAIT_S)
+    assert len(got) == 1 and pool.held_by("a") == 1
 
 
 def test_a_buffer_of_another_length_is_refused() -> None:

@@ -12,6 +12,7 @@ from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.pace import TransferPace
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.serialized_pull import SerializedPull
 from psserver.core.shard import Shard, ShardConfig
@@ -332,7 +333,11 @@ class FakeClock:
 
 def test_a_push_holding_its_buffer_without_sending_is_cancelled_once_idle_too_long() -> None:
     clock = FakeClock()
-    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), receive_idle_seconds=5.0), clock_source=clock)
+    # A pace this slow never ends the push: only its idleness does.
+    config = ShardConfig(
+        RuleSpec.parse("asgd", {"lr": "0.5"}), receive_idle_seconds=5.0, transfer_pace=TransferPace(1.0)
+    )
+    shard = Shard(config, clock_source=clock)
     worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     upload(shard, worker, torch.zeros(8))
     cancelled: list[int] = []
