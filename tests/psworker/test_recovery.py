@@ -16,7 +16,7 @@ import torch
 
 from psproto.errors import Reason, rich_status
 from psproto.layout import Layout
-from psproto.v1 import ps_pb2
+from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.server import RunningServer, start_server
@@ -300,3 +300,28 @@ def test_the_retry_budget_counts_from_the_first_failure_not_from_the_call(served
             client._call(0, never_answers)
         assert 0.3 <= time.monotonic() - started < 2.0
         assert client.stats.reconnects >= 2
+
+
+def test_a_first_join_without_answer_is_retried_on_a_new_channel(
+    served: tuple[Shard, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, address = served
+    real_join = PSClient._join
+    channels: list[grpc.Channel] = []
+    stubs: list[ps_pb2_grpc.ParameterServerStub] = []
+
+    def join(
+        self: PSClient, index: int, address: str, channel: grpc.Channel, *args: object, **kwargs: object
+    ) -> ShardSession:
+        channels.append(channel)
+        stubs.append(ps_pb2_grpc.ParameterServerStub(channel))
+        if len(channels) == 1:
+            raise bare(grpc.StatusCode.DEADLINE_EXCEEDED)  # a handshake a silent link swallowed
+        return real_join(self, index, address, channel, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PSClient, "_join", join)
+    with PSClient([address], LAYOUT, name="handshake", retry=FAST) as client:
+        assert len(channels) == 2 and channels[0] is not channels[1]
+        assert client.sessions[0].channel is channels[1]
+        with pytest.raises(ValueError, match="closed channel"):
+            stubs[0].Status(ps_pb2.StatusRequest(), timeout=1)
