@@ -18,7 +18,8 @@ import torch
 
 from psproto import codec
 from psproto.cli_options import client_security_from_flags, client_security_options
-from psworker.client import ServerMismatchError
+from psworker.channels import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S
+from psworker.client import DeadlinePolicy, ServerMismatchError
 from psworker.procedures import ProcedureError
 from psworker.tasks import TaskError, load_task
 from psworker.train import TrainConfig, train
@@ -84,6 +85,20 @@ def main() -> None:
     type=click.FloatRange(min=0),
     help="keep retrying (with backoff) a server that is down or unreachable this long before giving up",
 )
+@click.option(
+    "--keepalive-seconds",
+    default=DEFAULT_KEEPALIVE_S,
+    show_default=True,
+    type=click.FloatRange(min=MIN_KEEPALIVE_S),
+    help="ping each server this often over HTTP/2; a link that went silent is noticed within 1.5 times this",
+)
+@click.option(
+    "--min-transfer-rate",
+    default=DeadlinePolicy.min_bytes_per_second / 1e6,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="MB/s a call's payload is given in its deadline (on top of a fixed allowance); lower it for slow links",
+)
 @client_security_options
 def train_command(
     servers: tuple[str, ...],
@@ -100,6 +115,8 @@ def train_command(
     progress: bool,
     torch_threads: int,
     retry_seconds: float,
+    keepalive_seconds: float,
+    min_transfer_rate: float,
     tls_ca: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
@@ -133,6 +150,8 @@ def train_command(
         tls=tls,
         auth_token=token,
         retry_seconds=retry_seconds,
+        keepalive_seconds=keepalive_seconds,
+        min_transfer_bytes_per_second=min_transfer_rate * 1e6,
     )
     try:
         summary = train(config, loaded)

@@ -12,9 +12,13 @@ straight from the tensor) -> gRPC. The new parameters come back along ``transfer
 into the binding's flat parameter buffer.
 
 It rides through network failures and server restarts (``psworker.sessions`` decides how,
-from the refusal's reason): a call that fails with UNAVAILABLE (or runs past its deadline) is
-retried with exponential backoff, a push with the same push id (the server applies a push id
-at most once); a shard that no longer knows the worker (UNKNOWN_WORKER: it was evicted, or
+from the refusal's reason). Every call has a deadline sized to its payload
+(``psworker.deadlines``) and every connection pings the server (``psworker.channels``), so a
+silent link fails the calls on it within 1.5 keepalive intervals instead of hanging them. A call
+that got no answer (UNAVAILABLE, DEADLINE_EXCEEDED) is sent again with exponential backoff on a
+new connection, the old channel closed, each replacement logged; a push keeps its push id (the
+server applies a push id at most once and acknowledges a repeat as a duplicate). A shard
+that no longer knows the worker (UNKNOWN_WORKER: it was evicted, or
 the server restarted without its record) is joined again with ``resume``, which keeps the
 worker's push-id memory on the server. When a restarted shard is behind the clocks this
 client already saw, the rollback is recorded in ``rollbacks``.
@@ -38,10 +42,12 @@ import torch
 from psproto import codec, wire
 from psproto.layout import Layout
 from psproto.security import ClientTls, bearer_metadata
-from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psproto.v1 import ps_pb2
+from psworker.channels import DEFAULT_KEEPALIVE_S, check_keepalive, open_channel
+from psworker.deadlines import DeadlinePolicy, payload_bytes
 from psworker.service import PushResult
 from psworker.sessions import (
-    CHANNEL_OPTIONS,
+    LEAVE_TIMEOUT_S,
     NO_RETRY,
     ClientStats,
     Recovery,
@@ -49,15 +55,18 @@ from psworker.sessions import (
     Rollback,
     ServerMismatchError,
     ShardSession,
+    first_join,
     is_future_clock,
-    join_recovery_for,
+    join_shard,
+    reconnect_note,
     recovery_for,
 )
-from psworker.transfer import DataPath, init_requests, push_requests, receive_params
+from psworker.transfer import init_requests, push_requests, receive_params
 
 __all__ = [
     "NO_RETRY",
     "ClientStats",
+    "DeadlinePolicy",
     "PSClient",
     "PushResult",
     "RetryPolicy",
@@ -67,6 +76,8 @@ __all__ = [
 
 ResultT = TypeVar("ResultT")
 _LOGGER = logging.getLogger(__name__)
+# A checkpoint writes the parameters and the rule's state: a few copies of the shard, at the floor rate.
+_CHECKPOINT_COPIES = 4
 
 
 class PSClient:
@@ -81,12 +92,16 @@ class PSClient:
         wire_dtype: str = "fp32",
         observer: bool = False,
         connect_timeout: float = 30.0,
-        rpc_timeout: float = 120.0,
         tls: ClientTls | None = None,
         auth_token: str | None = None,
         retry: RetryPolicy | None = None,
         reinit: Callable[[], torch.Tensor] | None = None,
+        keepalive_seconds: float = DEFAULT_KEEPALIVE_S,
+        deadlines: DeadlinePolicy | None = None,
     ) -> None:
+        """``connect_timeout``: how long the first Join waits for each shard to come up.
+        ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
+        ``deadlines``: how long each call may take (``psworker.deadlines``)."""
         addresses = [servers] if isinstance(servers, str) else list(servers)
         if len(addresses) != layout.num_shards:
             raise ValueError(f"{len(addresses)} server address(es) for a layout of {layout.num_shards} shard(s)")
@@ -98,12 +113,14 @@ class PSClient:
             )
         if wire_dtype not in codec.WIRE_DTYPE_NAMES:
             raise ValueError(f"wire dtype {wire_dtype!r} is not one of {', '.join(codec.WIRE_DTYPE_NAMES)}")
+        check_keepalive(keepalive_seconds)
+        self.keepalive_seconds = keepalive_seconds
+        self.deadlines = deadlines or DeadlinePolicy()
         self.layout = layout
         self.name = name or f"{socket.gethostname()}-{id(self):x}"
         self.device = device
         self.observer = observer
         self.wire_dtype = codec.WIRE_DTYPE_NAMES[wire_dtype]
-        self.rpc_timeout = rpc_timeout
         self.connect_timeout = connect_timeout
         self.retry = retry or RetryPolicy()
         # Called for the current parameters when a shard came back empty (restarted without a checkpoint).
@@ -136,50 +153,27 @@ class PSClient:
     # -- membership -------------------------------------------------------------------
 
     def _channel(self, address: str) -> grpc.Channel:
-        if self._credentials is not None:
-            return grpc.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
-        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return open_channel(address, self._credentials, self.keepalive_seconds)
 
     def _first_join(self, index: int, address: str) -> ShardSession:
-        """Join with retries; a retry resumes, replacing a record an unanswered attempt may have left.
+        """Join shard ``index``, waiting for it to come up (``sessions.first_join`` says how)."""
 
-        A name still held by a joined worker (NAME_IN_USE: most often this worker's previous
-        process, not yet expired) is retried without resume until that record's lease runs out,
-        so a restarted worker comes back and two running workers never share a name."""
-        channel = self._channel(address)
-        deadline = time.monotonic() + max(self.connect_timeout, self.retry.give_up_seconds)
-        backoff = self.retry.initial_backoff
-        resume = False
-        # Once another worker was seen holding the name, never resume: that would take its record over.
-        name_held = False
-        while True:
-            try:
-                return self._join(index, address, channel, self.connect_timeout, resume=resume, close_on_error=False)
-            except grpc.RpcError as error:
-                recovery = join_recovery_for(error, self.retry)
-                if recovery is Recovery.FAIL or time.monotonic() >= deadline:
-                    channel.close()
-                    raise
-                self.stats.retries += 1
-                if recovery is Recovery.WAIT_FOR_NAME:
-                    name_held = True
-                    resume = False
-                    _LOGGER.warning("%s: shard %d: %s; retrying", self.name, index, error.details())
-                else:
-                    resume = not name_held
-            time.sleep(backoff * random.uniform(0.5, 1.0))
-            backoff = min(self.retry.max_backoff, backoff * self.retry.multiplier)
+        def retried(recovery: Recovery, error: grpc.RpcError) -> None:
+            self.stats.retries += 1
+            if recovery is Recovery.WAIT_FOR_NAME:
+                _LOGGER.warning("%s: shard %d: %s; retrying", self.name, index, error.details())
+
+        return first_join(
+            lambda channel, resume: self._join(index, address, channel, self.connect_timeout, resume=resume),
+            lambda: self._channel(address),
+            self.retry,
+            max(self.connect_timeout, self.retry.give_up_seconds),
+            retried,
+        )
 
     def _join(
-        self,
-        index: int,
-        address: str,
-        channel: grpc.Channel,
-        timeout: float,
-        resume: bool = False,
-        close_on_error: bool = False,
+        self, index: int, address: str, channel: grpc.Channel, timeout: float, resume: bool = False
     ) -> ShardSession:
-        stub = ps_pb2_grpc.ParameterServerStub(channel)
         request = ps_pb2.JoinRequest(
             worker_name=self.name,
             device=self.device,
@@ -188,25 +182,7 @@ class PSClient:
             layout_hash=self.layout.hash,
             resume=resume,
         )
-        try:
-            reply: ps_pb2.JoinResponse = stub.Join(
-                request, timeout=timeout, wait_for_ready=True, metadata=self._metadata
-            )
-        except grpc.RpcError:
-            if close_on_error:
-                channel.close()
-            raise
-        expected = self.layout.shard(index)
-        if reply.shard_index != index or (reply.shard_offset, reply.shard_length) != (expected.offset, expected.length):
-            with contextlib.suppress(grpc.RpcError):
-                stub.Leave(ps_pb2.LeaveRequest(worker_id=reply.worker_id), timeout=5.0, metadata=self._metadata)
-            channel.close()
-            raise ServerMismatchError(
-                f"{address} serves shard {reply.shard_index} [{reply.shard_offset}, "
-                f"{reply.shard_offset + reply.shard_length}) but the layout puts shard {index} at "
-                f"[{expected.offset}, {expected.end}); list the servers in shard order"
-            )
-        return ShardSession(address, stub, channel, reply.worker_id, expected, reply, DataPath(channel))
+        return join_shard(channel, address, self.layout.shard(index), request, timeout, self._metadata)
 
     def _rejoin(self, index: int, stale: ShardSession) -> ShardSession:
         """Join shard ``index`` again (same name, push-id memory kept); Init it if it came back empty."""
@@ -214,7 +190,7 @@ class PSClient:
             current = self.sessions[index]
             if current is not stale:
                 return current  # another thread already re-joined
-            session = self._join(index, current.address, current.channel, self.connect_timeout, resume=True)
+            session = self._join(index, current.address, current.channel, self.deadlines.short(), resume=True)
             self.stats.rejoins += 1
             _LOGGER.warning(
                 "%s: re-joined shard %d at %s as worker %d (clock %d)",
@@ -253,32 +229,62 @@ class PSClient:
             self.seen_clocks[index] = max(seen, clock)
 
     def _call(self, index: int, call: Callable[[ShardSession], ResultT]) -> ResultT:
-        """Run ``call`` on shard ``index``, retrying with backoff and re-joining as needed."""
+        """Run ``call`` on shard ``index``, retrying with backoff, reconnecting and re-joining as needed.
+
+        Retries go on while the call has been failing for less than the retry budget, counted from
+        its first failure: time spent in a working exchange is not counted against it."""
         policy = self.retry
-        deadline = time.monotonic() + policy.give_up_seconds
+        failing_since: float | None = None
         backoff = policy.initial_backoff
         while True:
             session = self.sessions[index]
+            started = time.monotonic()
             try:
                 return call(session)
             except grpc.RpcError as error:
-                if time.monotonic() >= deadline or self._closing.is_set():
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= policy.give_up_seconds or self._closing.is_set():
                     raise
                 recovery = recovery_for(error, policy)
                 if recovery is Recovery.REJOIN:
                     try:
                         self._rejoin(index, session)
                     except grpc.RpcError as join_error:
-                        if recovery_for(join_error, policy) is not Recovery.RETRY:
+                        error, recovery = join_error, recovery_for(join_error, policy)
+                        if recovery not in (Recovery.RETRY, Recovery.RECONNECT):
                             raise
                     else:
                         continue
+                if recovery is Recovery.RECONNECT:
+                    self._reconnect(index, session, error, now - started, now - failing_since)
                 elif recovery is not Recovery.RETRY:
                     raise
+                else:
+                    _LOGGER.info(
+                        "%s: shard %d: %s (%s); retrying", self.name, index, error.code().name, error.details()
+                    )
                 self.stats.retries += 1
-                _LOGGER.info("%s: shard %d: %s (%s); retrying", self.name, index, error.code().name, error.details())
-            time.sleep(min(backoff, max(0.0, deadline - time.monotonic())) * random.uniform(0.5, 1.0))
+            remaining = failing_since + policy.give_up_seconds - time.monotonic()
+            time.sleep(min(backoff, max(0.0, remaining)) * random.uniform(0.5, 1.0))
             backoff = min(policy.max_backoff, backoff * policy.multiplier)
+
+    def _reconnect(
+        self, index: int, stale: ShardSession, error: grpc.RpcError, call_seconds: float, failing_seconds: float
+    ) -> None:
+        """Replace the connection of a call that got no answer: a new channel, the old one closed.
+
+        The worker's record on the shard is kept (it is not tied to a connection); if the shard
+        evicted it meanwhile, the next call's UNKNOWN_WORKER re-joins with resume."""
+        with self._session_lock:
+            if self.sessions[index] is not stale:
+                return  # another thread already replaced it
+            self.sessions[index] = stale.on_channel(self._channel(stale.address))
+            self.stats.reconnects += 1
+        # Cancels whatever else was still waiting on the dead connection; those calls retry on the new one.
+        stale.channel.close()
+        note = reconnect_note(stale, error, call_seconds, failing_seconds, self.retry.give_up_seconds)
+        _LOGGER.warning("%s: %s", self.name, note)
 
     @property
     def rollbacks(self) -> list[Rollback]:
@@ -310,7 +316,8 @@ class PSClient:
     def _init_shard(self, session: ShardSession, flat: torch.Tensor) -> bool:
         header = ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash)
         requests = init_requests(header, flat[session.range.offset : session.range.end])
-        reply: ps_pb2.InitResponse = session.data.init(requests, timeout=self.rpc_timeout, metadata=self._metadata)
+        timeout = self.deadlines.transfer(payload_bytes(session.range.length, codec.FLOAT32))
+        reply: ps_pb2.InitResponse = session.data.init(requests, timeout=timeout, metadata=self._metadata)
         return reply.applied
 
     def pull(self, out: torch.Tensor, reserve: bool = False) -> int:
@@ -328,7 +335,8 @@ class PSClient:
 
     def _pull_shard(self, session: ShardSession, out: torch.Tensor, reserve: bool = False) -> int:
         request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype, reserve=reserve)
-        messages = session.data.pull(request, timeout=self.rpc_timeout, metadata=self._metadata)
+        timeout = self._held_deadline(session, self.wire_dtype)
+        messages = session.data.pull(request, timeout=timeout, metadata=self._metadata)
         clock = receive_params(messages, out[session.range.offset : session.range.end])
         self.pulled_clocks[session.range.index] = clock
         self._observe_clock(session.range.index, clock)
@@ -379,7 +387,9 @@ class PSClient:
             # The shard restarted from a checkpoint older than the parameters this update was computed
             # on: send it against the shard's clock now (its true base is gone).
             clock = session.stub.Heartbeat(
-                ps_pb2.HeartbeatRequest(worker_id=session.worker_id), timeout=self.rpc_timeout, metadata=self._metadata
+                ps_pb2.HeartbeatRequest(worker_id=session.worker_id),
+                timeout=self.deadlines.short(),
+                metadata=self._metadata,
             ).clock
             self._observe_clock(index, clock)
             header.base_clock = min(base_clock, clock)
@@ -400,9 +410,11 @@ class PSClient:
     ) -> PushResult:
         requests = push_requests(header, flat[session.range.offset : session.range.end], self.wire_dtype)
         if pull_into is None:
-            reply: ps_pb2.PushResponse = session.data.push(requests, timeout=self.rpc_timeout, metadata=self._metadata)
+            timeout = self._held_deadline(session, self.wire_dtype)
+            reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)
             return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry))
-        replies = iter(session.data.push_pull(requests, timeout=self.rpc_timeout, metadata=self._metadata))
+        timeout = self._held_deadline(session, self.wire_dtype, self.wire_dtype)
+        replies = iter(session.data.push_pull(requests, timeout=timeout, metadata=self._metadata))
         first = next(replies)
         if not isinstance(first, ps_pb2.PushResponse):
             raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
@@ -412,13 +424,19 @@ class PSClient:
         self._observe_clock(session.range.index, clock)
         return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry))
 
+    def _held_deadline(self, session: ShardSession, *wire_dtypes: int) -> float:
+        """A call the shard may hold back (SSP, a BSP barrier, a GEM reservation), moving the shard's
+        slice once per dtype: its payload plus the shard's lease, the longest a dead worker holds anyone."""
+        sent = sum(payload_bytes(session.range.length, dtype) for dtype in wire_dtypes)
+        return self.deadlines.transfer(sent, wait_seconds=session.join.lease_seconds)
+
     # -- housekeeping -----------------------------------------------------------------
 
     def heartbeat(self, stats: Mapping[str, float]) -> None:
         def beat(session: ShardSession) -> None:
             reply: ps_pb2.HeartbeatResponse = session.stub.Heartbeat(
                 ps_pb2.HeartbeatRequest(worker_id=session.worker_id, stats=dict(stats)),
-                timeout=self.rpc_timeout,
+                timeout=self.deadlines.short(),
                 metadata=self._metadata,
             )
             self._observe_clock(session.range.index, reply.clock)
@@ -429,7 +447,10 @@ class PSClient:
     def status(self) -> list[ps_pb2.StatusResponse]:
         return [
             self._call(
-                i, lambda s: s.stub.Status(ps_pb2.StatusRequest(), timeout=self.rpc_timeout, metadata=self._metadata)
+                i,
+                lambda s: s.stub.Status(
+                    ps_pb2.StatusRequest(), timeout=self.deadlines.short(), metadata=self._metadata
+                ),
             )
             for i in range(len(self.sessions))
         ]
@@ -437,7 +458,11 @@ class PSClient:
     def checkpoint(self) -> list[ps_pb2.CheckpointResponse]:
         """Ask every shard to write a checkpoint now (admin)."""
         return [
-            s.stub.Checkpoint(ps_pb2.CheckpointRequest(), timeout=self.rpc_timeout, metadata=self._metadata)
+            s.stub.Checkpoint(
+                ps_pb2.CheckpointRequest(),
+                timeout=self.deadlines.transfer(_CHECKPOINT_COPIES * payload_bytes(s.range.length, codec.FLOAT32)),
+                metadata=self._metadata,
+            )
             for s in self.sessions
         ]
 
@@ -453,7 +478,9 @@ class PSClient:
                 # The server may already be gone; leaving is a courtesy.
                 with contextlib.suppress(grpc.RpcError):
                     session.stub.Leave(
-                        ps_pb2.LeaveRequest(worker_id=session.worker_id), timeout=5.0, metadata=self._metadata
+                        ps_pb2.LeaveRequest(worker_id=session.worker_id),
+                        timeout=LEAVE_TIMEOUT_S,
+                        metadata=self._metadata,
                     )
             session.channel.close()
         self._pool.shutdown(wait=False)

@@ -15,6 +15,7 @@ from torch import nn
 
 from psproto.security import ClientTls
 from psworker.binding import ModelBinding
+from psworker.channels import DEFAULT_KEEPALIVE_S
 from psworker.client import PSClient
 from psworker.procedures import StepOutcome
 from psworker.startup import start_worker
@@ -31,9 +32,11 @@ class ParameterServerOptimizer:
         wire_dtype: str = "fp32",
         tls: ClientTls | None = None,
         auth_token: str | None = None,
+        keepalive_seconds: float = DEFAULT_KEEPALIVE_S,
     ) -> None:
         """``tls`` and ``auth_token`` go to ``PSClient`` as they are: TLS (mutual TLS with a client
-        certificate) and the bearer token of servers started with --tls-* and --auth-token-file."""
+        certificate) and the bearer token of servers started with --tls-* and --auth-token-file;
+        ``keepalive_seconds``, the HTTP/2 ping interval (a silent link is noticed within 1.5 of it)."""
         addresses = [servers] if isinstance(servers, str) else list(servers)
         self.model = model
         self.binding = ModelBinding(model, num_shards=len(addresses))
@@ -46,6 +49,7 @@ class ParameterServerOptimizer:
             wire_dtype=wire_dtype,
             tls=tls,
             auth_token=auth_token,
+            keepalive_seconds=keepalive_seconds,
         )
         self.procedure = start_worker(self.client, self.binding)
         self.last: StepOutcome | None = None

@@ -2,15 +2,21 @@
 
 What to do about a failed call is decided here from the refusal's reason
 (:func:`psproto.errors.reason_of`), never from its message text: a shard that no longer knows
-the worker is joined again, a transient failure (no reason, a retryable code) is retried with
-backoff, a name held by another joined worker is waited out on the first Join, and a base
-clock from the future (the shard restarted behind the worker) is handled by the push path.
-The decisions are pure functions of the error, so they are tested without a server.
+the worker is joined again, a call that got no answer (UNAVAILABLE or DEADLINE_EXCEEDED without
+a reason: the server is down, or the link went silent and the keepalive or the deadline gave
+up on it) is sent again on a new connection, other transient failures are retried on the same
+one, a name held by another joined worker is waited out on the first Join, and a base clock
+from the future (the shard restarted behind the worker) is handled by the push path. The
+decisions are pure functions of the error, so they are tested without a server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -20,43 +26,43 @@ from psproto.layout import ShardRange
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psworker.transfer import DataPath
 
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    # Reconnect soon after a server restart or a dropped connection (gRPC's default starts at 1 s).
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-]
-
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Backoff for calls that failed because the server could not be reached."""
 
-    # Give up when a call has been failing for this long (then the last error is raised).
+    # Give up when a call has kept failing for this long since its first failure (then the last
+    # error is raised); time a call spends on a working exchange is not counted.
     give_up_seconds: float = 300.0
     initial_backoff: float = 0.1
     max_backoff: float = 2.0
     multiplier: float = 2.0
-    # Status codes that mean "try again" when the server gave no reason: it is down, restarting,
-    # or the network dropped; CANCELLED: the transport cancelled the call. A retried push keeps
-    # its push id, so it is applied once whatever the first attempt did.
-    retry_codes: frozenset[grpc.StatusCode] = frozenset(
-        {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+    # Status codes that mean "no answer" when the server gave no reason: it is down or restarting,
+    # the connection broke, or the link went silent (the keepalive closed it, or the deadline ran
+    # out). The call is sent again on a new connection. A retried push keeps its push id, so it is
+    # applied once whatever the first attempt did.
+    reconnect_codes: frozenset[grpc.StatusCode] = frozenset(
+        {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
     )
+    # Status codes worth sending again on the same connection when no reason is given: CANCELLED,
+    # the call was cancelled under it (its connection was replaced by another call's retry).
+    retry_codes: frozenset[grpc.StatusCode] = frozenset({grpc.StatusCode.CANCELLED})
     # Refusals worth sending again as they are: the server cancelled a push that stalled (a
-    # paused process, a healed partition); the retry keeps its push id.
-    retry_reasons: frozenset[Reason] = frozenset({Reason.PUSH_STALLED})
+    # paused process, a healed partition), or it is draining before a restart; a retried push
+    # keeps its push id.
+    retry_reasons: frozenset[Reason] = frozenset({Reason.PUSH_STALLED, Reason.DRAINING})
 
 
 NO_RETRY = RetryPolicy(give_up_seconds=0.0)
+# Leaving is a courtesy (a lease ends a record anyway): a dead server must not hold the exit up long.
+LEAVE_TIMEOUT_S = 5.0
 
 
 class Recovery(enum.Enum):
     """What the client does about a failed call to a shard."""
 
     REJOIN = "rejoin"  # the shard no longer knows this worker: Join again with resume
+    RECONNECT = "reconnect"  # no answer: replace the connection, back off, send the same call again
     RETRY = "retry"  # transient: back off and send the same call again
     WAIT_FOR_NAME = "wait_for_name"  # first Join: another joined worker holds the name; retry without resume
     FAIL = "fail"  # nothing to do: the error goes to the caller
@@ -69,6 +75,8 @@ def recovery_for(error: grpc.RpcError, policy: RetryPolicy) -> Recovery:
         return Recovery.REJOIN
     if reason in policy.retry_reasons:
         return Recovery.RETRY
+    if reason is None and error.code() in policy.reconnect_codes:
+        return Recovery.RECONNECT
     if reason is None and error.code() in policy.retry_codes:
         return Recovery.RETRY
     return Recovery.FAIL
@@ -79,7 +87,7 @@ def join_recovery_for(error: grpc.RpcError, policy: RetryPolicy) -> Recovery:
     if reason_of(error) is Reason.NAME_IN_USE:
         return Recovery.WAIT_FOR_NAME
     recovery = recovery_for(error, policy)
-    return Recovery.RETRY if recovery is Recovery.RETRY else Recovery.FAIL
+    return recovery if recovery in (Recovery.RETRY, Recovery.RECONNECT) else Recovery.FAIL
 
 
 def is_future_clock(error: grpc.RpcError) -> bool:
@@ -104,6 +112,8 @@ class Rollback:
 class ClientStats:
     retries: int = 0
     rejoins: int = 0
+    # Connections replaced after a call got no answer (a silent link, a server down).
+    reconnects: int = 0
     duplicate_acks: int = 0
     rollbacks: list[Rollback] = field(default_factory=list)
 
@@ -123,3 +133,84 @@ class ShardSession:
     range: ShardRange
     join: ps_pb2.JoinResponse
     data: DataPath
+
+    def on_channel(self, channel: grpc.Channel) -> ShardSession:
+        """The same standing with the shard (worker id, Join reply) over another connection."""
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        return ShardSession(self.address, stub, channel, self.worker_id, self.range, self.join, DataPath(channel))
+
+
+def reconnect_note(
+    stale: ShardSession, error: grpc.RpcError, call_seconds: float, failing_seconds: float, budget_seconds: float
+) -> str:
+    """The log line of a replaced connection: which shard, why, after how long, and for how long more."""
+    return (
+        f"shard {stale.range.index} at {stale.address}: no answer ({error.code().name}: {error.details()}) after "
+        f"{call_seconds:.1f} s; opened a new connection (failing for {failing_seconds:.1f} s, retrying for up to "
+        f"{budget_seconds:.0f} s)"
+    )
+
+
+def join_shard(
+    channel: grpc.Channel,
+    address: str,
+    expected: ShardRange,
+    request: ps_pb2.JoinRequest,
+    timeout: float,
+    metadata: tuple[tuple[str, str], ...],
+) -> ShardSession:
+    """Join the shard at ``address`` over ``channel``, waiting for it to come up until ``timeout``.
+
+    A server that serves another slice than ``expected`` is left again and refused with
+    ServerMismatchError (its channel closed): the servers were listed out of shard order."""
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    reply: ps_pb2.JoinResponse = stub.Join(request, timeout=timeout, wait_for_ready=True, metadata=metadata)
+    index = expected.index
+    if reply.shard_index != index or (reply.shard_offset, reply.shard_length) != (expected.offset, expected.length):
+        with contextlib.suppress(grpc.RpcError):
+            stub.Leave(ps_pb2.LeaveRequest(worker_id=reply.worker_id), timeout=LEAVE_TIMEOUT_S, metadata=metadata)
+        channel.close()
+        raise ServerMismatchError(
+            f"{address} serves shard {reply.shard_index} [{reply.shard_offset}, "
+            f"{reply.shard_offset + reply.shard_length}) but the layout puts shard {index} at "
+            f"[{expected.offset}, {expected.end}); list the servers in shard order"
+        )
+    return ShardSession(address, stub, channel, reply.worker_id, expected, reply, DataPath(channel))
+
+
+def first_join(
+    join: Callable[[grpc.Channel, bool], ShardSession],
+    open_channel: Callable[[], grpc.Channel],
+    policy: RetryPolicy,
+    patience_seconds: float,
+    on_retry: Callable[[Recovery, grpc.RpcError], None],
+) -> ShardSession:
+    """Join (``join(channel, resume)``) with retries for up to ``patience_seconds``; a retry resumes,
+    replacing a record an unanswered attempt may have left.
+
+    A name still held by a joined worker (NAME_IN_USE: most often this worker's previous process,
+    not yet expired) is retried without resume until that record's lease runs out, so a restarted
+    worker comes back and two running workers never share a name. An attempt that got no answer
+    is retried on a new channel: a handshake swallowed by a silent link is not waited on again."""
+    channel = open_channel()
+    deadline = time.monotonic() + patience_seconds
+    backoff = policy.initial_backoff
+    resume = False
+    # Once another worker was seen holding the name, never resume: that would take its record over.
+    name_held = False
+    while True:
+        try:
+            return join(channel, resume)
+        except grpc.RpcError as error:
+            recovery = join_recovery_for(error, policy)
+            if recovery is Recovery.FAIL or time.monotonic() >= deadline:
+                channel.close()
+                raise
+            on_retry(recovery, error)
+            if recovery is Recovery.RECONNECT:
+                channel.close()
+                channel = open_channel()
+            name_held = name_held or recovery is Recovery.WAIT_FOR_NAME
+            resume = not name_held
+        time.sleep(backoff * random.uniform(0.5, 1.0))
+        backoff = min(policy.max_backoff, backoff * policy.multiplier)

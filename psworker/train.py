@@ -15,7 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from psproto.security import ClientTls
 from psworker.binding import ModelBinding
-from psworker.client import PSClient, RetryPolicy
+from psworker.channels import DEFAULT_KEEPALIVE_S
+from psworker.client import DeadlinePolicy, PSClient, RetryPolicy
 from psworker.startup import start_worker
 from psworker.tasks import Task, evaluate, load_task
 
@@ -39,6 +40,10 @@ class TrainConfig:
     auth_token: str | None = None
     # How long a call may keep failing (server down, network gone) before training gives up.
     retry_seconds: float = 300.0
+    # HTTP/2 ping interval: a silent link is noticed within 1.5 of it.
+    keepalive_seconds: float = DEFAULT_KEEPALIVE_S
+    # Each call's deadline gives its payload this rate (bytes/s) on top of a fixed allowance.
+    min_transfer_bytes_per_second: float = DeadlinePolicy.min_bytes_per_second
 
 
 @dataclass
@@ -57,6 +62,7 @@ class TrainSummary:
     # Calls retried, shards re-joined, and (shard, clock seen, clock after restart) per rollback.
     retries: int = 0
     rejoins: int = 0
+    reconnects: int = 0
     duplicate_acks: int = 0
     rollbacks: list[list[int]] = field(default_factory=list)
 
@@ -125,6 +131,8 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             retry=RetryPolicy(give_up_seconds=config.retry_seconds),
             # A shard that restarted without a checkpoint is re-initialised from this worker's model.
             reinit=binding.gather_params,
+            keepalive_seconds=config.keepalive_seconds,
+            deadlines=DeadlinePolicy(min_bytes_per_second=config.min_transfer_bytes_per_second),
         )
         stack.callback(client.close)
         log_stream = stack.enter_context(config.log_file.open("a")) if config.log_file else None
@@ -239,6 +247,7 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             telemetry=telemetry,
             retries=client.stats.retries,
             rejoins=client.stats.rejoins,
+            reconnects=client.stats.reconnects,
             duplicate_acks=client.stats.duplicate_acks,
             rollbacks=[[r.shard, r.seen_clock, r.clock] for r in client.rollbacks],
         )

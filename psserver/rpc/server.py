@@ -50,6 +50,16 @@ MAX_FRAME_BYTES = 2**24 - 1
 # (with 1 and 2 MiB a step was 8-15% slower than with gRPC's own sizing; with 4 MiB and frames
 # as large, within the run-to-run noise of it). See ServerLimits.receive_window_bytes.
 DEFAULT_RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024
+# Clients ping over HTTP/2 to notice a silent link (psworker.channels: every keepalive interval,
+# at least 1 s, also between calls). gRPC's default server policy takes one ping per 5 minutes
+# without data and, after two strikes, answers faster ones with GOAWAY "too_many_pings" (the
+# client then doubles its interval, silently). This accepts one every half second, with or
+# without calls: twice the fastest client interval, so timer jitter never counts as a strike.
+SERVER_MIN_PING_INTERVAL_S = 0.5
+KEEPALIVE_SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.http2.min_ping_interval_without_data_ms", round(SERVER_MIN_PING_INTERVAL_S * 1000)),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
 
 
 @dataclass(frozen=True)
@@ -217,7 +227,7 @@ def start_server(
     run in order, the first outermost (e.g. latency, then the bearer-token check); the drain
     gate that ``RunningServer.stop`` closes comes after them."""
     limits = limits or ServerLimits()
-    options = [*limits.channel_options(), ("grpc.so_reuseport", 0)]
+    options = [*limits.channel_options(), *KEEPALIVE_SERVER_OPTIONS, ("grpc.so_reuseport", 0)]
     credentials = tls.credentials() if tls is not None else None
     # Innermost, so the other interceptors (latency) see its refusals while draining.
     drain = DrainInterceptor()

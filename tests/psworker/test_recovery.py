@@ -7,6 +7,7 @@ decisions runs against a real in-process server.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -15,6 +16,7 @@ import torch
 
 from psproto.errors import Reason, rich_status
 from psproto.layout import Layout
+from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.server import RunningServer, start_server
@@ -93,11 +95,28 @@ def test_the_message_text_alone_decides_nothing() -> None:
     assert join_recovery_for(bare(grpc.StatusCode.ALREADY_EXISTS, "name in use"), FAST) is Recovery.FAIL
 
 
-def test_transient_failures_without_a_reason_are_retried() -> None:
-    for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-        assert recovery_for(bare(code), FAST) is Recovery.RETRY
-        assert join_recovery_for(bare(code), FAST) is Recovery.RETRY
+def test_a_call_without_answer_is_sent_again_on_a_new_connection() -> None:
+    # No reason: the transport's own failure (a keepalive that went unanswered, a deadline that
+    # ran out, a server down): the connection is suspect, so it is replaced.
+    for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        assert recovery_for(bare(code, "Stream removed (ping timeout)"), FAST) is Recovery.RECONNECT
+        assert join_recovery_for(bare(code), FAST) is Recovery.RECONNECT
+    # Cancelled under the call (another call replaced its connection): the same call again.
+    assert recovery_for(bare(grpc.StatusCode.CANCELLED), FAST) is Recovery.RETRY
+    assert join_recovery_for(bare(grpc.StatusCode.CANCELLED), FAST) is Recovery.RETRY
     assert recovery_for(bare(grpc.StatusCode.INVALID_ARGUMENT), FAST) is Recovery.FAIL
+
+
+def test_a_draining_server_is_retried_not_given_up() -> None:
+    draining = refusal(grpc.StatusCode.UNAVAILABLE, Reason.DRAINING)
+    assert recovery_for(draining, FAST) is Recovery.RETRY
+    assert join_recovery_for(draining, FAST) is Recovery.RETRY
+
+
+def test_a_policy_without_reconnect_codes_only_retries_or_fails() -> None:
+    policy = RetryPolicy(reconnect_codes=frozenset(), retry_codes=frozenset({grpc.StatusCode.UNAVAILABLE}))
+    assert recovery_for(bare(grpc.StatusCode.UNAVAILABLE), policy) is Recovery.RETRY
+    assert recovery_for(bare(grpc.StatusCode.DEADLINE_EXCEEDED), policy) is Recovery.FAIL
 
 
 def test_a_stalled_push_is_retried_and_other_refusals_fail() -> None:
@@ -225,3 +244,84 @@ def test_a_push_refused_for_another_reason_is_not_resent(served: tuple[Shard, st
         with pytest.raises(grpc.RpcError):
             client.push(torch.ones(4))
         assert len(sent) == 1
+
+
+def test_a_call_without_answer_is_retried_on_a_new_connection_and_logged(
+    served: tuple[Shard, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    shard, address = served
+    with PSClient([address], LAYOUT, name="silent", retry=FAST) as client:
+        client.init(torch.zeros(4))
+        first = client.sessions[0]
+        used: list[ShardSession] = []
+
+        def call(session: ShardSession) -> int:
+            used.append(session)
+            if len(used) == 1:
+                raise bare(grpc.StatusCode.UNAVAILABLE, "Stream removed (ping timeout)")
+            reply: ps_pb2.StatusResponse = session.stub.Status(ps_pb2.StatusRequest(), timeout=5)
+            return reply.clock
+
+        with caplog.at_level("WARNING", logger="psworker.client"):
+            assert client._call(0, call) == 0
+        second = client.sessions[0]
+        assert used == [first, second]
+        assert second.channel is not first.channel and second.stub is not first.stub
+        # The same standing with the shard: no re-join needed for a new connection.
+        assert (second.worker_id, second.join) == (first.worker_id, first.join)
+        assert client.stats.reconnects == 1 and client.stats.rejoins == 0
+        with pytest.raises(ValueError, match="closed channel"):
+            first.stub.Status(ps_pb2.StatusRequest(), timeout=1)
+        (line,) = [r.getMessage() for r in caplog.records if "new connection" in r.getMessage()]
+        assert f"shard 0 at {address}" in line and "UNAVAILABLE: Stream removed (ping timeout)" in line
+        assert list(shard.workers) == [first.worker_id]
+
+
+def test_the_retry_budget_counts_from_the_first_failure_not_from_the_call(served: tuple[Shard, str]) -> None:
+    _, address = served
+    budget = RetryPolicy(give_up_seconds=0.3, initial_backoff=0.001, max_backoff=0.001)
+    with PSClient([address], LAYOUT, name="budget", retry=budget) as client:
+        attempts: list[float] = []
+
+        def slow_then_fails_once(session: ShardSession) -> str:
+            attempts.append(time.monotonic())
+            if len(attempts) == 1:
+                time.sleep(0.5)  # a long exchange that then breaks: longer than the whole budget
+                raise bare(grpc.StatusCode.DEADLINE_EXCEEDED)
+            return "answered"
+
+        assert client._call(0, slow_then_fails_once) == "answered"
+
+        def never_answers(session: ShardSession) -> None:
+            raise bare(grpc.StatusCode.UNAVAILABLE)
+
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError):
+            client._call(0, never_answers)
+        assert 0.3 <= time.monotonic() - started < 2.0
+        assert client.stats.reconnects >= 2
+
+
+def test_a_first_join_without_answer_is_retried_on_a_new_channel(
+    served: tuple[Shard, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, address = served
+    real_join = PSClient._join
+    channels: list[grpc.Channel] = []
+    stubs: list[ps_pb2_grpc.ParameterServerStub] = []
+
+    def join(
+        self: PSClient, index: int, address: str, channel: grpc.Channel, *args: object, **kwargs: object
+    ) -> ShardSession:
+        channels.append(channel)
+        stubs.append(ps_pb2_grpc.ParameterServerStub(channel))
+        if len(channels) == 1:
+            raise bare(grpc.StatusCode.DEADLINE_EXCEEDED)  # a handshake a silent link swallowed
+        return real_join(self, index, address, channel, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PSClient, "_join", join)
+    with PSClient([address], LAYOUT, name="handshake", retry=FAST) as client:
+        assert len(channels) == 2 and channels[0] is not channels[1]
+        assert client.sessions[0].channel is channels[1]
+        with pytest.raises(ValueError, match="closed channel"):
+            stubs[0].Status(ps_pb2.StatusRequest(), timeout=1)

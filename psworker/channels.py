@@ -1,0 +1,74 @@
+"""How the client connects to a shard: the gRPC channel and its HTTP/2 keepalive.
+
+A link that stops delivering packets without closing (a host that died, a partition) sends no
+RST and no FIN, so TCP alone notices nothing for many minutes. The client therefore pings the
+server over HTTP/2: after ``keepalive_seconds`` without receiving anything it sends a PING and
+gives the server half that long to answer; without an answer the transport is closed and every
+call on it fails with UNAVAILABLE at once. A silent link is so noticed within
+``1.5 * keepalive_seconds`` of its last delivered byte, less than twice the interval.
+
+The server must accept pings this often or it answers GOAWAY "too_many_pings" (and gRPC then
+doubles the client's interval, silently): ``psserver.rpc.server.KEEPALIVE_SERVER_OPTIONS``
+accepts one every ``SERVER_MIN_PING_INTERVAL_S`` (0.5 s), with or without calls, so any
+interval from :data:`MIN_KEEPALIVE_S` (1 s) up pairs with it.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+# Pings every 10 s: a dead link is noticed within 15 s; on a live one a ping costs 17 bytes.
+DEFAULT_KEEPALIVE_S = 10.0
+# Twice the server's accepted ping interval, so timer jitter never counts as a ping too many.
+MIN_KEEPALIVE_S = 1.0
+_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def check_keepalive(keepalive_seconds: float) -> None:
+    """Refuse an interval the server's ping policy would punish."""
+    if not keepalive_seconds >= MIN_KEEPALIVE_S:
+        raise ValueError(
+            f"a keepalive interval of {keepalive_seconds} s is below {MIN_KEEPALIVE_S} s: the server answers more "
+            "frequent pings with GOAWAY too_many_pings"
+        )
+
+
+def channel_options(keepalive_seconds: float = DEFAULT_KEEPALIVE_S) -> list[tuple[str, int]]:
+    """The client's channel options: message limits, reconnection and keepalive."""
+    check_keepalive(keepalive_seconds)
+    interval_ms = round(keepalive_seconds * 1000)
+    answer_ms = interval_ms // 2
+    return [
+        ("grpc.max_receive_message_length", _MESSAGE_BYTES),
+        ("grpc.max_send_message_length", _MESSAGE_BYTES),
+        # Reconnect soon after a server restart or a dropped connection (gRPC's default starts at 1 s).
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+        # gRPC reads this as the least time a connection attempt gets to finish its handshake (TCP,
+        # TLS, the server's SETTINGS): as long as a ping gets, twice over, so a slow link still connects
+        # and one that swallows the handshake is given up as soon as an established one would be.
+        ("grpc.min_reconnect_backoff_ms", max(1000, 2 * interval_ms)),
+        ("grpc.keepalive_time_ms", interval_ms),
+        ("grpc.keepalive_timeout_ms", answer_ms),
+        # grpcio (1.85 at least) times a keepalive ping out after this (default 60 s), whatever
+        # keepalive_timeout_ms says: without it a silent link went unnoticed for a minute.
+        ("grpc.http2.ping_timeout_ms", answer_ms),
+        # Between calls too (a worker computing a step), and with no cap on pings while no data is sent.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # A channel of its own: a new channel after a dead one must open a new connection, never
+        # share the dead one through gRPC's process-wide subchannel pool.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+
+
+def open_channel(
+    address: str,
+    credentials: grpc.ChannelCredentials | None,
+    keepalive_seconds: float = DEFAULT_KEEPALIVE_S,
+) -> grpc.Channel:
+    """A new channel (so a new connection) to ``address``, TLS when ``credentials`` are given."""
+    options = channel_options(keepalive_seconds)
+    if credentials is not None:
+        return grpc.secure_channel(address, credentials, options=options)
+    return grpc.insecure_channel(address, options=options)

@@ -1,0 +1,134 @@
+"""A TCP proxy for tests that can go silent: it stops forwarding without closing either side.
+
+``black_hole()`` makes every connection, old and new, a link that delivers nothing: both
+sockets stay open, nothing is read from either (so nothing is acknowledged beyond the kernel's
+buffers), no FIN or RST is sent, as when a host died or the network partitioned. New
+connections are still accepted (the kernel completes TCP handshakes on a listening socket) but
+carry nothing. ``restore()`` lets every connection carry bytes again, those held back included,
+in order, so a connection an endpoint still trusts resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from types import TracebackType
+
+# How often a blocked pump looks whether the proxy was closed.
+_POLL_S = 0.1
+
+
+class BlackHoleProxy:
+    """Forward ``127.0.0.1:port`` to ``upstream`` until told to go silent."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.connections = 0
+        self.silenced_at: float | None = None
+        self._forwarding = threading.Event()
+        self._forwarding.set()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._start(self._accept)
+
+    def black_hole(self) -> float:
+        """Stop forwarding on every connection, keeping them all open; returns when (monotonic)."""
+        self._forwarding.clear()
+        self.silenced_at = time.monotonic()
+        return self.silenced_at
+
+    def restore(self) -> None:
+        """Forward again, old connections and new ones alike."""
+        self._forwarding.set()
+
+    def close(self) -> None:
+        """Close the listener and every connection; the pump threads end within a poll."""
+        self._closed.set()
+        self._forwarding.set()
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+            threads = list(self._threads)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in threads:
+            thread.join(timeout=2.0)
+
+    def __enter__(self) -> BlackHoleProxy:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- threads ------------------------------------------------------------------------
+
+    def _start(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def _wait_forwarding(self) -> bool:
+        """Block while black-holed; False once the proxy is closed."""
+        while not self._forwarding.wait(_POLL_S):
+            pass
+        return not self._closed.is_set()
+
+    def _accept(self) -> None:
+        self.listener.settimeout(_POLL_S)
+        while not self._closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=5.0)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._closed.is_set():
+                    client.close()
+                    server.close()
+                    return
+                self.connections += 1
+                self._sockets += [client, server]
+            self._start(self._pump, client, server)
+            self._start(self._pump, server, client)
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        source.settimeout(_POLL_S)
+        while not self._closed.is_set():
+            # Black-holed: read nothing, so the sender's bytes pile up unacknowledged by the peer.
+            if not self._wait_forwarding():
+                return
+            try:
+                data = source.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                data = b""
+            # Whatever came in just before the black hole (bytes or an end of stream) waits for it to lift.
+            if not self._wait_forwarding():
+                return
+            if not data:
+                break
+            try:
+                sink.sendall(data)
+            except OSError:
+                break
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,32 @@
+"""``psworker train``'s connection flags: wrong values are refused before anything connects."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from psworker.cli import main
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--keepalive-seconds", "0.5", "0.5 is not in the range x>=1.0"),
+        ("--keepalive-seconds", "soon", "'soon' is not a valid float"),
+        ("--min-transfer-rate", "0", "0 is not in the range x>0"),
+        ("--min-transfer-rate", "-1", "-1.0 is not in the range x>0"),
+    ],
+)
+def test_a_wrong_connection_flag_is_refused_with_its_name(flag: str, value: str, says: str) -> None:
+    # 127.0.0.1:9 (discard) is never contacted: the flags are checked first.
+    result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", flag, value])
+    assert result.exit_code == 2
+    assert flag in result.output and says in result.output, result.output
+
+
+def test_the_connection_flags_are_documented() -> None:
+    result = CliRunner().invoke(main, ["train", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "--keepalive-seconds" in text and "noticed within 1.5 times this" in text
+    assert "--min-transfer-rate" in text and "MB/s a call's payload is given in its deadline" in text
