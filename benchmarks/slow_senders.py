@@ -38,6 +38,7 @@ from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from pstools.launcher import start_server, stop_process
 from psworker.client import PSClient
+from psworker.deadlines import DeadlinePolicy
 
 # 100 000 fp32 parameters: a 400 KB push, a few milliseconds on loopback.
 LAYOUT = Layout.from_named_shapes([("w", (250, 400))])
@@ -114,7 +115,10 @@ class HonestWorkers:
     """``count`` real clients pushing zero gradients back to back; ``pushes`` counts the applied ones."""
 
     def __init__(self, address: str, count: int) -> None:
-        self.clients = [PSClient(address, LAYOUT, name=f"honest-{i}", rpc_timeout=30.0) for i in range(count)]
+        self.clients = [
+            PSClient(address, LAYOUT, name=f"honest-{i}", deadlines=DeadlinePolicy(base_seconds=30.0))
+            for i in range(count)
+        ]
         self.clients[0].init(torch.zeros(LAYOUT.total_length))
         self.pushes = 0
         self.errors: list[str] = []

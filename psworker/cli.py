@@ -94,10 +94,10 @@ def main() -> None:
 )
 @click.option(
     "--min-transfer-rate",
-    default=DeadlinePolicy.min_bytes_per_second / 1e6,
+    default=DeadlinePolicy.min_bytes_per_second / 2**20,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
-    help="MB/s a call's payload is given in its deadline (on top of a fixed allowance); lower it for slow links",
+    help="MiB/s a call's payload is given in its deadline (on top of a fixed allowance); lower it for slow links",
 )
 @client_security_options
 def train_command(
@@ -151,7 +151,7 @@ def train_command(
         auth_token=token,
         retry_seconds=retry_seconds,
         keepalive_seconds=keepalive_seconds,
-        min_transfer_bytes_per_second=min_transfer_rate * 1e6,
+        min_transfer_bytes_per_second=min_transfer_rate * 2**20,
     )
     try:
         summary = train(config, loaded)

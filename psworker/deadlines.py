@@ -6,8 +6,8 @@ that stopped answering. The deadline is what an honest call needs, generously:
 - a fixed allowance (``base_seconds``): a round trip, queueing behind other calls, an update
   applied. Join, Heartbeat, Status and Leave get this alone;
 - the payload at a floor rate (``min_bytes_per_second``): the bytes the call sends and receives
-  (a shard's slice in its wire dtype for Init, Pull, Push, PushPull); a 45 MB push at the
-  default 1 MB/s gets 45 s more;
+  (a shard's slice in its wire dtype for Init, Pull, Push, PushPull); a 45 MiB push at the
+  default 1 MiB/s gets 45 s more;
 - for the calls the server may hold back (Pull under SSP or with a GEM reservation, Push at a
   BSP barrier or behind a reservation), the shard's lease from its Join reply. The server waits
   only on live workers: one that stops answering is evicted when its lease runs out, so no wait
@@ -34,7 +34,7 @@ class DeadlinePolicy:
     # What a call with no payload needs: a round trip, queueing, an update applied.
     base_seconds: float = 10.0
     # The slowest transfer taken as still working; payloads get their size at this rate.
-    min_bytes_per_second: float = 1_000_000.0
+    min_bytes_per_second: float = float(2**20)
 
     def __post_init__(self) -> None:
         if not (self.base_seconds > 0 and self.min_bytes_per_second > 0):

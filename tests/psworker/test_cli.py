@@ -29,4 +29,4 @@ def test_the_connection_flags_are_documented() -> None:
     assert result.exit_code == 0
     text = " ".join(result.output.split())
     assert "--keepalive-seconds" in text and "noticed within 1.5 times this" in text
-    assert "--min-transfer-rate" in text and "MB/s a call's payload is given in its deadline" in text
+    assert "--min-transfer-rate" in text and "MiB/s a call's payload is given in its deadline" in text
