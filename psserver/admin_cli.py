@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import grpc
@@ -50,6 +51,24 @@ def rules() -> None:
         console.print(f"  worker procedure: {rule.worker_procedure}; accepts: {kinds}\n")
 
 
+ReplyT = TypeVar("ReplyT")
+_Security = tuple[Path | None, Path | None, Path | None, Path | None]
+
+
+def _ask_shard(
+    server: str,
+    security: _Security,
+    call: Callable[[ps_pb2_grpc.ParameterServerStub, tuple[tuple[str, str], ...]], ReplyT],
+) -> ReplyT:
+    """One call to a shard over a channel opened and closed here; a failure is a one-line CLI error."""
+    channel, metadata = open_channel(server, *security)
+    with channel:
+        try:
+            return call(ps_pb2_grpc.ParameterServerStub(channel), metadata)
+        except grpc.RpcError as error:
+            raise click.ClickException(f"{server}: {error.code().name}: {error.details()}") from None
+
+
 @click.command()
 @click.option("--server", required=True, help="HOST:PORT of a shard")
 @click.option("--timeout", default=5.0, show_default=True, type=float)
@@ -63,14 +82,11 @@ def status(
     auth_token_file: Path | None,
 ) -> None:
     """Show a running shard's clock, rule and workers."""
-    channel, metadata = open_channel(server, tls_ca, tls_cert, tls_key, auth_token_file)
-    with channel:
-        try:
-            reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
-                ps_pb2.StatusRequest(), timeout=timeout, metadata=metadata
-            )
-        except grpc.RpcError as error:
-            raise click.ClickException(f"{server}: {error.code().name}: {error.details()}") from None
+    reply: ps_pb2.StatusResponse = _ask_shard(
+        server,
+        (tls_ca, tls_cert, tls_key, auth_token_file),
+        lambda stub, metadata: stub.Status(ps_pb2.StatusRequest(), timeout=timeout, metadata=metadata),
+    )
     console = Console()
     console.print(
         f"shard {reply.shard_index}/{reply.num_shards}  clock {reply.clock}  rule {reply.rule.name}  "
@@ -103,14 +119,11 @@ def checkpoint_command(
     auth_token_file: Path | None,
 ) -> None:
     """Make a running shard write a checkpoint now; prints the file and its clock."""
-    channel, metadata = open_channel(server, tls_ca, tls_cert, tls_key, auth_token_file)
-    with channel:
-        try:
-            reply: ps_pb2.CheckpointResponse = ps_pb2_grpc.ParameterServerStub(channel).Checkpoint(
-                ps_pb2.CheckpointRequest(), timeout=timeout, metadata=metadata
-            )
-        except grpc.RpcError as error:
-            raise click.ClickException(f"{server}: {error.code().name}: {error.details()}") from None
+    reply: ps_pb2.CheckpointResponse = _ask_shard(
+        server,
+        (tls_ca, tls_cert, tls_key, auth_token_file),
+        lambda stub, metadata: stub.Checkpoint(ps_pb2.CheckpointRequest(), timeout=timeout, metadata=metadata),
+    )
     click.echo(f"{reply.path} clock={reply.clock}")
 
 
