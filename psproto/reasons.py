@@ -37,6 +37,7 @@ class Reason(str, enum.Enum):
     STREAM_STALLED = "STREAM_STALLED"  # an Init upload or a pull reply that went idle or fell behind that rate
     UNAUTHENTICATED = "UNAUTHENTICATED"  # a missing or wrong bearer token
     DRAINING = "DRAINING"  # the server is shutting down (SIGTERM) and takes no new calls
+    ABANDONED = "ABANDONED"  # the client gave up (cancelled, deadline) on a call waiting in the shard
 
     @property
     def label(self) -> str:

@@ -91,7 +91,9 @@ class PendingPush:
     """A push whose header passed validation, receiving its chunks.
 
     A retried push id comes back with ``replay`` set and its chunks are ignored. ``cancel``
-    (from the transport) ends the push's stream if it goes idle.
+    (from the transport) ends the push's stream if it goes idle; ``abandoned`` (from the
+    transport too) says its client gave up, which ends the push's waits in the shard
+    (``psserver.core.waiting``: a push abandoned before its turn is not applied).
     """
 
     worker: WorkerRecord
@@ -106,6 +108,7 @@ class PendingPush:
     # The holder of a GEM reservation never queues for a buffer behind pushes that wait for it.
     bypass_buffer_limit: bool = False
     cancel: Callable[[], object] | None = None
+    abandoned: Callable[[], bool] | None = None
     assembler: codec.Assembler | None = None
     bytes_received: int = 0
     # When the header or the last chunk arrived (the idle limit counts from it).
@@ -172,6 +175,7 @@ class PushReceiver:
         replay: PushOutcome | None,
         bypass_buffer_limit: bool,
         cancel: Callable[[], object] | None,
+        abandoned: Callable[[], bool] | None = None,
     ) -> PendingPush:
         """A pending push of ``length`` elements (caller holds the shard lock: the length is the shard's).
 
@@ -179,7 +183,17 @@ class PushReceiver:
         if self.buffers.length != length:
             self.buffers = ReceiveBuffers(length, self._limit)
         pending = PendingPush(
-            worker, push_id, base_clock, kind, metadata, self, self.buffers, replay, bypass_buffer_limit, cancel
+            worker,
+            push_id,
+            base_clock,
+            kind,
+            metadata,
+            self,
+            self.buffers,
+            replay,
+            bypass_buffer_limit,
+            cancel,
+            abandoned,
         )
         now = pending.last_chunk_at = self.now()
         with self._lock:

@@ -20,7 +20,8 @@ component owns its state and its job:
 Every request is validated completely before anything changes: a push is decoded into a
 scratch receive buffer outside the lock and checked (coverage, dtype, finiteness), then applied
 under the lock. Waiting (SSP's bound, BSP's barrier, a GEM reservation) happens on the one
-condition; waiters re-check leases so an evicted worker never stalls them.
+condition (``waiting.Waiting``): waiters re-check leases so an evicted worker never stalls them,
+and end within a slice once the transport says their client gave up (``abandoned``).
 
 A gradient's path through the server, in order: ``rpc.servicer`` parses each chunk message
 (psproto.wire) and hands it to the ``receiving.PendingPush`` that ``Shard.begin_push`` returned;
@@ -59,14 +60,12 @@ from psserver.core.shard_state import StateError
 from psserver.core.snapshots import SnapshotStore
 from psserver.core.status import JoinResult, ShardStatus
 from psserver.core.stream_watch import WatchedStream
+from psserver.core.waiting import Abandoned, Waiting
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 __all__ = ["JoinResult", "PendingPush", "PullResult", "Shard", "ShardConfig", "StateError"]
 
 T = TypeVar("T")
-
-# How often a waiting request wakes to re-check leases and its own deadline.
-WAIT_SLICE_S = 0.2
 
 
 class _Held(Generic[T]):
@@ -105,6 +104,7 @@ class Shard:
         self.started = self._now()
         self._barrier = BspBarrier()
         self._reservation = NO_RESERVATION
+        self._waiting = Waiting(self._changed, self._now, self._membership, self._evict_expired_locked, self._refusals)
 
     # -- readable state (in-process callers; the transport uses ``status``) ----------------
 
@@ -222,13 +222,19 @@ class Shard:
     # -- pulls --------------------------------------------------------------------------
 
     def pull(
-        self, worker_id: int, wire_dtype: int, reserve: bool = False, encoder: PullEncoder | None = None
+        self,
+        worker_id: int,
+        wire_dtype: int,
+        reserve: bool = False,
+        encoder: PullEncoder | None = None,
+        abandoned: Abandoned | None = None,
     ) -> PullResult:
         """The parameters and their clock: serialised by ``encoder`` (the transport's), or in the
         in-process form without one; made once per clock, dtype and form.
 
         Under SSP the pull waits while the worker is too far ahead. With ``reserve`` (GEM's
-        atomic mode) no other worker's push is applied until this worker's next push.
+        atomic mode) no other worker's push is applied until this worker's next push. A wait
+        ends (ABANDONED, nothing taken) once ``abandoned`` says the client gave up.
         """
         self._refuse_if(checks.dtype_refusal(wire_dtype))
         wire_dtype = wire_dtype or codec.FLOAT32
@@ -237,7 +243,7 @@ class Shard:
             self._require_initialized()
             rule = self._model.rule
             assert rule is not None
-            self._admit_pull(worker, rule, reserve)
+            self._admit_pull(worker, rule, reserve, abandoned)
             share = admission.may_share_version_in_flight(self.config.consistency.model)
             kept = (lambda old: self.snapshots.get(old) is not None) if rule.needs_snapshot else None
             result = self._versions.cached(self._model.clock, wire_dtype, encoder) or self._versions.newest_in_flight(
@@ -268,7 +274,9 @@ class Shard:
             self._versions.keep(result, current=clock == self._model.clock)
         return result
 
-    def _admit_pull(self, worker: WorkerRecord, rule: UpdateRule[RuleOptions], reserve: bool) -> None:
+    def _admit_pull(
+        self, worker: WorkerRecord, rule: UpdateRule[RuleOptions], reserve: bool, abandoned: Abandoned | None
+    ) -> None:
         """Wait (lock held) while SSP holds the pull back; with ``reserve``, take the GEM reservation."""
         if reserve:
             self._refuse_if(admission.reserve_refusal(worker.observer, rule.reserves_pulls, rule.name), worker)
@@ -278,9 +286,9 @@ class Shard:
             live_clocks = [w.ssp_clock for w in self._membership.live()]
             return not admission.pull_must_wait(consistency, worker.observer, worker.ssp_clock, live_clocks)
 
-        self._wait_until(worker, ssp_allows)
+        self._waiting.until(worker, ssp_allows, abandoned)
         if reserve:
-            self._wait_until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()))
+            self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), abandoned)
             now = self._now()
             self._reservation = self._reservation.taken_by(worker.worker_id, now, self.config.reservation_seconds)
 
@@ -296,9 +304,11 @@ class Shard:
         metadata: Mapping[str, float],
         pull_dtype: int | None = None,
         cancel: Callable[[], object] | None = None,
+        abandoned: Abandoned | None = None,
     ) -> PendingPush:
         """Validate a push header; the pending push returned takes the chunks (``PendingPush.add``).
-        A retried push id comes back with ``replay`` set.
+        A retried push id comes back with ``replay`` set. The transport's ``cancel`` ends its stream
+        (a stalled push); ``abandoned`` says its client gave up (ends its waits, ``commit_push``).
 
         ``pull_dtype``: the wire dtype of the parameters to send back after the push (PushPull),
         checked now so a push is never applied and then answered with an error."""
@@ -327,6 +337,7 @@ class Shard:
                 previous,
                 holder,
                 cancel,
+                abandoned,
             )
 
     # The receiving component's operations (``receiving.PushReceiver`` says what each does).
@@ -353,7 +364,8 @@ class Shard:
         self._refusals.count(reason, worker)
 
     def commit_push(self, pending: PendingPush) -> PushOutcome:
-        """Apply a validated push with the rule, or replay the outcome of a retried one."""
+        """Apply a validated push with the rule, or replay the outcome of a retried one. Its
+        client giving up while it waits keeps it exactly once (``waiting`` says how)."""
         with self._lock:
             self.observer.bytes_received(pending.worker, pending.bytes_received)
         if pending.replay is not None:
@@ -382,7 +394,7 @@ class Shard:
             self._reservation = self._reservation.released_by(worker.worker_id)
             self._changed.notify_all()
             return self._commit_bsp(worker, pending, update)
-        self._wait_until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()))
+        self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), pending.abandoned)
         self._reservation = self._reservation.released_by(worker.worker_id)
         outcome = self._apply(worker, update, pending.kind, pending.base_clock, pending.metadata)
         worker.record_push(pending.push_id, outcome)
@@ -407,7 +419,7 @@ class Shard:
         # Given back before the barrier: waiting contributors must not hold every buffer.
         self._receiver.discard(pending)
         self._maybe_finish_bsp_round()
-        self._wait_until(worker, lambda: self._barrier.finished(contribution.round_number))
+        self._waiting.until(worker, lambda: self._barrier.finished(contribution.round_number), pending.abandoned)
         outcome = worker.previous_outcome(pending.push_id)
         assert outcome is not None
         return self._replay_locked(worker, outcome) if contribution.retried else outcome
@@ -439,20 +451,7 @@ class Shard:
             duplicate=True,
         )
 
-    # -- waiting and checks -----------------------------------------------------------
-
-    def _wait_until(self, worker: WorkerRecord, ready: Callable[[], bool]) -> None:
-        """Wait (lock held) until ``ready``; evicts silent workers meanwhile. The waiter stays alive."""
-        worker.waiting = True
-        try:
-            while not ready():
-                if worker.worker_id not in self._membership:
-                    self._refuse(ErrorKind.UNKNOWN_WORKER, f"worker {worker.worker_id} was evicted while waiting")
-                self._changed.wait(WAIT_SLICE_S)
-                worker.last_seen = self._now()
-                self._evict_expired_locked()
-        finally:
-            worker.waiting = False
+    # -- checks ------------------------------------------------------------------------
 
     def _refuse(self, kind: ErrorKind, message: str, worker: WorkerRecord | None = None) -> NoReturn:
         self._refusals.refuse(kind, message, worker)

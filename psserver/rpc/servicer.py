@@ -62,6 +62,12 @@ def _guarded(items: Iterator[Any], shard: Shard, context: grpc.ServicerContext) 
         _abort(shard, error, context)
 
 
+def _abandoned(context: grpc.ServicerContext) -> Callable[[], bool]:
+    """Whether the call's client gave up (cancelled it, or its deadline passed): a call waiting in
+    the shard then ends at once and gives its server thread back (psserver.core.waiting)."""
+    return lambda: not context.is_active()
+
+
 # Chunk messages arrive parsed by psproto.wire (a view of the received bytes, no copy); headers
 # and anything unusual go through the generated parser.
 PushMessage = ps_pb2.PushRequest | wire.ChunkView | wire.Malformed
@@ -255,7 +261,9 @@ class ParameterServerServicer:
     @_translate_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Yields already serialised PullResponse messages (registered with an identity serializer)."""
-        result = self.shard.pull(request.worker_id, request.wire_dtype, reserve=request.reserve, encoder=PULL_RESPONSE)
+        result = self.shard.pull(
+            request.worker_id, request.wire_dtype, request.reserve, PULL_RESPONSE, abandoned=_abandoned(context)
+        )
         return _send(result, self.shard.watch_stream(request.worker_id, "Pull", context.cancel))
 
     def _receive_push(
@@ -274,6 +282,7 @@ class ParameterServerServicer:
             dict(header.metadata),
             pull_dtype=header.pull_dtype if then_pull else None,
             cancel=context.cancel,
+            abandoned=_abandoned(context),
         )
         try:
             try:
@@ -303,7 +312,9 @@ class ParameterServerServicer:
     ) -> Iterator[bytes]:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
         header, outcome = self._receive_push(request_iterator, context, then_pull=True)
-        result = self.shard.pull(header.worker_id, header.pull_dtype, encoder=PUSH_PULL_PARAMS)
+        result = self.shard.pull(
+            header.worker_id, header.pull_dtype, encoder=PUSH_PULL_PARAMS, abandoned=_abandoned(context)
+        )
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         return _send(result, self.shard.watch_stream(header.worker_id, "PushPull", context.cancel), ack)
 

@@ -33,6 +33,8 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.STREAM_STALLED: grpc.StatusCode.CANCELLED,
     Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Reason.DRAINING: grpc.StatusCode.UNAVAILABLE,
+    # Its client already gave up: nobody receives it; it is for the server's counts and logs.
+    Reason.ABANDONED: grpc.StatusCode.CANCELLED,
 }
 
 
