@@ -1,4 +1,5 @@
-"""A TCP proxy for tests that can go silent: it stops forwarding without closing either side.
+"""A TCP proxy for tests that can go silent (it stops forwarding without closing either side) or
+flaky (it drops connections and delays data at random).
 
 ``black_hole()`` makes every connection, old and new, a link that delivers nothing: both
 sockets stay open, nothing is read from either (so nothing is acknowledged beyond the kernel's
@@ -6,11 +7,15 @@ buffers), no FIN or RST is sent, as when a host died or the network partitioned.
 connections are still accepted (the kernel completes TCP handshakes on a listening socket) but
 carry nothing. ``restore()`` lets every connection carry bytes again, those held back included,
 in order, so a connection an endpoint still trusts resumes where it stopped.
+
+With a ``seed`` the proxy is flaky: each connection is dropped (both sides closed) after a random
+life of 0.3 to 2.5 s, and about one forwarded read in twenty is delayed by up to 50 ms.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
 import time
@@ -20,11 +25,23 @@ from types import TracebackType
 _POLL_S = 0.1
 
 
-class BlackHoleProxy:
-    """Forward ``127.0.0.1:port`` to ``upstream`` until told to go silent."""
+class _Link:
+    """One proxied connection: its two sockets, and when a flaky proxy drops it."""
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, sockets: tuple[socket.socket, socket.socket], dies_at: float, rng: random.Random | None):
+        self.sockets = sockets
+        self.dies_at = dies_at
+        self.rng = rng
+        self.dropped = threading.Event()
+
+
+class TcpProxy:
+    """Forward ``127.0.0.1:port`` to ``upstream``; silent when told, flaky with a ``seed``."""
+
+    def __init__(self, upstream: tuple[str, int], seed: int | None = None) -> None:
         self.upstream = upstream
+        self._random = random.Random(seed) if seed is not None else None
+        self.drops = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
@@ -64,7 +81,7 @@ class BlackHoleProxy:
         for thread in threads:
             thread.join(timeout=2.0)
 
-    def __enter__(self) -> BlackHoleProxy:
+    def __enter__(self) -> TcpProxy:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
@@ -105,12 +122,32 @@ class BlackHoleProxy:
                     return
                 self.connections += 1
                 self._sockets += [client, server]
-            self._start(self._pump, client, server)
-            self._start(self._pump, server, client)
+                flaky = self._random
+                life = flaky.uniform(0.3, 2.5) if flaky else float("inf")
+                link = _Link(
+                    (client, server), time.monotonic() + life, random.Random(flaky.random()) if flaky else None
+                )
+            self._start(self._pump, client, server, link)
+            self._start(self._pump, server, client, link)
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _drop(self, link: _Link) -> None:
+        """Close both sides of a flaky proxy's connection (counted once)."""
+        with self._lock:
+            if link.dropped.is_set():
+                return
+            link.dropped.set()
+            self.drops += 1
+        for sock in link.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, link: _Link) -> None:
         source.settimeout(_POLL_S)
-        while not self._closed.is_set():
+        while not self._closed.is_set() and not link.dropped.is_set():
+            if link.rng is not None and time.monotonic() > link.dies_at:
+                self._drop(link)
+                return
             # Black-holed: read nothing, so the sender's bytes pile up unacknowledged by the peer.
             if not self._wait_forwarding():
                 return
@@ -125,6 +162,8 @@ class BlackHoleProxy:
                 return
             if not data:
                 break
+            if link.rng is not None and link.rng.random() < 0.05:
+                time.sleep(link.rng.uniform(0.0, 0.05))
             try:
                 sink.sendall(data)
             except OSError:
@@ -132,3 +171,7 @@ class BlackHoleProxy:
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+# The silent-link tests' name for it.
+BlackHoleProxy = TcpProxy

@@ -3,15 +3,11 @@ past their lease, and a proxy that drops and delays connections."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +20,7 @@ from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.checkpoint import list_checkpoints
 from pstools.launcher import start_server, stop_process
 from psworker.tasks import evaluate, load_task
+from tests.integration.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
 
@@ -201,99 +198,13 @@ def test_a_killed_worker_never_holds_the_others_past_the_lease(
     assert stop_process(server) == 0
 
 
-class ChaosProxy:
-    """A TCP proxy that delays forwarded data at random and drops connections after a random life."""
-
-    def __init__(self, upstream: tuple[str, int], seed: int = 0) -> None:
-        self.upstream = upstream
-        self.random = random.Random(seed)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.drops = 0
-        self.connections = 0
-        self.stopped = threading.Event()
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.upstream)
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                self.connections += 1
-                life = self.random.uniform(0.3, 2.5)
-                seed = self.random.random()
-            pair = _Pair(client, server, time.monotonic() + life, random.Random(seed), self)
-            pair.start()
-
-    def close(self) -> None:
-        self.stopped.set()
-        self.listener.close()
-
-
-class _Pair:
-    def __init__(self, a: socket.socket, b: socket.socket, dies_at: float, rng: random.Random, proxy: ChaosProxy):
-        self.sockets = (a, b)
-        self.dies_at = dies_at
-        self.rng = rng
-        self.proxy = proxy
-        self.closed = threading.Event()
-
-    def start(self) -> None:
-        a, b = self.sockets
-        threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-        threading.Thread(target=self._pump, args=(b, a), daemon=True).start()
-
-    def _drop(self) -> None:
-        if not self.closed.is_set():
-            self.closed.set()
-            with self.proxy.lock:
-                self.proxy.drops += 1
-            for s in self.sockets:
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-                s.close()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        source.settimeout(0.2)
-        while not self.closed.is_set() and not self.proxy.stopped.is_set():
-            if time.monotonic() > self.dies_at:
-                self._drop()
-                return
-            try:
-                data = source.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                self._drop()
-                return
-            if not data:
-                self._drop()
-                return
-            if self.rng.random() < 0.05:
-                time.sleep(self.rng.uniform(0.0, 0.05))
-            try:
-                sink.sendall(data)
-            except OSError:
-                self._drop()
-                return
-        self._drop()
-
-
 def test_every_acknowledged_push_is_applied_exactly_once_through_a_flaky_network(
     tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
     server, address = start_server(tmp_path, "asgd", 0.05, ())
     processes.append(server)
     host, port = address.rsplit(":", 1)
-    proxy = ChaosProxy((host, int(port)), seed=7)
+    proxy = TcpProxy((host, int(port)), seed=7)
     try:
         through = f"127.0.0.1:{proxy.port}"
         workers = [start_worker(through, f"w{i}", tmp_path / f"w{i}.jsonl", 400, seed=i) for i in range(2)]
