@@ -164,7 +164,7 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
         ModelBinding(task.build_model(), num_shards=config.shards)
     except (LayoutError, TaskError) as error:
         raise ClusterError(f"--task {config.task} with --shards {config.shards}: {error}") from None
-    shard_data = task.disjoint_shards if config.shard_data is None else config.shard_data
+    shard_data = (task.disjoint_shards if config.shard_data is None else config.shard_data) and config.workers > 1
     config.log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     servers: list[subprocess.Popen[str]] = []

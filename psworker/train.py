@@ -152,6 +152,8 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             procedure=procedure.name,
             clock=client.clock,
             slowdown=config.slowdown,
+            train_examples=task.train_size,
+            data_shard=list(config.shard_data) if config.shard_data is not None else None,
         )
 
         compute_seconds = 0.0
