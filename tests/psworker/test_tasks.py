@@ -134,3 +134,13 @@ def test_more_shards_than_examples_is_refused(fashion_dir: Path) -> None:
     result = CliRunner().invoke(main, [*args, "--shard-data", "0/11"])
     assert result.exit_code == 2
     assert "11 data shards for 10 training examples" in result.output
+
+
+@pytest.mark.parametrize("command", [["cluster", "--workers", "1", "--slowdowns", "1"], ["simulate"]])
+def test_cluster_and_simulate_pass_the_data_dir_and_exit_2_without_data(command: list[str]) -> None:
+    from pstools.cli import main as tools_main
+
+    result = CliRunner().invoke(tools_main, [*command, "--task", "fashion", "--data-dir", "/nonexistent"])
+    assert result.exit_code == 2, result.output
+    assert "Error: /nonexistent/train-images-idx3-ubyte[.gz]: not found" in result.output
+    assert "apt-get install dataset-fashion-mnist" in result.output
