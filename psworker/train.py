@@ -112,12 +112,16 @@ def _progress(enabled: bool, total: int, description: str) -> Iterator[Progress 
 
 
 def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
-    """Train against the server until ``max_steps`` or the server clock reaches ``until_clock``."""
+    """Train against the server until ``max_steps`` or the server clock reaches ``until_clock``.
+
+    A ``task`` given is used as it is (already sharded if it should be); without one the task is
+    loaded from ``config.task`` and ``config.data_dir`` and cut to ``config.shard_data``."""
     if config.max_steps is None and config.until_clock is None:
         raise ValueError("give max_steps or until_clock, or training never ends")
-    task = task or load_task(config.task, config.data_dir)
-    if config.shard_data is not None:
-        task = task.shard(*config.shard_data)
+    if task is None:
+        task = load_task(config.task, config.data_dir)
+        if config.shard_data is not None:
+            task = task.shard(*config.shard_data)
     device = pick_device(config.device)
     model = task.build_model().to(device)
     binding = ModelBinding(model, num_shards=len(config.servers))
