@@ -22,8 +22,9 @@ from pstools.export import ExportError, named_tensors, save_state_dict, state_di
 from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
-from psworker.cli import WIRE_DTYPES, main, server_failure
+from psworker.cli import WIRE_DTYPES, DataFileError, main, server_failure
 from psworker.client import PSClient, ServerMismatchError
+from psworker.idx import IdxError
 from psworker.tasks import TaskError, load_task
 
 __all__ = ["main"]
@@ -52,7 +53,24 @@ def _parse_slowdowns(text: str) -> list[float]:
 @click.option("--rule", default="asgd", show_default=True, help="update rule (see `psserver rules`)")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None)
 @click.option("--rule-opt", "rule_opts", multiple=True, metavar="KEY=VALUE")
-@click.option("--task", default="digits", show_default=True)
+@click.option(
+    "--task",
+    default="digits",
+    show_default=True,
+    help="built-in task (digits, fashion, fashion-resnet18) or module:function",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="directory of the task's data files (default: $HETPS_DATA_DIR, else /usr/share/datasets/fashion-mnist)",
+)
+@click.option(
+    "--shard-data/--no-shard-data",
+    default=None,
+    help="worker r trains on part r of WORKERS disjoint parts of the training set "
+    "(default: as the task says; the fashion tasks do, digits does not)",
+)
 @click.option(
     "--updates",
     default=1500,
@@ -81,6 +99,8 @@ def cluster(
     lr: float | None,
     rule_opts: tuple[str, ...],
     task: str,
+    data_dir: Path | None,
+    shard_data: bool | None,
     updates: int,
     shards: int,
     consistency: str,
@@ -115,6 +135,8 @@ def cluster(
         seed,
         timeout_s=timeout,
         server_args=("--consistency", consistency, "--ssp-bound", str(ssp_bound)),
+        data_dir=data_dir,
+        shard_data=shard_data,
     )
     console = Console()
     console.print(
@@ -125,6 +147,8 @@ def cluster(
         report = run_cluster(config)
     except ClusterError as error:
         raise click.ClickException(str(error)) from None
+    except IdxError as error:
+        raise DataFileError(str(error)) from None
     table = Table("worker", "slowdown", "steps", "pushes", "staleness mean", "staleness max", "s/step")
     for w in report.workers:
         table.add_row(
@@ -186,6 +210,8 @@ def export_command(
             model = load_task(task).build_model()
         except TaskError as error:
             raise click.BadParameter(str(error), param_hint="--task") from None
+        except IdxError as error:
+            raise DataFileError(str(error)) from None
         tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
         binding = ModelBinding(model, num_shards=len(servers))
         try:

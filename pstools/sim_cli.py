@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
+from psworker.cli import DataFileError
+from psworker.idx import IdxError
 
 
 @click.command("simulate")
@@ -33,7 +35,18 @@ from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
     default=None,
     help="constant-delay mode: every gradient applied exactly D updates late (D + 1 workers)",
 )
-@click.option("--task", default="digits", show_default=True, help="digits, digits-mlp or module:function")
+@click.option(
+    "--task",
+    default="digits",
+    show_default=True,
+    help="digits, digits-mlp, fashion, fashion-resnet18 or module:function",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="directory of the task's data files (default: $HETPS_DATA_DIR, else /usr/share/datasets/fashion-mnist)",
+)
 @click.option("--steps", default=1000, show_default=True, type=click.IntRange(min=1), help="gradients, all workers")
 @click.option("--updates", type=click.IntRange(min=1), default=None, help="also stop at this server clock")
 @click.option("--eval-every", default=100, show_default=True, type=click.IntRange(min=1), help="in steps")
@@ -52,6 +65,7 @@ def simulate_command(
     ssp_bound: int,
     delay: int | None,
     task: str,
+    data_dir: Path | None,
     steps: int,
     updates: int | None,
     eval_every: int,
@@ -75,6 +89,7 @@ def simulate_command(
             ssp_bound=ssp_bound,
             delay=delay,
             task=task,
+            data_dir=str(data_dir) if data_dir is not None else None,
             steps=steps,
             max_updates=updates,
             eval_every=eval_every,
@@ -84,6 +99,8 @@ def simulate_command(
         result = simulate(config)
     except SimulationError as error:
         raise click.UsageError(str(error)) from None
+    except IdxError as error:
+        raise DataFileError(str(error)) from None
     console = Console()
     table = Table("worker", "slowdown", "steps", "pushes", "staleness mean", "staleness max")
     for w in result.workers:

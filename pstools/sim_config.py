@@ -117,6 +117,7 @@ class SimConfig:
     ssp_bound: int = 3
     delay: int | None = None  # constant-delay mode: every gradient applied exactly D updates late
     task: str = "digits"
+    data_dir: str | None = None  # where built-in tasks read data files (None: $HETPS_DATA_DIR or the default)
     steps: int = 1000  # budget: gradients computed by all workers together
     max_updates: int | None = None  # also stop once the shard's clock reaches this
     eval_every: int = 100  # in steps

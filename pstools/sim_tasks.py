@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from torch import nn
 
 from psworker.tasks import BUILTIN_TASKS, Task, digits, load_task
@@ -38,7 +40,8 @@ def digits_mlp(seed: int = 0) -> Task:
 SIM_TASKS = {**BUILTIN_TASKS, "digits-mlp": digits_mlp}
 
 
-def sim_task(spec: str) -> Task:
-    """A task by name (``digits``, ``digits-mlp``) or ``module:function``."""
-    factory = SIM_TASKS.get(spec)
-    return factory() if factory is not None else load_task(spec)
+def sim_task(spec: str, data_dir: Path | None = None) -> Task:
+    """A task by name (``digits``, ``digits-mlp``, ``fashion``...) or ``module:function``."""
+    if spec == "digits-mlp":
+        return digits_mlp()
+    return load_task(spec, data_dir)

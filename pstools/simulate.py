@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -97,7 +98,7 @@ class Simulation:
     def __init__(self, config: SimConfig, task: Task | None = None) -> None:
         self.config = config
         self._validate()
-        self.task = task or sim_task(config.task)
+        self.task = task or sim_task(config.task, Path(config.data_dir) if config.data_dir else None)
         consistency = Consistency(ConsistencyModel(config.consistency), config.ssp_bound)
         self.now = 0.0
         self.shard = Shard(

@@ -20,6 +20,7 @@ from psproto import codec
 from psproto.cli_options import client_security_from_flags, client_security_options
 from psworker.channels import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S
 from psworker.client import DeadlinePolicy, ServerMismatchError
+from psworker.idx import IdxError
 from psworker.procedures import ProcedureError
 from psworker.tasks import TaskError, load_task
 from psworker.train import TrainConfig, train
@@ -42,6 +43,28 @@ def server_failure(error: grpc.RpcError, servers: tuple[str, ...]) -> click.Clic
     return click.ClickException(f"server refused: {code.name}: {error.details()}")
 
 
+class DataFileError(click.ClickException):
+    """A task's data file missing or malformed: one line, exit 2 like any other bad input."""
+
+    exit_code = 2
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``INDEX/COUNT`` (``2/4``: the third of four disjoint parts) for --shard-data."""
+    if text is None:
+        return None
+    index_text, sep, count_text = text.partition("/")
+    try:
+        index, count = int(index_text), int(count_text)
+    except ValueError:
+        index = count = -1
+    if not sep or count < 1 or not 0 <= index < count:
+        raise click.BadParameter(
+            f"{text!r}: give INDEX/COUNT with 0 <= INDEX < COUNT, e.g. 0/4", param_hint="--shard-data"
+        )
+    return index, count
+
+
 @click.group()
 def main() -> None:
     """hetps worker."""
@@ -55,7 +78,24 @@ def main() -> None:
     required=True,
     help="HOST:PORT of a shard; repeat once per shard, in shard order",
 )
-@click.option("--task", default="digits", show_default=True, help="built-in task name or module:function")
+@click.option(
+    "--task",
+    default="digits",
+    show_default=True,
+    help="built-in task (digits, fashion, fashion-resnet18) or module:function",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="directory of the task's data files (default: $HETPS_DATA_DIR, else /usr/share/datasets/fashion-mnist)",
+)
+@click.option(
+    "--shard-data",
+    default=None,
+    metavar="INDEX/COUNT",
+    help="train on part INDEX of COUNT disjoint parts of the training set (default: all of it)",
+)
 @click.option("--name", default=None, help="unique worker name (default: host and process)")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
 @click.option(
@@ -103,6 +143,8 @@ def main() -> None:
 def train_command(
     servers: tuple[str, ...],
     task: str,
+    data_dir: Path | None,
+    shard_data: str | None,
     name: str | None,
     device: str,
     slowdown: float,
@@ -130,10 +172,17 @@ def train_command(
     tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
     if max_steps is None and until_clock is None:
         until_clock = 1000
+    shard = parse_shard(shard_data)
     try:
-        loaded = load_task(task)
+        loaded = load_task(task, data_dir)
+        if shard is not None:
+            loaded = loaded.shard(*shard)
     except TaskError as error:
         raise click.BadParameter(str(error), param_hint="--task") from None
+    except IdxError as error:
+        raise DataFileError(str(error)) from None
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--shard-data") from None
     config = TrainConfig(
         list(servers),
         task,
@@ -152,6 +201,8 @@ def train_command(
         retry_seconds=retry_seconds,
         keepalive_seconds=keepalive_seconds,
         min_transfer_bytes_per_second=min_transfer_rate * 2**20,
+        data_dir=data_dir,
+        shard_data=shard,
     )
     try:
         summary = train(config, loaded)

@@ -1,13 +1,18 @@
-"""Training tasks: a model, its data and its loss. Built in: ``digits``; users pass ``module:function``.
+"""Training tasks: a model, its data and its loss; users pass ``module:function``.
 
-A user task is any function returning a :class:`Task`; nothing is downloaded at run time.
+Built in: ``digits`` (scikit-learn's bundled 8×8 digits, no set-up), ``fashion`` (a CNN on
+Fashion-MNIST) and ``fashion-resnet18`` (ResNet-18 on Fashion-MNIST, about 11M parameters);
+the Fashion-MNIST files are read from a data directory (:mod:`psworker.fashion`). A user task
+is any function returning a :class:`Task`; nothing is downloaded at run time.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -26,10 +31,26 @@ class Task:
     test_targets: torch.Tensor
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = functional.cross_entropy
     batch_size: int = 32
+    # Whether workers of a cluster read disjoint parts of the training set unless told otherwise.
+    disjoint_shards: bool = False
 
     @property
     def train_size(self) -> int:
         return int(self.train_inputs.shape[0])
+
+    def shard(self, index: int, count: int) -> Task:
+        """This task with only part ``index`` of ``count`` (contiguous, near-equal) of the training set."""
+        if not 0 <= index < count:
+            raise ValueError(f"data shard {index}/{count}: the index must be in 0..{count - 1}")
+        if count > self.train_size:
+            raise ValueError(f"{count} data shards for {self.train_size} training examples of {self.name}")
+        start = index * self.train_size // count
+        end = (index + 1) * self.train_size // count
+        return replace(
+            self,
+            train_inputs=self.train_inputs[start:end].clone(),
+            train_targets=self.train_targets[start:end].clone(),
+        )
 
 
 class DigitsCNN(nn.Module):
@@ -50,8 +71,10 @@ class DigitsCNN(nn.Module):
         return self.classifier(self.features(x))  # type: ignore[no-any-return]
 
 
-def digits(seed: int = 0) -> Task:
-    """scikit-learn's bundled handwritten digits (1,797 8×8 images), 80/20 stratified split."""
+def digits(seed: int = 0, data_dir: Path | None = None) -> Task:
+    """scikit-learn's bundled handwritten digits (1,797 8×8 images), 80/20 stratified split.
+
+    ``data_dir`` is ignored: the data ships inside scikit-learn."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -75,17 +98,69 @@ def digits(seed: int = 0) -> Task:
     )
 
 
-BUILTIN_TASKS: dict[str, Callable[[], Task]] = {"digits": digits}
+def fashion(seed: int = 0, data_dir: Path | None = None) -> Task:
+    """Fashion-MNIST (60,000 training, 10,000 test images) and a ~420k-parameter CNN."""
+    from psworker.fashion import FashionCNN, load_fashion
+
+    data = load_fashion(data_dir)
+
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        return FashionCNN()
+
+    return Task(
+        "fashion",
+        build,
+        data.train_inputs,
+        data.train_targets,
+        data.test_inputs,
+        data.test_targets,
+        batch_size=64,
+        disjoint_shards=True,
+    )
+
+
+def fashion_resnet18(seed: int = 0, data_dir: Path | None = None) -> Task:
+    """Fashion-MNIST and ResNet-18 adapted to 1×28×28 (about 11M parameters)."""
+    from psworker.fashion import load_fashion
+    from psworker.models.resnet import ResNet18
+
+    data = load_fashion(data_dir)
+
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        return ResNet18(in_channels=1, num_classes=10)
+
+    return Task(
+        "fashion-resnet18",
+        build,
+        data.train_inputs,
+        data.train_targets,
+        data.test_inputs,
+        data.test_targets,
+        batch_size=64,
+        disjoint_shards=True,
+    )
+
+
+class TaskFactory(Protocol):
+    def __call__(self, seed: int = 0, data_dir: Path | None = None) -> Task: ...
+
+
+BUILTIN_TASKS: dict[str, TaskFactory] = {"digits": digits, "fashion": fashion, "fashion-resnet18": fashion_resnet18}
 
 
 class TaskError(ValueError):
     """A task name or ``module:function`` that cannot be loaded."""
 
 
-def load_task(spec: str) -> Task:
-    """A built-in task by name, or ``module:function`` returning a Task."""
+def load_task(spec: str, data_dir: Path | None = None) -> Task:
+    """A built-in task by name, or ``module:function`` returning a Task.
+
+    ``data_dir`` is where built-in tasks read data files from (see :mod:`psworker.fashion`);
+    a missing or malformed file raises :class:`psworker.idx.IdxError`."""
     if spec in BUILTIN_TASKS:
-        return BUILTIN_TASKS[spec]()
+        return BUILTIN_TASKS[spec](data_dir=data_dir)
     module_name, sep, function_name = spec.partition(":")
     if not sep:
         raise TaskError(f"unknown task {spec!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}, or give module:function")

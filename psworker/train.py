@@ -44,6 +44,10 @@ class TrainConfig:
     keepalive_seconds: float = DEFAULT_KEEPALIVE_S
     # Each call's deadline gives its payload this rate (bytes/s) on top of a fixed allowance.
     min_transfer_bytes_per_second: float = DeadlinePolicy.min_bytes_per_second
+    # Where built-in tasks read their data files (None: $HETPS_DATA_DIR, else the system's directory).
+    data_dir: Path | None = None
+    # (index, count): train on part ``index`` of ``count`` disjoint parts of the training set.
+    shard_data: tuple[int, int] | None = None
 
 
 @dataclass
@@ -108,10 +112,16 @@ def _progress(enabled: bool, total: int, description: str) -> Iterator[Progress 
 
 
 def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
-    """Train against the server until ``max_steps`` or the server clock reaches ``until_clock``."""
+    """Train against the server until ``max_steps`` or the server clock reaches ``until_clock``.
+
+    A ``task`` given is used as it is (already sharded if it should be); without one the task is
+    loaded from ``config.task`` and ``config.data_dir`` and cut to ``config.shard_data``."""
     if config.max_steps is None and config.until_clock is None:
         raise ValueError("give max_steps or until_clock, or training never ends")
-    task = task or load_task(config.task)
+    if task is None:
+        task = load_task(config.task, config.data_dir)
+        if config.shard_data is not None:
+            task = task.shard(*config.shard_data)
     device = pick_device(config.device)
     model = task.build_model().to(device)
     binding = ModelBinding(model, num_shards=len(config.servers))
@@ -146,6 +156,8 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             procedure=procedure.name,
             clock=client.clock,
             slowdown=config.slowdown,
+            train_examples=task.train_size,
+            data_shard=list(config.shard_data) if config.shard_data is not None else None,
         )
 
         compute_seconds = 0.0

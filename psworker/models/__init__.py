@@ -1,0 +1,1 @@
+"""Model architectures for the built-in tasks."""
