@@ -292,6 +292,10 @@ def serve(
     run(config)
 
 
+# How often the main thread wakes to run pending signal handlers while it serves.
+_SIGNAL_POLL_S = 0.5
+
+
 def run(config: ServerConfig) -> None:
     """Build and start the server, serve until SIGTERM or SIGINT, drain, stop and end the process (exit 0)."""
     try:
@@ -299,7 +303,10 @@ def run(config: ServerConfig) -> None:
         with stop_requested_by_signals() as stop, ServerApp.build(config) as app:
             click.echo(listening_line(app))
             sys.stdout.flush()
-            stop.wait()
+            # Waking now and then lets the main thread run a signal handler whose signal the kernel
+            # delivered to another thread (gRPC's): an untimed wait would never see it.
+            while not stop.wait(_SIGNAL_POLL_S):
+                pass
     except ServerConfigError as error:
         raise click.UsageError(str(error)) from None
     except SecurityFilesError as error:
