@@ -22,7 +22,7 @@ from pstools.export import ExportError, named_tensors, save_state_dict, state_di
 from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
-from psworker.cli import WIRE_DTYPES, DataFileError, main, server_failure
+from psworker.cli import WIRE_DTYPES, DataFileError, data_dir_option, main, server_failure
 from psworker.client import PSClient, ServerMismatchError
 from psworker.idx import IdxError
 from psworker.tasks import TaskError, load_task
@@ -59,12 +59,7 @@ def _parse_slowdowns(text: str) -> list[float]:
     show_default=True,
     help="built-in task (digits, fashion, fashion-resnet18) or module:function",
 )
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="directory of the task's data files (default: $HETPS_DATA_DIR, else /usr/share/datasets/fashion-mnist)",
-)
+@data_dir_option
 @click.option(
     "--shard-data/--no-shard-data",
     default=None,

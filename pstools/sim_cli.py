@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
-from psworker.cli import DataFileError
+from psworker.cli import DataFileError, data_dir_option
 from psworker.idx import IdxError
 
 
@@ -41,12 +41,7 @@ from psworker.idx import IdxError
     show_default=True,
     help="digits, digits-mlp, fashion, fashion-resnet18 or module:function",
 )
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="directory of the task's data files (default: $HETPS_DATA_DIR, else /usr/share/datasets/fashion-mnist)",
-)
+@data_dir_option
 @click.option("--steps", default=1000, show_default=True, type=click.IntRange(min=1), help="gradients, all workers")
 @click.option("--updates", type=click.IntRange(min=1), default=None, help="also stop at this server clock")
 @click.option("--eval-every", default=100, show_default=True, type=click.IntRange(min=1), help="in steps")

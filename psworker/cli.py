@@ -65,6 +65,15 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return index, count
 
 
+# The task's data folder, as every command that builds a task takes it (psworker train, cluster, simulate).
+data_dir_option = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="directory of the task's data files (default: $HETPS_DATA_DIR, else /usr/share/datasets/fashion-mnist)",
+)
+
+
 @click.group()
 def main() -> None:
     """hetps worker."""
@@ -84,12 +93,7 @@ def main() -> None:
     show_default=True,
     help="built-in task (digits, fashion, fashion-resnet18) or module:function",
 )
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="directory of the task's data files (default: $HETPS_DATA_DIR, else /usr/share/datasets/fashion-mnist)",
-)
+@data_dir_option
 @click.option(
     "--shard-data",
     default=None,
