@@ -9,36 +9,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 import torch
 
-from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.checkpoint import list_checkpoints
 from pstools.launcher import start_server, stop_process
 from psworker.tasks import evaluate, load_task
+from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
-
-
-def status(address: str) -> ps_pb2.StatusResponse:
-    with grpc.insecure_channel(address) as channel:
-        reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
-            ps_pb2.StatusRequest(), timeout=10
-        )
-        return reply
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def start_worker(

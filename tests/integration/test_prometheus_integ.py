@@ -15,11 +15,11 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
@@ -28,6 +28,7 @@ from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.ready import wait_for_ready_file
 from pstools.launcher import stop_process
 from tests.docker.test_dashboard import as_promql, load_dashboard, queries
+from tests.integration.probes import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,6 @@ needs_prometheus = pytest.mark.skipif(
     PROMETHEUS is None,
     reason="Debian's prometheus is not installed; make test installs it (apt-get install prometheus)",
 )
-T = TypeVar("T")
 
 # Dashboard queries that have nothing to show in this cluster: no checkpoints, ASGD measures no
 # gap, and no joined worker is refused.
@@ -115,17 +115,6 @@ def _ready(base: str) -> bool:
             return bool(reply.status == 200)
     except OSError:
         return False
-
-
-def wait_for(check: Callable[[], T], timeout_s: float, message: str) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(message)
-        time.sleep(0.2)
 
 
 def query(base: str, promql: str) -> list[dict[str, Any]]:

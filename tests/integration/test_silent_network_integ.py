@@ -13,16 +13,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
-from psproto.v1 import ps_pb2, ps_pb2_grpc
 from pstools.launcher import start_server, stop_process
+from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import BlackHoleProxy
 
 pytestmark = pytest.mark.integration
@@ -66,22 +65,6 @@ class Worker:
 
     def stderr(self) -> str:
         return "\n".join(line for _, line in self.lines)
-
-
-def status(address: str) -> ps_pb2.StatusResponse:
-    with grpc.insecure_channel(address) as channel:
-        reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
-            ps_pb2.StatusRequest(), timeout=10
-        )
-        return reply
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def start_worker(address: str, name: str, seed: int) -> Worker:
