@@ -20,6 +20,7 @@ from pstools.launcher import start_server, stop_process
 from psworker.tasks import evaluate, load_task
 from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import TcpProxy
+from tests.integration.workers import start_train, train_command
 
 pytestmark = pytest.mark.integration
 
@@ -27,32 +28,10 @@ pytestmark = pytest.mark.integration
 def start_worker(
     address: str, name: str, log: Path, until_clock: int, slowdown: float = 1.0, seed: int = 0
 ) -> subprocess.Popen[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "psworker",
-        "train",
-        "--server",
-        address,
-        "--task",
-        "digits",
-        "--name",
-        name,
-        "--slowdown",
-        str(slowdown),
-        "--until-clock",
-        str(until_clock),
-        "--no-progress",
-        "--eval-every",
-        "0",
-        "--log-file",
-        str(log),
-        "--seed",
-        str(seed),
-        "--retry-seconds",
-        "120",
-    ]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = train_command(
+        address, name, until_clock, seed=seed, slowdown=slowdown, log=log, extra=["--retry-seconds", "120"]
+    )
+    return start_train(command)
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 180) -> dict[str, object]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pytest
 from pstools.launcher import start_server, stop_process
 from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import BlackHoleProxy
+from tests.integration.workers import start_train, train_command
 
 pytestmark = pytest.mark.integration
 
@@ -68,31 +68,8 @@ class Worker:
 
 
 def start_worker(address: str, name: str, seed: int) -> Worker:
-    command = [
-        sys.executable,
-        "-m",
-        "psworker",
-        "train",
-        "--server",
-        address,
-        "--task",
-        "digits",
-        "--name",
-        name,
-        "--until-clock",
-        str(UNTIL_CLOCK),
-        "--no-progress",
-        "--eval-every",
-        "0",
-        "--seed",
-        str(seed),
-        "--retry-seconds",
-        "60",
-        "--keepalive-seconds",
-        str(KEEPALIVE_S),
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return Worker(name, process)
+    extra = ["--retry-seconds", "60", "--keepalive-seconds", str(KEEPALIVE_S)]
+    return Worker(name, start_train(train_command(address, name, UNTIL_CLOCK, seed=seed, extra=extra)))
 
 
 @pytest.fixture

@@ -11,35 +11,14 @@ import pytest
 
 from pstools.launcher import ClusterConfig, run_cluster
 from tests.integration.conftest import StartServer
+from tests.integration.workers import start_train, train_command
 
 pytestmark = pytest.mark.integration
 
 
 def _worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.Popen[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "psworker",
-        "train",
-        "--server",
-        address,
-        "--task",
-        "digits",
-        "--name",
-        name,
-        "--slowdown",
-        str(slowdown),
-        "--until-clock",
-        "1000",
-        "--no-progress",
-        "--eval-every",
-        "100",
-        "--log-file",
-        str(log),
-        "--seed",
-        name[-1],
-    ]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = train_command(address, name, 1000, seed=int(name[-1]), slowdown=slowdown, eval_every=100, log=log)
+    return start_train(command)
 
 
 def test_two_workers_reach_90_percent(start_psserver: StartServer, tmp_path: Path) -> None:
