@@ -252,7 +252,15 @@ class ServerApp:
     def build(cls, config: ServerConfig) -> ServerApp:
         """Read the security files, build the shard and restore the newest checkpoint; binds nothing.
 
-        Raises ``SecurityFilesError`` or ``CheckpointRestoreError``."""
+        Raises ``SecurityFilesError``, ``CheckpointRestoreError``, or ``ServerConfigError`` for a
+        ready file that could not be written."""
+        if config.ready_file is not None:
+            folder = config.ready_file.parent
+            # Checked before anything binds: a server that could not say it is ready would serve unseen.
+            _require(
+                folder.is_dir() and os.access(folder, os.W_OK),
+                f"--ready-file {config.ready_file}: its folder {folder} does not exist or is not writable",
+            )
         security = config.security
         try:
             token = read_token_file(security.auth_token_file) if security.auth_token_file is not None else None

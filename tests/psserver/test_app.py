@@ -154,6 +154,8 @@ def test_every_failure_to_build_or_start_is_a_typed_error(tmp_path: Path) -> Non
         _config(limits=ShardLimits(min_transfer_mib_per_s=2.0, transfer_grace_seconds=1.5)).shard_config().transfer_pace
     )
     assert (pace.min_bytes_per_s, pace.grace_s) == (2 * 1024 * 1024, 1.5)
+    with pytest.raises(ServerConfigError, match=r"--ready-file .*: its folder .* does not exist or is not writable"):
+        ServerApp.build(_config(ready_file=tmp_path / "missing" / "ready.json"))
     with pytest.raises(SecurityFilesError, match="--auth-token-file"):
         ServerApp.build(_config(security=SecurityConfig(auth_token_file=tmp_path / "missing")))
     missing = tmp_path / "missing.pem"

@@ -41,6 +41,7 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         (["--receive-window", "4MB"], "give 'auto' or a whole number of bytes, KiB, MiB or GiB"),
         (["--receive-window", "1.5MiB"], "give 'auto' or a whole number of bytes, KiB, MiB or GiB"),
         (["--receive-window", "large"], "--receive-window"),
+        (["--ready-file", "/nonexistent/folder/ready.json"], "its folder /nonexistent/folder does not exist"),
     ],
 )
 def test_serve_refuses_bad_configuration_with_exit_2(args: list[str], message: str) -> None:
