@@ -146,7 +146,7 @@ class Simulation:
         model = self.task.build_model()
         binding = ModelBinding(model)
         client = InProcessService(self.shard, binding.layout, f"sim-{rank}", device="sim", hold_pull=self._hold_pull)
-        procedure = start_worker(client, binding)
+        procedure = start_worker(client, binding, build_optimizer=self.task.build_optimizer)
         batches = torch.Generator().manual_seed(self.config.seed * 1000 + rank)
         duration = speeds.sampler(rank, random.Random(self.rng.getrandbits(64)))
         return _Worker(

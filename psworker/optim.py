@@ -19,6 +19,7 @@ from psworker.channels import DEFAULT_KEEPALIVE_S
 from psworker.client import PSClient
 from psworker.procedures import StepOutcome
 from psworker.startup import start_worker
+from psworker.tasks import OptimizerFactory
 
 
 class ParameterServerOptimizer:
@@ -33,10 +34,13 @@ class ParameterServerOptimizer:
         tls: ClientTls | None = None,
         auth_token: str | None = None,
         keepalive_seconds: float = DEFAULT_KEEPALIVE_S,
+        build_optimizer: OptimizerFactory | None = None,
     ) -> None:
         """``tls`` and ``auth_token`` go to ``PSClient`` as they are: TLS (mutual TLS with a client
         certificate) and the bearer token of servers started with --tls-* and --auth-token-file;
-        ``keepalive_seconds``, the HTTP/2 ping interval (a silent link is noticed within 1.5 of it)."""
+        ``keepalive_seconds``, the HTTP/2 ping interval (a silent link is noticed within 1.5 of it);
+        ``build_optimizer``, the inner optimizer of rules whose local steps use the model's own
+        (``diloco``, ``diloco-dn``), e.g. ``lambda ps: torch.optim.AdamW(ps, lr=1e-3)``."""
         addresses = [servers] if isinstance(servers, str) else list(servers)
         self.model = model
         self.binding = ModelBinding(model, num_shards=len(addresses))
@@ -51,7 +55,7 @@ class ParameterServerOptimizer:
             auth_token=auth_token,
             keepalive_seconds=keepalive_seconds,
         )
-        self.procedure = start_worker(self.client, self.binding)
+        self.procedure = start_worker(self.client, self.binding, build_optimizer=build_optimizer)
         self.last: StepOutcome | None = None
 
     def zero_grad(self) -> None:

@@ -52,6 +52,22 @@ class AgnOptions(DeltaOptions):
 
 
 @dataclass(frozen=True)
+class DilocoOptions:
+    """``diloco`` (DiLoCo, Delayed Nesterov): ``window`` steps of the task's own optimizer, then push
+    the delta. ``local_lr`` is for plain SGD when the task brings no optimizer; the rule's ``lr`` is
+    the server's outer rate and not the worker's."""
+
+    local_lr: float
+    window: int
+
+    def local_steps(self) -> DeltaOptions:
+        """The windowed-delta options these amount to (checked there)."""
+        if self.local_lr <= 0:
+            raise ProcedureError(f"local_lr must be > 0, got {self.local_lr}")
+        return DeltaOptions(lr=self.local_lr, window=self.window)
+
+
+@dataclass(frozen=True)
 class EasgdOptions:
     """``easgd`` (EASGD, EAMSGD with ``local_momentum`` > 0)."""
 

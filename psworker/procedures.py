@@ -6,6 +6,7 @@ step with what it last pulled or computed, and pushes through the client's flat 
 
 - ``gradient``: push the raw gradient of every step (ASGD, SA, momentum, GA, AB, OrMo...).
 - ``delta``: windowed DOWNPOUR/DynSGD: ``λ`` local SGD steps, push ``θ_end − θ_start``.
+- ``diloco``: DiLoCo/Delayed Nesterov: ``H`` steps of the task's own optimizer, push ``θ_end − θ_start``.
 - ``agn``: like ``delta`` with any local optimizer, the window's delta divided by the steps done.
 - ``easgd``: asynchronous EASGD/EAMSGD: every ``λ`` local steps push the elastic difference.
 - ``gem``: Gradient Energy Matching: push ``π ⊙ Δ`` with ``π`` matching the proxy's momentum energy.
@@ -14,16 +15,19 @@ step with what it last pulled or computed, and pushes through the client's flat 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
+from torch import nn
 
 from psproto.v1 import ps_pb2
 from psworker.binding import ModelBinding
 from psworker.procedure_options import (
     AgnOptions,
     DeltaOptions,
+    DilocoOptions,
     EasgdOptions,
     GemOptions,
     GradientOptions,
@@ -31,10 +35,12 @@ from psworker.procedure_options import (
     parse_options,
 )
 from psworker.service import ParameterService, PushResult
+from psworker.tasks import OptimizerFactory
 
 __all__ = [
     "PROCEDURES",
     "AgnProcedure",
+    "DilocoProcedure",
     "EasgdProcedure",
     "GemProcedure",
     "GradientProcedure",
@@ -67,15 +73,25 @@ def _summarise(results: list[PushResult]) -> tuple[int, dict[str, float]]:
 
 
 class Procedure(ABC, Generic[OptionsT]):
-    """One worker procedure; ``options`` are the server's, parsed into ``options_type``."""
+    """One worker procedure; ``options`` are the server's, parsed into ``options_type``.
+
+    ``build_optimizer`` is the task's own optimizer factory; only procedures whose local steps
+    run the task's optimizer (``diloco``) use it."""
 
     name: ClassVar[str]
     options_type: ClassVar[type[Any]]
 
-    def __init__(self, client: ParameterService, binding: ModelBinding, options: OptionsT) -> None:
+    def __init__(
+        self,
+        client: ParameterService,
+        binding: ModelBinding,
+        options: OptionsT,
+        build_optimizer: OptimizerFactory | None = None,
+    ) -> None:
         self.client = client
         self.binding = binding
         self.options = options
+        self.build_optimizer = build_optimizer
 
     def start(self) -> None:
         """Take the server's current parameters as the model's."""
@@ -111,23 +127,33 @@ class WindowedDeltaProcedure(Procedure[DeltaOptions]):
     DOWNPOUR and DynSGD push it as is, after local SGD; AGN (``normalize``) divides it by the
     steps done, so a final partial window pushes ``a / steps_done``. Local optimizer state
     persists across windows; after each push the model is overwritten with the pulled parameters.
+    ``window`` is read at every step, so the length of the next window may be changed after a push.
     """
 
     name = "delta"
     options_type: ClassVar[type[Any]] = DeltaOptions
     normalize = False
 
-    def __init__(self, client: ParameterService, binding: ModelBinding, options: DeltaOptions) -> None:
-        super().__init__(client, binding, options)
+    def __init__(
+        self,
+        client: ParameterService,
+        binding: ModelBinding,
+        options: DeltaOptions,
+        build_optimizer: OptimizerFactory | None = None,
+    ) -> None:
+        super().__init__(client, binding, options, build_optimizer)
         self.window = options.window
-        parameters = [p for _, p in binding.named]
-        if isinstance(options, AgnOptions) and options.local_optimizer == "adam":
-            self.optimizer: torch.optim.Optimizer = torch.optim.Adam(parameters, lr=options.lr)
-        else:
-            self.optimizer = torch.optim.SGD(parameters, lr=options.lr)
+        self.optimizer = self.local_optimizer([p for _, p in binding.named])
         self.window_start = torch.zeros_like(binding.params)
         self.delta = torch.zeros_like(binding.params)
         self.steps_done = 0
+
+    def local_optimizer(self, parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        """The optimizer of the local steps: SGD at ``lr``, or the one AGN's server names."""
+        options = self.options
+        if isinstance(options, AgnOptions) and options.local_optimizer == "adam":
+            return torch.optim.Adam(parameters, lr=options.lr)
+        return torch.optim.SGD(parameters, lr=options.lr)
 
     def start(self) -> None:
         super().start()
@@ -165,6 +191,32 @@ class AgnProcedure(WindowedDeltaProcedure):
     normalize = True
 
 
+class DilocoProcedure(WindowedDeltaProcedure):
+    """DiLoCo and Delayed Nesterov: ``H`` steps of the task's own inner optimizer, then push
+    ``Δ = θ_end − θ_start`` (not divided by ``H``); the server's rule takes the outer step.
+
+    The inner optimizer (plain SGD at ``local_lr`` when the task brings none) keeps its state
+    across rounds and never sends it; only the parameters are overwritten with the pulled ones.
+    """
+
+    name = "diloco"
+    options_type = DilocoOptions
+
+    def __init__(
+        self,
+        client: ParameterService,
+        binding: ModelBinding,
+        options: DilocoOptions,
+        build_optimizer: OptimizerFactory | None = None,
+    ) -> None:
+        super().__init__(client, binding, options.local_steps(), build_optimizer)
+
+    def local_optimizer(self, parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        if self.build_optimizer is not None:
+            return self.build_optimizer(parameters)
+        return super().local_optimizer(parameters)
+
+
 class EasgdProcedure(Procedure[EasgdOptions]):
     """Asynchronous EASGD (Zhang, Choromanska & LeCun, 2015); EAMSGD with ``local_momentum`` > 0.
 
@@ -176,8 +228,14 @@ class EasgdProcedure(Procedure[EasgdOptions]):
     name = "easgd"
     options_type = EasgdOptions
 
-    def __init__(self, client: ParameterService, binding: ModelBinding, options: EasgdOptions) -> None:
-        super().__init__(client, binding, options)
+    def __init__(
+        self,
+        client: ParameterService,
+        binding: ModelBinding,
+        options: EasgdOptions,
+        build_optimizer: OptimizerFactory | None = None,
+    ) -> None:
+        super().__init__(client, binding, options, build_optimizer)
         lr, momentum = options.lr, options.local_momentum
         self.window = options.window
         self.alpha = lr * options.rho
@@ -222,8 +280,14 @@ class GemProcedure(Procedure[GemOptions]):
     name = "gem"
     options_type = GemOptions
 
-    def __init__(self, client: ParameterService, binding: ModelBinding, options: GemOptions) -> None:
-        super().__init__(client, binding, options)
+    def __init__(
+        self,
+        client: ParameterService,
+        binding: ModelBinding,
+        options: GemOptions,
+        build_optimizer: OptimizerFactory | None = None,
+    ) -> None:
+        super().__init__(client, binding, options, build_optimizer)
         self.lr = options.lr
         self.momentum = options.momentum
         self.kappa = options.kappa
@@ -268,7 +332,8 @@ class GemProcedure(Procedure[GemOptions]):
 
 
 PROCEDURES: dict[str, type[Procedure[Any]]] = {
-    cls.name: cls for cls in (GradientProcedure, WindowedDeltaProcedure, AgnProcedure, EasgdProcedure, GemProcedure)
+    cls.name: cls
+    for cls in (GradientProcedure, WindowedDeltaProcedure, AgnProcedure, DilocoProcedure, EasgdProcedure, GemProcedure)
 }
 
 
@@ -283,8 +348,11 @@ def procedure_class(rule: ps_pb2.RuleInfo) -> type[Procedure[Any]]:
         ) from None
 
 
-def build_procedure(client: ParameterService, binding: ModelBinding) -> Procedure[Any]:
-    """The procedure the server asked for in its Join reply, with the options it sent."""
+def build_procedure(
+    client: ParameterService, binding: ModelBinding, build_optimizer: OptimizerFactory | None = None
+) -> Procedure[Any]:
+    """The procedure the server asked for in its Join reply, with the options it sent; procedures
+    that take local steps with the task's own optimizer build it with ``build_optimizer``."""
     rule = client.rule
     cls = procedure_class(rule)
-    return cls(client, binding, parse_options(cls.name, cls.options_type, rule.procedure_options))
+    return cls(client, binding, parse_options(cls.name, cls.options_type, rule.procedure_options), build_optimizer)

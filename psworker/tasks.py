@@ -9,7 +9,7 @@ is any function returning a :class:`Task`; nothing is downloaded at run time.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -18,10 +18,17 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+# Builds a task's own optimizer over the model's parameters (e.g. AdamW for a language model).
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
 
 @dataclass
 class Task:
-    """What a worker trains: a model factory, tensors of training and test data, a loss."""
+    """What a worker trains: a model factory, tensors of training and test data, a loss.
+
+    ``build_optimizer`` is the task's own inner optimizer for procedures that take local steps
+    with it (``diloco``); its state stays on the worker. None: plain SGD at the rule's local rate.
+    """
 
     name: str
     build_model: Callable[[], nn.Module]
@@ -33,6 +40,7 @@ class Task:
     batch_size: int = 32
     # Whether workers of a cluster read disjoint parts of the training set unless told otherwise.
     disjoint_shards: bool = False
+    build_optimizer: OptimizerFactory | None = None
 
     @property
     def train_size(self) -> int:

@@ -147,7 +147,12 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
         stack.callback(client.close)
         log_stream = stack.enter_context(config.log_file.open("a")) if config.log_file else None
         log = JsonLog(log_stream)
-        procedure = start_worker(client, binding, on_init=lambda applied: log.write("init", applied=applied))
+        procedure = start_worker(
+            client,
+            binding,
+            on_init=lambda applied: log.write("init", applied=applied),
+            build_optimizer=task.build_optimizer,
+        )
         log.write(
             "start",
             name=client.name,

@@ -94,6 +94,7 @@ class Model:
             segments=self._segments,
             metadata=metadata,
             snapshot=lambda: snapshots.get(base_clock),
+            clock=self.clock,
         )
         self._before_update(self.params)
         started = time.perf_counter()

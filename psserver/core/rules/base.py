@@ -39,6 +39,8 @@ class PushContext:
     metadata: Mapping[str, float] = field(default_factory=dict)
     # The exact parameters the worker pulled; only kept for rules that declare needs_snapshot.
     snapshot: Callable[[], torch.Tensor | None] = lambda: None
+    # The shard's clock t before this push is applied (updates applied so far; restored from checkpoints).
+    clock: int = 0
 
 
 OptionsT = TypeVar("OptionsT", bound=RuleOptions)

@@ -1,0 +1,154 @@
+"""DiLoCo and Delayed Nesterov — outer optimizers on the pseudo-gradient of local steps.
+
+Sources: Douillard et al., 2023, "DiLoCo: Distributed Low-Communication Training of Language
+Models" (arXiv 2311.08105); Liu, Douillard et al., 2024, "Asynchronous Local-SGD Training for
+Language Modeling" (arXiv 2401.09135, Algorithm 3).
+
+Workers take ``H`` (option ``window``) steps of their own inner optimizer, whose state stays on
+the worker, and push ``Δ = θ_end − θ_start`` (kind ``delta``, not divided by ``H``). The server
+works on the pseudo-gradient ``g = −Δ`` with the outer learning rate ``ε`` (``lr``).
+
+``diloco`` — outer Nesterov, one step per push, state ``m``::
+
+    m ← μ m + g
+    θ ← θ − ε (g + μ m)          # nesterov=false:  θ ← θ − ε m
+
+Under ``--consistency bsp`` the shard averages the round's pushes before the rule sees them,
+so ``g`` is the mean pseudo-gradient: synchronous DiLoCo exactly. Asynchronous, it is the
+paper's "async DiLoCo" baseline.
+
+``diloco-dn`` — Delayed Nesterov, state ``m`` and accumulator ``a``, period ``N``, ``c ∈ [0, 1/N]``,
+``t`` the shard's clock before this push::
+
+    a ← a + g
+    if (t + 1) mod N == 0:
+        m ← μ m + a / N
+        θ ← θ − ε ((1 − cN + c) μ m + g / N)
+        a ← 0
+    else:
+        θ ← θ − ε (c μ m + g / N)
+
+Every push moves ``θ`` at ``ε/N``; the ``N`` pushes of a period together move it as one
+Nesterov step on their mean would. ``m`` and ``a`` are checkpointed with the clock, so a
+restored shard continues its period. Telemetry: ``scale`` 1 (``ε/N`` is no staleness penalty)
+and, for DN, ``momentum_step`` (1 when this push closed a period).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+import torch
+
+from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
+from psserver.core.rules.options import RuleOptionError, RuleOptions, option
+
+
+@dataclass(frozen=True)
+class OuterOptions(RuleOptions):
+    """What both rules share: the outer step (server) and the local steps (worker)."""
+
+    lr: float = option(0.7, "outer learning rate epsilon on the pseudo-gradient g = -delta", low=0.0, low_open=True)
+    momentum: float = option(0.9, "outer momentum mu, below 1", low=0.0)
+    window: int = option(20, "local steps H of the worker's inner optimizer per push", low=1)
+    local_lr: float = option(
+        0.05, "learning rate of the worker's local SGD when its task brings no optimizer", low=0.0, low_open=True
+    )
+
+    def __post_init__(self) -> None:
+        if self.momentum >= 1.0:
+            raise RuleOptionError(f"option momentum={self.momentum} is out of range: 0 <= value < 1")
+
+
+@dataclass(frozen=True)
+class DilocoOptions(OuterOptions):
+    nesterov: bool = option(True, "Nesterov outer momentum (false: theta <- theta - lr m)")
+
+
+@dataclass(frozen=True)
+class DelayedNesterovOptions(OuterOptions):
+    period: int = option(4, "pushes N per momentum update (the paper's notebook uses the worker count)", low=1)
+    c: float = option(0.0, "share c of the momentum applied between momentum updates, at most 1/period", low=0.0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.c > 1.0 / self.period:
+            raise RuleOptionError(
+                f"option c={self.c:g} is out of range: 0 <= c <= 1/period = {1.0 / self.period:g} "
+                f"(period={self.period})"
+            )
+
+
+OuterT = TypeVar("OuterT", bound=OuterOptions)
+
+
+class _OuterRule(UpdateRule[OuterT]):
+    """Delta pushes from the ``diloco`` procedure; ``m`` is checkpointed."""
+
+    accepted_kinds: ClassVar[frozenset[PayloadKind]] = frozenset({PayloadKind.DELTA})
+    worker_procedure = "diloco"
+
+    def __init__(self, options: OuterT, length: int) -> None:
+        super().__init__(options, length)
+        self.momentum = torch.zeros(length)
+
+    def procedure_options(self) -> dict[str, str]:
+        return self.options.as_strings()
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {"momentum": self.momentum}
+
+
+@register
+class Diloco(_OuterRule[DilocoOptions]):
+    name = "diloco"
+    summary = (
+        "workers take H local steps of their own optimizer; the server takes an outer Nesterov step on the "
+        "pseudo-gradient; synchronous DiLoCo under --consistency bsp"
+    )
+    options_type = DilocoOptions
+
+    def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
+        options = self.options
+        lr, mu = options.lr, options.momentum
+        gradient = update.neg_()  # the pseudo-gradient g = −Δ, in the scratch the shard handed over
+        self.momentum.mul_(mu).add_(gradient)
+        if options.nesterov:
+            # θ − ε (g + μ m), in the same order as DN's period step so that N = 1 matches bit for bit.
+            params.add_(gradient, alpha=-lr).add_(self.momentum, alpha=-lr * mu)
+        else:
+            params.add_(self.momentum, alpha=-lr)
+        return {"scale": 1.0}
+
+
+@register
+class DelayedNesterov(_OuterRule[DelayedNesterovOptions]):
+    name = "diloco-dn"
+    summary = (
+        "asynchronous DiLoCo with Delayed Nesterov: momentum updated once every N pushes, each push applied "
+        "at lr/N; closes most of async DiLoCo's gap on mixed-speed workers"
+    )
+    options_type = DelayedNesterovOptions
+
+    def __init__(self, options: DelayedNesterovOptions, length: int) -> None:
+        super().__init__(options, length)
+        self.accumulator = torch.zeros(length)
+
+    def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
+        options = self.options
+        lr, mu, period, c = options.lr, options.momentum, options.period, options.c
+        gradient = update.neg_()  # g = −Δ
+        self.accumulator.add_(gradient)
+        closes_period = (ctx.clock + 1) % period == 0
+        params.add_(gradient, alpha=-lr / period)
+        if closes_period:
+            self.momentum.mul_(mu).add_(self.accumulator, alpha=1.0 / period)
+            params.add_(self.momentum, alpha=-lr * (1.0 - c * period + c) * mu)
+            self.accumulator.zero_()
+        elif c > 0:
+            params.add_(self.momentum, alpha=-lr * c * mu)
+        return {"scale": 1.0, "momentum_step": 1.0 if closes_period else 0.0}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {"momentum": self.momentum, "accumulator": self.accumulator}
