@@ -127,7 +127,7 @@ class DelayedNesterov(_OuterRule[DelayedNesterovOptions]):
     name = "diloco-dn"
     summary = (
         "asynchronous DiLoCo with Delayed Nesterov: momentum updated once every N pushes, each push applied "
-        "at lr/N; closes most of async DiLoCo's gap on mixed-speed workers"
+        "at lr/N; the paper's fix for asynchronous DiLoCo on workers of mixed speeds"
     )
     options_type = DelayedNesterovOptions
 
