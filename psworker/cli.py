@@ -109,12 +109,25 @@ def main() -> None:
     type=click.FloatRange(min=1.0),
     help="run X times slower, to emulate a slower GPU",
 )
+@click.option(
+    "--step-time",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="seconds of a full-speed step: every step lasts slowdown × this (an emulated device of fixed speed); "
+    "default: the slowdown scales the measured compute time",
+)
 @click.option("--max-steps", type=click.IntRange(min=1), default=None, help="stop after this many local steps")
+@click.option(
+    "--max-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="stop after this many seconds of training",
+)
 @click.option(
     "--until-clock",
     type=click.IntRange(min=1),
     default=None,
-    help="stop once the server has applied this many updates (default 1000 without --max-steps)",
+    help="stop once the server has applied this many updates (default 1000 without --max-steps or --max-seconds)",
 )
 @click.option("--eval-every", default=200, show_default=True, type=click.IntRange(min=0), help="0 disables")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -152,7 +165,9 @@ def train_command(
     name: str | None,
     device: str,
     slowdown: float,
+    step_time: float | None,
     max_steps: int | None,
+    max_seconds: float | None,
     until_clock: int | None,
     eval_every: int,
     seed: int,
@@ -174,7 +189,7 @@ def train_command(
     signal.signal(signal.SIGTERM, _exit_on_signal)
     torch.set_num_threads(torch_threads)
     tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
-    if max_steps is None and until_clock is None:
+    if max_steps is None and until_clock is None and max_seconds is None:
         until_clock = 1000
     shard = parse_shard(shard_data)
     try:
@@ -207,6 +222,8 @@ def train_command(
         min_transfer_bytes_per_second=min_transfer_rate * 2**20,
         data_dir=data_dir,
         shard_data=shard,
+        max_seconds=max_seconds,
+        step_seconds=step_time,
     )
     try:
         summary = train(config, loaded)

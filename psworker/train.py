@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,6 +18,7 @@ from psproto.security import ClientTls
 from psworker.binding import ModelBinding
 from psworker.channels import DEFAULT_KEEPALIVE_S
 from psworker.client import DeadlinePolicy, PSClient, RetryPolicy
+from psworker.pacing import Pace
 from psworker.startup import start_worker
 from psworker.tasks import Task, evaluate, load_task
 
@@ -48,6 +50,13 @@ class TrainConfig:
     data_dir: Path | None = None
     # (index, count): train on part ``index`` of ``count`` disjoint parts of the training set.
     shard_data: tuple[int, int] | None = None
+    # Stop after this many seconds of training (None: no time limit).
+    max_seconds: float | None = None
+    # Seconds of a full-speed step (an emulated device of fixed speed; psworker.pacing); None:
+    # the slowdown scales the measured compute time.
+    step_seconds: float | None = None
+    # Whether to pull the final model and evaluate it on the test set (NaN in the summary when not).
+    evaluate_at_end: bool = True
 
 
 @dataclass
@@ -69,6 +78,8 @@ class TrainSummary:
     reconnects: int = 0
     duplicate_acks: int = 0
     rollbacks: list[list[int]] = field(default_factory=list)
+    # Steps whose compute took longer than the emulated device's step time (--step-time).
+    overrun_steps: int = 0
 
 
 def pick_device(requested: str) -> torch.device:
@@ -96,7 +107,7 @@ class JsonLog:
 
 
 @contextmanager
-def _progress(enabled: bool, total: int, description: str) -> Iterator[Progress | None]:
+def _progress(enabled: bool, total: int | None, description: str) -> Iterator[Progress | None]:
     if not enabled:
         yield None
         return
@@ -112,12 +123,13 @@ def _progress(enabled: bool, total: int, description: str) -> Iterator[Progress 
 
 
 def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
-    """Train against the server until ``max_steps`` or the server clock reaches ``until_clock``.
+    """Train until ``max_steps``, the server clock reaching ``until_clock`` or ``max_seconds``, whichever is first.
 
     A ``task`` given is used as it is (already sharded if it should be); without one the task is
     loaded from ``config.task`` and ``config.data_dir`` and cut to ``config.shard_data``."""
-    if config.max_steps is None and config.until_clock is None:
-        raise ValueError("give max_steps or until_clock, or training never ends")
+    if config.max_steps is None and config.until_clock is None and config.max_seconds is None:
+        raise ValueError("give max_steps, until_clock or max_seconds, or training never ends")
+    pace = Pace(config.slowdown, config.step_seconds)
     if task is None:
         task = load_task(config.task, config.data_dir)
         if config.shard_data is not None:
@@ -177,10 +189,8 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - started
-            # A worker X times slower spends (X - 1) more compute times idle: an emulated slower GPU.
-            if config.slowdown > 1.0:
-                time.sleep((config.slowdown - 1.0) * elapsed)
-            compute_seconds += elapsed * config.slowdown
+            # A worker X times slower idles until its step has lasted as long as on an X times slower GPU.
+            compute_seconds += pace.finish_step(elapsed)
             return float(loss.detach())
 
         # One untimed forward/backward first: CUDA context, cuDNN autotuning and allocator warm-up
@@ -195,13 +205,15 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
         telemetry: dict[str, float] = {}
         last_heartbeat = time.monotonic()
         total = config.max_steps if config.max_steps is not None else config.until_clock
-        assert total is not None
+        training_started = time.monotonic()
         with _progress(config.progress, total, client.name) as progress:
             bar = progress.add_task(client.name, total=total, info="") if progress else None
             while True:
                 if config.max_steps is not None and steps >= config.max_steps:
                     break
                 if config.until_clock is not None and clock >= config.until_clock:
+                    break
+                if config.max_seconds is not None and time.monotonic() - training_started >= config.max_seconds:
                     break
                 outcome = procedure.step(compute_gradient())
                 steps += 1
@@ -242,14 +254,14 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
                         telemetry=outcome.telemetry,
                     )
                 if progress is not None and bar is not None:
-                    done = steps if config.max_steps is not None else min(clock, total)
+                    done = steps if config.max_steps is not None else min(clock, total or clock)
                     progress.update(bar, completed=done, info=f"loss {outcome.loss:.3f} τ {outcome.staleness}")
             flushed = procedure.finish()
             if flushed is not None:
                 pushes += 1
         client.pull(binding.params)
         binding.scatter_params()
-        accuracy, test_loss = evaluate(model, task, device)
+        accuracy, test_loss = evaluate(model, task, device) if config.evaluate_at_end else (math.nan, math.nan)
         summary = TrainSummary(
             name=client.name,
             device=str(device),
@@ -267,6 +279,7 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             reconnects=client.stats.reconnects,
             duplicate_acks=client.stats.duplicate_acks,
             rollbacks=[[r.shard, r.seen_clock, r.clock] for r in client.rollbacks],
+            overrun_steps=pace.overruns,
         )
         log.write("done", **asdict(summary))
         return summary

@@ -1,0 +1,270 @@
+"""Time to accuracy on mixed-speed workers: PyTorch DDP against hetps BSP and every hetps rule.
+
+    python -m benchmarks.time_to_accuracy [--quick | --smoke] [--out FILE]
+        [--mixes 1:1:2:4,1:1:1:8,1:1:1:1] [--systems ddp,bsp,asgd,...] [--seeds 0,1,2]
+        [--budget S] [--step-time S] [--lrs FILE]
+    python -m benchmarks.time_to_accuracy --sweep [--systems ...]   # the learning-rate sweep
+
+The same task, data parts, per-worker batch, seeds and emulated speeds for every system: each
+worker is a real process; hetps workers talk gRPC to a real ``psserver``; DDP ranks all-reduce
+over gloo. A worker of slowdown X takes X · step-time seconds per step (psworker.pacing). Each
+run lasts a fixed wall budget; the test accuracy is scored afterwards from parameter snapshots
+(benchmarks.harness.snapshots). Per mix and system: median and spread over seeds of the seconds
+until the test accuracy first reaches the target, the accuracy at the budget, samples per
+second and per-worker staleness; an accuracy-vs-time plot (PNG) and JSON beside ``--out``.
+
+Learning rates: ``--sweep`` runs every system at each rate of its grid on the first mix with a
+seed kept apart from the measured ones (100) and picks the rate that reaches the target soonest
+(else the best accuracy at the budget); the measuring run takes them from ``--lrs`` (that
+sweep's JSON), else from :data:`SWEPT_LRS`, which records the last sweep's choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from benchmarks.harness.race import RaceSettings, RunResult, System, run_once
+from benchmarks.harness.report import prepare_output, run_header
+from benchmarks.tta_report import aggregate, plot_curves, print_tables, targets
+from psworker.tasks import load_task
+
+SYSTEMS = {
+    system.name: system
+    for system in (
+        System("ddp"),
+        System("bsp", "momentum", "bsp"),
+        System("asgd", "asgd"),
+        System("momentum", "momentum"),
+        System("sa", "sa"),
+        System("dynsgd", "dynsgd"),
+        System("gap-aware", "gap-aware"),
+        System("ormo", "ormo"),
+        System("agn", "agn"),
+        System("gem", "gem"),
+        System("diloco", "diloco"),
+        System("diloco-dn", "diloco-dn"),
+    )
+}
+# One grid for every gradient-step system (a factor 4 apart); the DiLoCo rules' rate
+# is the outer step ε on a pseudo-gradient, whose paper default is 0.7.
+GRADIENT_GRID = (0.005, 0.02, 0.08)
+OUTER_GRID = (0.35, 0.7, 1.0)
+SWEEP_SEED = 100
+# The rates the last `--sweep` chose (see docs/benchmarks.md for its command and table).
+SWEPT_LRS: dict[str, float] = {
+    "ddp": 0.05,
+    "bsp": 0.05,
+    "asgd": 0.05,
+    "momentum": 0.005,
+    "sa": 0.05,
+    "dynsgd": 0.05,
+    "gap-aware": 0.015,
+    "ormo": 0.005,
+    "agn": 0.05,
+    "gem": 0.015,
+    "diloco": 0.7,
+    "diloco-dn": 0.7,
+}
+MIXES = ("1:1:2:4", "1:1:1:8", "1:1:1:1")
+
+
+def lr_grid(system: System) -> tuple[float, ...]:
+    return OUTER_GRID if system.rule.startswith("diloco") else GRADIENT_GRID
+
+
+def parse_mix(text: str) -> list[float]:
+    try:
+        speeds = [float(part) for part in text.split(":")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a speed mix like 1:1:2:4") from None
+    if len(speeds) < 1 or any(s < 1 for s in speeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: every slowdown must be >= 1")
+    return speeds
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one mix (1:1:2:4), one seed, five systems")
+    parser.add_argument("--smoke", action="store_true", help="digits, two workers, seconds per run (tests)")
+    parser.add_argument("--sweep", action="store_true", help="run the learning-rate sweep instead")
+    parser.add_argument("--task", default=None, help="built-in task (default fashion; digits for --smoke)")
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--mixes", default=None, help="comma-separated speed mixes, e.g. 1:1:2:4,1:1:1:1")
+    parser.add_argument("--systems", default=None, help=f"comma-separated, of: {', '.join(SYSTEMS)}")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--budget", type=float, default=None, help="wall seconds per run (default 60)")
+    parser.add_argument("--step-time", type=float, default=None, help="seconds of a 1× step (default 0.05)")
+    parser.add_argument("--snapshot-seconds", type=float, default=None, help="default 2 (0.5 for --smoke)")
+    parser.add_argument("--target", type=float, default=None, help="test accuracy to reach (default 0.88)")
+    parser.add_argument("--lrs", type=Path, default=None, help="a sweep's JSON to take learning rates from")
+    parser.add_argument("--out", type=Path, default=None)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> tuple[RaceSettings, list[str], list[str], list[int]]:
+    if args.smoke:
+        mixes, systems, seeds = ["1:2"], ["ddp", "asgd"], [0]
+        settings = RaceSettings("digits", args.data_dir, 0.01, 4.0, 0.5, 0.6)
+    elif args.quick:
+        mixes, systems, seeds = ["1:1:2:4"], ["ddp", "bsp", "asgd", "momentum", "gap-aware"], [0]
+        settings = RaceSettings("fashion", args.data_dir, 0.05, 60.0, 2.0, 0.88)
+    else:
+        mixes, systems, seeds = list(MIXES), list(SYSTEMS), [0, 1, 2]
+        settings = RaceSettings("fashion", args.data_dir, 0.05, 60.0, 2.0, 0.88)
+    if args.task:
+        settings = replace(settings, task=args.task)
+    if args.budget:
+        settings = replace(settings, budget_seconds=args.budget)
+    if args.step_time:
+        settings = replace(settings, step_seconds=args.step_time)
+    if args.snapshot_seconds:
+        settings = replace(settings, snapshot_seconds=args.snapshot_seconds)
+    if args.target:
+        settings = replace(settings, target=args.target)
+    if args.mixes:
+        mixes = args.mixes.split(",")
+    if args.systems:
+        systems = args.systems.split(",")
+    if args.seeds:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    return settings, mixes, systems, seeds
+
+
+def _check(parser: argparse.ArgumentParser, mixes: Sequence[str], systems: Sequence[str]) -> None:
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    for mix in mixes:
+        try:
+            parse_mix(mix)
+        except argparse.ArgumentTypeError as error:
+            parser.error(str(error))
+
+
+def _learning_rates(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, float]:
+    if args.lrs is None:
+        return dict(SWEPT_LRS)
+    try:
+        chosen = json.loads(args.lrs.read_text())["chosen_lrs"]
+    except (OSError, ValueError, KeyError) as error:
+        parser.error(f"--lrs {args.lrs}: not a sweep's results file ({error})")
+    return {**SWEPT_LRS, **{str(k): float(v) for k, v in chosen.items()}}
+
+
+def _line(console: Console, result: RunResult) -> None:
+    reached = f"{result.time_to_target:.1f} s" if result.time_to_target is not None else "not reached"
+    console.print(
+        f"  {result.system:>10} lr {result.lr:g} mix {':'.join(f'{s:g}' for s in result.slowdowns)} "
+        f"seed {result.seed}: target {reached}, accuracy at budget {result.accuracy_at_budget:.4f}, "
+        f"{result.samples_per_second:.0f} samples/s ({result.run_seconds:.0f} s: "
+        f"{result.setup_seconds:.0f} s start, {result.scoring_seconds:.0f} s scoring)"
+    )
+
+
+def sweep(settings: RaceSettings, mix: str, systems: Sequence[str], log_dir: Path, console: Console) -> dict[str, Any]:
+    task = load_task(settings.task, settings.data_dir)
+    runs: list[RunResult] = []
+    chosen: dict[str, float] = {}
+    for name in systems:
+        system = SYSTEMS[name]
+        tried = []
+        for lr in lr_grid(system):
+            result = run_once(system, lr, parse_mix(mix), SWEEP_SEED, settings, task, log_dir / f"sweep-{name}-{lr:g}")
+            _line(console, result)
+            runs.append(result)
+            tried.append(result)
+        best = min(tried, key=lambda r: (r.time_to_target is None, r.time_to_target or 0.0, -r.accuracy_at_budget))
+        chosen[name] = best.lr
+    return {"chosen_lrs": chosen, "mix": mix, "seed": SWEEP_SEED, "runs": [asdict(r) for r in runs]}
+
+
+def measure(
+    settings: RaceSettings,
+    mixes: Sequence[str],
+    systems: Sequence[str],
+    seeds: Sequence[int],
+    lrs: dict[str, float],
+    log_dir: Path,
+    console: Console,
+) -> list[RunResult]:
+    """Every system on every mix and seed; seeds outermost, so slow drifts of the machine spread evenly."""
+    task = load_task(settings.task, settings.data_dir)
+    runs = []
+    for mix in mixes:
+        for seed in seeds:
+            for name in systems:
+                directory = log_dir / f"{mix.replace(':', '-')}-{name}-{seed}"
+                result = run_once(SYSTEMS[name], lrs[name], parse_mix(mix), seed, settings, task, directory)
+                _line(console, result)
+                runs.append(result)
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    settings, mixes, systems, seeds = _settings(args)
+    _check(parser, mixes, systems)
+    default_name = "time_to_accuracy_sweep" if args.sweep else "time_to_accuracy"
+    out: Path = args.out or Path(f"benchmarks/results/{default_name}.json")
+    console, log_dir = prepare_output(out)
+    # The runs' workers have one thread each; scoring in between may use the whole machine.
+    torch.set_num_threads(2)
+    began = time.monotonic()
+    results: dict[str, Any] = {
+        **run_header_for(args),
+        "race": asdict(settings),
+        "mixes": mixes,
+        "systems": {name: asdict(SYSTEMS[name]) for name in systems},
+        "seeds": seeds,
+    }
+    if args.sweep:
+        results |= sweep(settings, mixes[0], systems, log_dir, console)
+        console.print(f"chosen learning rates: {results['chosen_lrs']}")
+    else:
+        lrs = _learning_rates(args, parser)
+        results["lrs"] = {name: lrs[name] for name in systems}
+        runs = measure(settings, mixes, systems, seeds, lrs, log_dir, console)
+        summary = aggregate(runs)
+        results["runs"] = [asdict(r) for r in runs]
+        results["summary"] = summary
+        results["targets"] = targets(summary, "1:1:2:4")
+        print_tables(summary, results["targets"], settings, console)
+        plot = out.with_suffix(".png")
+        plot_curves(runs, settings, plot)
+        results["plot"] = str(plot)
+    results["wall_seconds"] = time.monotonic() - began
+    arguments = argv if argv is not None else sys.argv[1:]
+    results["command"] = " ".join(["python -m benchmarks.time_to_accuracy", *arguments])
+    out.write_text(json.dumps(results, indent=2, default=_json_default))
+    console.print(f"wrote {out} ({results['wall_seconds']:.0f} s)")
+    return 0
+
+
+def run_header_for(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.harness.settings import Settings
+
+    header = run_header(Settings.smoke() if args.smoke else Settings.quick() if args.quick else Settings())
+    header.pop("settings", None)
+    return header
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

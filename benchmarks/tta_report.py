@@ -1,0 +1,166 @@
+"""What the time-to-accuracy race reports: medians over seeds, the targets, tables and the plot."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.harness.race import RaceSettings, RunResult
+from benchmarks.harness.report import print_targets
+from benchmarks.harness.stats import summarize
+
+# The target: the best hetps rule reaches the accuracy this many times sooner than DDP...
+SPEEDUP_TARGET = 1.5
+# ...and ends within this much accuracy of DDP's (0.5 points).
+ACCURACY_TOLERANCE = 0.005
+
+
+def mix_name(slowdowns: Sequence[float]) -> str:
+    return ":".join(f"{s:g}" for s in slowdowns)
+
+
+def aggregate(runs: Sequence[RunResult]) -> dict[str, dict[str, dict[str, Any]]]:
+    """mix → system → medians and spreads over seeds; a run that never reached the target counts as infinite."""
+    grouped: dict[str, dict[str, list[RunResult]]] = {}
+    for run in runs:
+        grouped.setdefault(mix_name(run.slowdowns), {}).setdefault(run.system, []).append(run)
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    for mix, systems in grouped.items():
+        summary[mix] = {}
+        for system, seeds in systems.items():
+            times = [r.time_to_target if r.time_to_target is not None else math.inf for r in seeds]
+            staleness = [
+                statistics.fmean(float(r.workers[rank]["mean_staleness"]) for r in seeds)
+                for rank in range(len(seeds[0].workers))
+            ]
+            overruns = sum(int(w["overrun_steps"]) for r in seeds for w in r.workers)
+            steps = sum(int(w["steps"]) for r in seeds for w in r.workers)
+            summary[mix][system] = {
+                "lr": seeds[0].lr,
+                "time_to_target": summarize(times),
+                "reached": sum(t != math.inf for t in times),
+                "accuracy_at_budget": summarize([r.accuracy_at_budget for r in seeds]),
+                "samples_per_second": summarize([r.samples_per_second for r in seeds]),
+                "staleness_per_worker": staleness,
+                "diverged": sum(r.diverged for r in seeds),
+                "overrun_fraction": overruns / steps if steps else 0.0,
+            }
+    return summary
+
+
+def targets(summary: dict[str, dict[str, dict[str, Any]]], mix: str) -> list[dict[str, Any]]:
+    """The issue's target on ``mix``: best hetps rule vs DDP, time to target and final accuracy."""
+    systems = summary.get(mix, {})
+    if "ddp" not in systems or len(systems) < 2:
+        return []
+    ddp = systems["ddp"]
+    rules = {name: s for name, s in systems.items() if name != "ddp"}
+    best = min(rules, key=lambda n: (rules[n]["time_to_target"]["median"], -rules[n]["accuracy_at_budget"]["median"]))
+    rule = rules[best]
+    ddp_time = ddp["time_to_target"]["median"]
+    rule_time = rule["time_to_target"]["median"]
+    speedup = ddp_time / rule_time if math.isfinite(rule_time) else 0.0
+    gap = rule["accuracy_at_budget"]["median"] - ddp["accuracy_at_budget"]["median"]
+    lower_bound = " (DDP never reached it: a lower bound)" if not math.isfinite(ddp_time) else ""
+    return [
+        {
+            "target": f"{mix}: DDP's time to target / {best}'s",
+            "measured": speedup,
+            "min": speedup,
+            "max": speedup,
+            "threshold": SPEEDUP_TARGET,
+            "comparison": ">=",
+            "pass": bool(speedup >= SPEEDUP_TARGET),
+            "detail": f"medians {ddp_time:.1f} s vs {rule_time:.1f} s{lower_bound}",
+            "best_rule": best,
+        },
+        {
+            "target": f"{mix}: {best}'s accuracy at budget − DDP's",
+            "measured": gap,
+            "min": gap,
+            "max": gap,
+            "threshold": -ACCURACY_TOLERANCE,
+            "comparison": ">=",
+            "pass": bool(gap >= -ACCURACY_TOLERANCE),
+            "detail": "medians over seeds",
+            "best_rule": best,
+        },
+    ]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}" if math.isfinite(value) else "—"
+
+
+def print_tables(
+    summary: dict[str, dict[str, dict[str, Any]]], goals: list[dict[str, Any]], settings: RaceSettings, console: Console
+) -> None:
+    for mix, systems in summary.items():
+        table = Table(
+            title=f"{settings.task}, speeds {mix}: seconds to test accuracy {settings.target} "
+            f"(budget {settings.budget_seconds:g} s, 1× step {settings.step_seconds:g} s)"
+        )
+        for column in ("system", "lr", "to target (median)", "min–max", "reached", "acc at budget", "min–max"):
+            table.add_column(column, justify="left" if column == "system" else "right")
+        for column in ("samples/s", "staleness per worker", "overrun"):
+            table.add_column(column, justify="right")
+        ddp_time = systems.get("ddp", {}).get("time_to_target", {}).get("median", math.nan)
+        for name, s in sorted(systems.items(), key=lambda item: item[1]["time_to_target"]["median"]):
+            ttt, acc = s["time_to_target"], s["accuracy_at_budget"]
+            faster = f" ({ddp_time / ttt['median']:.2f}×)" if math.isfinite(ttt["median"]) and name != "ddp" else ""
+            table.add_row(
+                name,
+                f"{s['lr']:g}",
+                _seconds(ttt["median"]) + (faster if math.isfinite(ddp_time) else ""),
+                f"{_seconds(ttt['min'])}–{_seconds(ttt['max'])}",
+                f"{s['reached']}/{ttt['n']}",
+                f"{acc['median']:.4f}",
+                f"{acc['min']:.4f}–{acc['max']:.4f}",
+                f"{s['samples_per_second']['median']:.0f}",
+                " ".join(f"{v:.1f}" for v in s["staleness_per_worker"]),
+                f"{100 * s['overrun_fraction']:.0f}%",
+            )
+        console.print(table)
+    if goals:
+        print_targets(goals, console)
+
+
+def plot_curves(runs: Sequence[RunResult], settings: RaceSettings, path: Path) -> None:
+    """Screened test accuracy against wall seconds, one panel per mix, the mean over seeds per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mixes = list(dict.fromkeys(mix_name(r.slowdowns) for r in runs))
+    figure, axes = plt.subplots(1, len(mixes), figsize=(6.5 * len(mixes), 4.8), squeeze=False)
+    for axis, mix in zip(axes[0], mixes, strict=True):
+        by_system: dict[str, list[RunResult]] = {}
+        for run in runs:
+            if mix_name(run.slowdowns) == mix:
+                by_system.setdefault(run.system, []).append(run)
+        for system, seeds in by_system.items():
+            length = min(len(r.curve) for r in seeds)
+            times = [statistics.fmean(r.curve[i][0] for r in seeds) for i in range(length)]
+            accuracy = [statistics.fmean(r.curve[i][1] for r in seeds) for i in range(length)]
+            emphasis = {"ddp": ("black", 2.6), "bsp": ("tab:gray", 2.0)}.get(system)
+            if emphasis:
+                axis.plot(times, accuracy, label=system, color=emphasis[0], linewidth=emphasis[1])
+            else:
+                axis.plot(times, accuracy, label=system, linewidth=1.3)
+        axis.axhline(settings.target, color="tab:red", linestyle=":", linewidth=1)
+        axis.set_title(f"speeds {mix} ({len(next(iter(by_system.values())))} seed(s), mean)")
+        axis.set_xlabel("wall seconds")
+        axis.set_ylabel("test accuracy (screened: every 10th test image)")
+        axis.set_ylim(max(0.0, settings.target - 0.25), min(1.0, settings.target + 0.07))
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8, ncol=2, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
