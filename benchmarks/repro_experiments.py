@@ -337,7 +337,8 @@ def ormo_experiment(quick: bool, scale: Scale | None = None) -> Experiment:
             else "not reproduced"
         )
         text = (
-            f"OrMo against ASGD and naive momentum ASGD, at every K and both speed mixes ({total} comparisons): "
+            f"OrMo against ASGD and naive momentum ASGD, at every K and {' and '.join(mixes)} speeds "
+            f"({total} comparisons): "
             f"better beyond the seed spread in {score['win']}, worse in {score['loss']}, within the spread in "
             f"{score['tie']}. Synchronous momentum SGD (BSP, lr K·η on the mean gradient: the same steps per "
             "gradient) is the reference the ordering aims at."
@@ -349,7 +350,8 @@ def ormo_experiment(quick: bool, scale: Scale | None = None) -> Experiment:
         "OrMo vs ASGD vs naive momentum ASGD vs synchronous momentum SGD" + (scale.variant if scale else ""),
         "Shi et al., 2024, Ordered Momentum for Asynchronous SGD (reconstructed rule)",
         "OrMo converges better than ASGD and naive momentum ASGD, homogeneous and heterogeneous.",
-        f"{words}, K workers of {' or '.join(mixes)} speeds (equal: round-robin), {steps} gradients; OrMo and "
+        f"{words}, K workers of {' or '.join(mixes)} speeds"
+        f"{' (equal speeds run round-robin)' if 'homogeneous' in mixes else ''}, {steps} gradients; OrMo and "
         f"momentum ASGD at per-gradient lr {eta} with β 0.9, ASGD at {eta / (1 - 0.9):g} (the same effective "
         "step), sync momentum SGD at lr K·η; final test accuracy.",
         "workers K",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,8 @@ def plot(exp: Experiment, agg: Aggregates, runs: dict[int, dict[int, dict[str, A
             extra.legend(fontsize=7)
             extra.grid(alpha=0.3)
     ax.grid(alpha=0.3)
-    fig.suptitle(exp.title, fontsize=11)
+    # A one-panel figure is too narrow for a long title on one line.
+    fig.suptitle(textwrap.fill(exp.title, 62 * panels), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

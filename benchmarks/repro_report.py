@@ -39,6 +39,7 @@ PREAMBLE = (
 )
 VERDICT = re.compile(r"\*\*Verdict: ([^.*]+)\.\*\*")
 MADE_BY = re.compile(r"^\*Made by `")
+TASK_NAMES = {"digits": "digits (CNN or MLP)", "fashion": "Fashion-MNIST CNN"}
 COMMAND = re.compile(r"^(?:\*Made by|Made with) `([^`]+)`", re.M)
 
 
@@ -101,7 +102,7 @@ def load_reused(paths: Sequence[Path], catalog: Sequence[Experiment]) -> list[Ou
                 same = same and entry["configs"] == _configs(exp)
             if not same:
                 raise SystemExit(f"--reuse {path}: experiment {key!r} was run with other settings; run it again")
-            command = entry.get("command") or data.get("command")
+            command = entry.get("command")
             if not command:
                 raise SystemExit(f"--reuse {path}: it does not record the command that made it")
             runs = {int(i): {int(s): r for s, r in by.items()} for i, by in entry["runs"].items()}
@@ -193,28 +194,32 @@ def report(
         }
         new[exp.title] = (verdict, _section(outcome, agg, verdict, text, image, doc))
     kept = {title: body for title, body in (kept or {}).items() if title not in new}
-    rows: list[tuple[str, str]] = []
+    rows: dict[str, dict[str, str]] = {}  # claim -> task -> verdict
     sections: list[str] = []
     for exp in order:
         if exp.title in new:
-            rows.append((exp.title, new[exp.title][0]))
-            sections.append(new[exp.title][1])
+            verdict, section = new[exp.title]
         elif exp.title in kept:
-            body = kept.pop(exp.title)
-            found = VERDICT.search(body)
-            rows.append((exp.title, found.group(1) if found else "–"))
-            sections.append(body)
+            section = kept.pop(exp.title)
+            found = VERDICT.search(section)
+            verdict = found.group(1) if found else "–"
+        else:
+            continue
+        claim = exp.title if exp.task == "digits" else re.sub(r" \([^)]*\)$", "", exp.title)
+        rows.setdefault(claim, {})[exp.task] = verdict
+        sections.append(section)
     sections += list(kept.values()) + list(extra_sections)
     commands = list(dict.fromkeys(COMMAND.findall("\n".join(sections))))
     made = "\n".join(f"- `{c}`" for c in commands)
-    table = "\n".join(f"| {title} | {verdict} |" for title, verdict in rows)
+    tasks = [t for t in TASK_NAMES if any(t in by_task for by_task in rows.values())]
+    table = "| claim | " + " | ".join(TASK_NAMES[t] for t in tasks) + " |\n|---|" + "---|" * len(tasks) + "\n"
+    table += "\n".join(f"| {c} | " + " | ".join(by.get(t, "–") for t in tasks) + " |" for c, by in rows.items())
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(
         "# Reproductions\n\n"
         "Made by `python -m benchmarks.reproduce`; each section names the command that produced it, and "
         f"this document was assembled by `{assembled_by}`. The commands behind its sections:\n\n{made}\n\n"
-        f"{PREAMBLE}\n\n"
-        "| claim | verdict |\n|---|---|\n" + table + "\n\n" + "\n".join(sections)
+        f"{PREAMBLE}\n\n" + table + "\n\n" + "\n".join(sections)
     )
     out.mkdir(parents=True, exist_ok=True)
     (out / "reproduction.json").write_text(json.dumps(summary, indent=1, default=str))
