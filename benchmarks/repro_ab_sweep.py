@@ -32,10 +32,15 @@ class SweepScale:
 
 
 DIGITS_SWEEP = SweepScale(
-    "digits", "digits CNN", "ab32", (0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 0.0005), (0.05, 0.01, 0.002, 0.0005), 2000
+    "digits",
+    "digits CNN",
+    "ab32",
+    (0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 0.0005, 0.0002),
+    (0.05, 0.01, 0.002, 0.0005),
+    2000,
 )
 FASHION_SWEEP = SweepScale(
-    "fashion", "Fashion-MNIST CNN", "ab32-fashion", (0.01, 0.003, 0.001, 0.0003), (0.01, 0.001), 400
+    "fashion", "Fashion-MNIST CNN", "ab32-fashion", (0.01, 0.003, 0.001, 0.0003, 0.0001), (0.01, 0.001), 400
 )
 QUICK_SWEEP = SweepScale("digits-mlp", "digits MLP", "ab32", (0.05, 0.005), (0.05,), 100)
 

@@ -93,7 +93,7 @@ def plot(exp: Experiment, agg: Aggregates, runs: dict[int, dict[int, dict[str, A
             extra.grid(alpha=0.3)
     ax.grid(alpha=0.3)
     # A one-panel figure is too narrow for a long title on one line.
-    fig.suptitle(textwrap.fill(exp.title, 62 * panels), fontsize=11)
+    fig.suptitle(textwrap.fill(exp.title, 62 * panels, break_on_hyphens=False), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -84,15 +84,19 @@ def load_reused(paths: Sequence[Path], catalog: Sequence[Experiment]) -> list[Ou
 
     A stored experiment is reused only if its points (series, x, and where recorded the whole
     configuration) are this version's: otherwise its numbers would be judged under the wrong set-up.
+    When several files hold one experiment, the last file's is taken (a re-run replaces a part of
+    an earlier run) and the earlier ones are not checked.
     """
     by_key = {e.key: e for e in catalog}
-    outcomes = []
-    for path in paths:
+    outcomes: list[Outcome] = []
+    for path in reversed(paths):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as error:
             raise SystemExit(f"--reuse {path}: cannot read it as results JSON ({error})") from None
         for key, entry in data.get("experiments", {}).items():
+            if any(o.exp.key == key for o in outcomes):
+                continue
             exp = by_key.get(key)
             if exp is None:
                 raise SystemExit(f"--reuse {path}: experiment {key!r} is not one this version defines")
@@ -108,7 +112,7 @@ def load_reused(paths: Sequence[Path], catalog: Sequence[Experiment]) -> list[Ou
             runs = {int(i): {int(s): r for s, r in by.items()} for i, by in entry["runs"].items()}
             elapsed = float(entry.get("elapsed_s", data.get("elapsed_s", 0.0)))
             outcomes.append(Outcome(exp, runs, command, elapsed, bool(data.get("quick"))))
-    return outcomes
+    return outcomes[::-1]
 
 
 def kept_sections(doc: Path) -> dict[str, str]:

@@ -88,6 +88,12 @@ def test_quick_reproduction_writes_json_plots_and_markdown_and_reassembles(tmp_p
     (tmp_path / "stale.json").write_text(json.dumps(stale))
     with pytest.raises(SystemExit, match="experiment 'ga' was run with other settings; run it again"):
         main(["--quick", "--only", "none", "--reuse", str(tmp_path / "stale.json"), "--out", str(tmp_path / "c")])
+    # A later file replaces an earlier one's experiment, which then is not checked.
+    main(["--quick", "--only", "none", "--reuse", f"{tmp_path / 'stale.json'},{reused}", "--out", str(tmp_path / "d")])
+    assert (
+        json.loads((tmp_path / "d" / "reproduction.json").read_text())["experiments"]["ga"]["configs"]
+        == (summary["experiments"]["ga"]["configs"])
+    )
     del stale["experiments"]["ga"]["configs"], stale["experiments"]["ga"]["command"]
     (tmp_path / "anonymous.json").write_text(json.dumps(stale))
     with pytest.raises(SystemExit, match="does not record the command that made it"):
