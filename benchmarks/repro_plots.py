@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from benchmarks.repro_experiments import Aggregates, Experiment, as_float
+from benchmarks.repro_common import Aggregates, Experiment, as_float
 
 SERIES_MARKERS = ("o", "s", "^", "D", "v", "P")
 SERIES_LINES = ("-", "--", ":", "-.")
@@ -74,7 +75,7 @@ def plot(exp: Experiment, agg: Aggregates, runs: dict[int, dict[int, dict[str, A
         ax.set_xlabel(exp.xlabel)
         ax.set_ylabel("final test accuracy (mean ± std over seeds)")
         if exp.log_x:
-            ax.set_xscale("log", base=2)
+            ax.set_xscale("log", base=exp.log_base)
         ax.legend(fontsize=7, ncol=2 if len(series) > 6 else 1)
         if exp.extra_plot:
             extra = axes[0][1]
@@ -87,11 +88,12 @@ def plot(exp: Experiment, agg: Aggregates, runs: dict[int, dict[int, dict[str, A
             extra.set_xlabel(exp.xlabel)
             extra.set_ylabel(f"mean of telemetry '{exp.extra_plot}'")
             if exp.log_x:
-                extra.set_xscale("log", base=2)
+                extra.set_xscale("log", base=exp.log_base)
             extra.legend(fontsize=7)
             extra.grid(alpha=0.3)
     ax.grid(alpha=0.3)
-    fig.suptitle(exp.title, fontsize=11)
+    # A one-panel figure is too narrow for a long title on one line.
+    fig.suptitle(textwrap.fill(exp.title, 62 * panels, break_on_hyphens=False), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

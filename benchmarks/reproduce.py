@@ -1,14 +1,20 @@
 """Reproduce every paper's claim in the simulator; write JSON, PNG plots and a markdown report.
 
     python -m benchmarks.reproduce [--quick] [--out DIR] [--doc docs/reproduction.md] [--jobs 2]
+        [--tasks digits,fashion] [--only ab32,ttt-fashion,...]
+    python -m benchmarks.reproduce --only none --reuse A/reproduction.json,B/reproduction.json \\
+        --keep docs/reproduction.md --doc docs/reproduction.md --img-dir docs/img
+        # one report from earlier runs (each section names its command), nothing re-run
     python -m benchmarks.reproduce --only none --real-cluster [--updates 300] [--check-seeds 8]
         # only the gRPC check: each rule on a real local cluster, then the simulator replaying it
         # with the step times that cluster measured (written to OUT/real_cluster.json)
 
 Every run goes through the real shard and worker procedures (``pstools.simulate``), several
 seeds per point; the report gives each claim, our numbers as mean ± std and a verdict. This
-module runs and reports; the experiments are defined in ``repro_experiments``, plotted by
-``repro_plots``, and the gRPC check lives in ``repro_real_cluster``.
+module runs them; the experiments are listed in ``repro_catalog`` (digits in ``repro_experiments``,
+Fashion-MNIST in ``repro_fashion``, the AB learning-rate sweep in ``repro_ab_sweep``), the report is
+written by ``repro_report`` and plotted by ``repro_plots``, and the gRPC check lives in
+``repro_real_cluster``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ import json
 import math
 import multiprocessing
 import shlex
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -27,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.processes import use_one_torch_thread
-from benchmarks.repro_experiments import Aggregates, Experiment, Point, as_float, experiments
-from benchmarks.repro_plots import plot
+from benchmarks.repro_catalog import TASKS, experiments
+from benchmarks.repro_common import Experiment, Point
 from benchmarks.repro_real_cluster import CHECK_SEEDS, real_cluster_check, real_cluster_section
+from benchmarks.repro_report import Outcome, kept_sections, load_reused, report
 from pstools.simulate import simulate
 
 SEEDS = (0, 1, 2)
@@ -62,26 +68,6 @@ def run_point(job: tuple[str, int, Point, int]) -> tuple[str, int, int, dict[str
     )
 
 
-def aggregate(exp: Experiment, runs: dict[int, dict[int, dict[str, Any]]]) -> Aggregates:
-    agg: Aggregates = {}
-    for index, point in enumerate(exp.points):
-        by_seed = runs[index]
-        values = [float(by_seed[s][exp.metric]) for s in sorted(by_seed)]
-        telemetry: dict[str, float] = {}
-        for key in {k for r in by_seed.values() for k in r["telemetry"]}:
-            telemetry[key] = statistics.fmean(r["telemetry"][key] for r in by_seed.values() if key in r["telemetry"])
-        agg[(point.series, point.x)] = {
-            "mean": statistics.fmean(values),
-            "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
-            "values": values,
-            "diverged": sum(bool(r["diverged"]) for r in by_seed.values()),
-            "mean_staleness": statistics.fmean(float(r["mean_staleness"]) for r in by_seed.values()),
-            "telemetry": telemetry,
-            "wall_s": sum(float(r["wall_s"]) for r in by_seed.values()),
-        }
-    return agg
-
-
 def run_all(
     exps: Sequence[Experiment], jobs: int, seeds: Sequence[int]
 ) -> dict[str, dict[int, dict[int, dict[str, Any]]]]:
@@ -105,73 +91,10 @@ def run_all(
         for job in work:
             key, index, seed, summary = run_point(job)
             results[key].setdefault(index, {})[seed] = summary
+            done += 1
+            if done % 10 == 0:
+                print(f"  {done}/{len(work)} runs, {time.perf_counter() - started:.0f} s", flush=True)
     return results
-
-
-def report(
-    exps: Sequence[Experiment],
-    results: dict[str, dict[int, dict[int, dict[str, Any]]]],
-    out: Path,
-    img_dir: Path,
-    doc: Path,
-    quick: bool,
-    seeds: Sequence[int],
-    elapsed_s: float,
-    real_cluster: list[dict[str, Any]] | None,
-    real_cluster_command: str | None = None,
-) -> dict[str, Any]:
-    img_dir.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"quick": quick, "seeds": list(seeds), "elapsed_s": elapsed_s, "experiments": {}}
-    sections = []
-    verdicts = []
-    for exp in exps:
-        agg = aggregate(exp, results[exp.key])
-        verdict, text = exp.judge(agg)
-        image = img_dir / f"repro_{exp.key}.png"
-        plot(exp, agg, results[exp.key], image)
-        summary["experiments"][exp.key] = {
-            "title": exp.title,
-            "claim": exp.claim,
-            "verdict": verdict,
-            "text": text,
-            "points": [{"series": s, "x": x, **a} for (s, x), a in sorted(agg.items())],
-            "runs": {str(i): {str(s): r for s, r in by.items()} for i, by in results[exp.key].items()},
-        }
-        verdicts.append((exp.title, verdict))
-        try:
-            rel = image.relative_to(doc.parent)
-        except ValueError:
-            rel = image
-        wall = sum(as_float(a["wall_s"]) for a in agg.values())
-        sections.append(
-            f"## {exp.title}\n\n**Paper.** {exp.paper}.\n\n**Claim.** {exp.claim}\n\n**Set-up.** {exp.setup} "
-            f"{len(seeds)} seed(s) per point; {len(exp.points) * len(seeds)} runs, {wall:.0f} s of compute.\n\n"
-            f"**Verdict: {verdict}.** {text}\n\n![{exp.title}]({rel.as_posix()})\n"
-        )
-    if real_cluster:
-        sections.append(real_cluster_section(real_cluster, real_cluster_command))
-    table = "\n".join(f"| {title} | {verdict} |" for title, verdict in verdicts)
-    mode = "quick (a smoke-test subset, too small to judge the claims)" if quick else "full"
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(
-        "# Reproductions\n\n"
-        "Generated by `python -m benchmarks.reproduce` "
-        f"({mode} mode, {elapsed_s / 60:.1f} minutes). Every run is `psworker simulate`: a virtual cluster in one "
-        "process where every update goes through the server's own shard and rules and every worker runs its real "
-        "worker procedure, in virtual time (a 1× worker's step takes 1 virtual second). Tasks run on CPU: the "
-        "digits CNN (`digits`, 8×8 images, ~40k parameters) and an MLP on the same 64 pixels (`digits-mlp`). "
-        "Numbers are final test accuracy on the 360 held-out digits (or virtual seconds), mean ± std over "
-        "seeds (the seed drives batch sampling, and step times under random speed models; the data split and "
-        "the initial model are fixed). "
-        "A difference counts only when it is larger than the two spreads added. AB, GA and OrMo are "
-        "reconstructed from the papers' abstracts and related code (see docs/rules.md), so their verdicts test "
-        "our reconstruction as much as the papers.\n\n"
-        "These are small models on a small data set, a long way from the papers' MNIST/CIFAR/ImageNet runs: a claim "
-        "that does not reproduce here may still hold at the papers' scale, and one that does is only evidence.\n\n"
-        "| claim | verdict |\n|---|---|\n" + table + "\n\n" + "\n".join(sections)
-    )
-    (out / "reproduction.json").write_text(json.dumps(summary, indent=1, default=str))
-    return summary
 
 
 def _at_least_one(text: str) -> int:
@@ -184,6 +107,22 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _paths(text: str) -> list[Path]:
+    paths = [Path(p.strip()) for p in text.split(",") if p.strip()]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing or not paths:
+        raise argparse.ArgumentTypeError(f"no such results file: {', '.join(missing) or repr(text)}")
+    return paths
+
+
+def _task_list(text: str) -> list[str]:
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = sorted(set(tasks) - set(TASKS))
+    if unknown or not tasks:
+        raise argparse.ArgumentTypeError(f"unknown task(s) {unknown or [text]}; choose from {','.join(TASKS)}")
+    return tasks
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tiny subset (the smoke test)")
@@ -193,7 +132,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="processes")
     parser.add_argument("--seeds", type=int, default=len(SEEDS))
     parser.add_argument(
-        "--only", default=None, help="comma-separated experiment keys: agn,ab,ga,gem,ormo,ttt ('none': no experiments)"
+        "--only",
+        default=None,
+        help="comma-separated experiment keys: agn,ab,ab32,ga,gem,ormo,ttt, each also with -fashion ('none': none)",
+    )
+    parser.add_argument(
+        "--tasks",
+        type=_task_list,
+        default=list(TASKS),
+        help=f"comma-separated task families to reproduce on: {','.join(TASKS)} (default both)",
+    )
+    parser.add_argument(
+        "--reuse",
+        type=_paths,
+        default=[],
+        help="comma-separated results JSON of earlier runs: their experiments are reported again, not re-run",
+    )
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="an earlier report: its sections that no experiment here replaces stay"
     )
     parser.add_argument("--real-cluster", action="store_true", help="also run the gRPC check")
     parser.add_argument("--real-cluster-rules", default=None, help="comma-separated labels (default all)")
@@ -210,19 +166,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     img_dir = args.img_dir or args.out
     seeds = list(range(args.seeds))
     only = set(args.only.split(",")) if args.only else None
-    exps = experiments(args.quick, only)
+    catalog = experiments(args.quick, None)
+    reused = load_reused(args.reuse, catalog)
+    kept = kept_sections(args.keep) if args.keep else None
+    done_before = {o.exp.key for o in reused}
+    exps = [e for e in experiments(args.quick, only, args.tasks) if e.key not in done_before]
+    command = "python -m benchmarks.reproduce " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     started = time.perf_counter()
     print(f"{sum(len(e.points) for e in exps) * len(seeds)} runs in {len(exps)} experiments", flush=True)
     results = run_all(exps, args.jobs, seeds)
-    real = None
-    command = None
+    extra = []
     if args.real_cluster:
         rules = args.real_cluster_rules.split(",") if args.real_cluster_rules else None
         real = real_cluster_check(args.updates, range(args.check_seeds), seeds, args.out, rules, args.jobs)
         (args.out / "real_cluster.json").write_text(json.dumps(real, indent=1))
-        command = "python -m benchmarks.reproduce " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+        extra.append(real_cluster_section(real, command))
     elapsed = time.perf_counter() - started
-    summary = report(exps, results, args.out, img_dir, doc, args.quick, seeds, elapsed, real, command)
+    outcomes = reused + [Outcome(e, results[e.key], command, elapsed, args.quick) for e in exps]
+    summary = report(outcomes, catalog, args.out, img_dir, doc, command, kept, extra)
     for key, data in summary["experiments"].items():
         print(f"{key}: {data['verdict']}")
     print(f"done in {elapsed:.0f} s; report {doc}")
