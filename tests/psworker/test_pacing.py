@@ -37,3 +37,14 @@ def test_without_a_step_time_the_slowdown_scales_the_compute_time() -> None:
 def test_impossible_speeds_are_refused(slowdown: float, step: float | None) -> None:
     with pytest.raises(ValueError):
         Pace(slowdown, step)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--step-time", "0"), ("--step-time", "-1"), ("--max-seconds", "0")])
+def test_the_train_command_refuses_a_step_time_or_time_limit_that_is_not_positive(flag: str, value: str) -> None:
+    from click.testing import CliRunner
+
+    from psworker.cli import main
+
+    result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", flag, value])
+    assert result.exit_code == 2
+    assert flag in result.output
