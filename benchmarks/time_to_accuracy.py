@@ -2,8 +2,8 @@
 
     python -m benchmarks.time_to_accuracy [--quick | --smoke] [--out FILE]
         [--mixes 1:1:2:4,1:1:1:8,1:1:1:1] [--systems ddp,bsp,asgd,...] [--seeds 0,1,2]
-        [--budget S] [--step-time S] [--lrs FILE]
-    python -m benchmarks.time_to_accuracy --sweep [--systems ...]   # the learning-rate sweep
+        [--budget S] [--step-time S] [--lrs SWEEP.json[,SWEEP2.json]]
+    python -m benchmarks.time_to_accuracy --sweep [--systems ...] [--grid 0.005,0.02]   # the learning-rate sweep
 
 The same task, data parts, per-worker batch, seeds and emulated speeds for every system: each
 worker is a real process; hetps workers talk gRPC to a real ``psserver``; DDP ranks all-reduce
@@ -14,9 +14,10 @@ until the test accuracy first reaches the target, the accuracy at the budget, sa
 second and per-worker staleness; an accuracy-vs-time plot (PNG) and JSON beside ``--out``.
 
 Learning rates: ``--sweep`` runs every system at each rate of its grid on the first mix with a
-seed kept apart from the measured ones (100) and picks the rate that reaches the target soonest
-(else the best accuracy at the budget); the measuring run takes them from ``--lrs`` (that
-sweep's JSON), else from :data:`SWEPT_LRS`, which records the last sweep's choice.
+seed kept apart from the measured ones (100); the measuring run gives each system the rate of
+its best sweep run over every ``--lrs`` file (a sweep may be run in parts, e.g. a wider grid
+where a rate won at the grid's edge): the one that reached the target soonest, else the best
+accuracy at the budget. Without ``--lrs`` the rates are :data:`SWEPT_LRS`, the last sweep's.
 """
 
 from __future__ import annotations
@@ -107,7 +108,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--step-time", type=float, default=None, help="seconds of a 1× step (default 0.05)")
     parser.add_argument("--snapshot-seconds", type=float, default=None, help="default 2 (0.5 for --smoke)")
     parser.add_argument("--target", type=float, default=None, help="test accuracy to reach (default 0.88)")
-    parser.add_argument("--lrs", type=Path, default=None, help="a sweep's JSON to take learning rates from")
+    parser.add_argument(
+        "--lrs", default=None, help="comma-separated sweep JSON files: each system takes its best run's rate over all"
+    )
+    parser.add_argument("--grid", default=None, help="--sweep: comma-separated rates instead of each system's grid")
     parser.add_argument("--out", type=Path, default=None)
     return parser
 
@@ -152,14 +156,32 @@ def _check(parser: argparse.ArgumentParser, mixes: Sequence[str], systems: Seque
             parser.error(str(error))
 
 
+def _sweep_order(run: dict[str, Any]) -> tuple[bool, float, float]:
+    """Soonest at the target first; among runs that never reached it, the best accuracy at the budget."""
+    reached = run["time_to_target"]
+    return (reached is None, reached or 0.0, -float(run["accuracy_at_budget"]))
+
+
+def choose_lrs(sweeps: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per system, the rate of its best run over every sweep given (a sweep may be run in parts)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for sweep_results in sweeps:
+        for run in sweep_results["runs"]:
+            runs.setdefault(run["system"], []).append(run)
+    return {system: float(min(tried, key=_sweep_order)["lr"]) for system, tried in runs.items()}
+
+
 def _learning_rates(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, float]:
     if args.lrs is None:
         return dict(SWEPT_LRS)
-    try:
-        chosen = json.loads(args.lrs.read_text())["chosen_lrs"]
-    except (OSError, ValueError, KeyError) as error:
-        parser.error(f"--lrs {args.lrs}: not a sweep's results file ({error})")
-    return {**SWEPT_LRS, **{str(k): float(v) for k, v in chosen.items()}}
+    sweeps = []
+    for name in args.lrs.split(","):
+        try:
+            sweeps.append(json.loads(Path(name).read_text()))
+            sweeps[-1]["runs"]
+        except (OSError, ValueError, KeyError) as error:
+            parser.error(f"--lrs {name}: not a sweep's results file ({error})")
+    return {**SWEPT_LRS, **choose_lrs(sweeps)}
 
 
 def _line(console: Console, result: RunResult) -> None:
@@ -172,21 +194,25 @@ def _line(console: Console, result: RunResult) -> None:
     )
 
 
-def sweep(settings: RaceSettings, mix: str, systems: Sequence[str], log_dir: Path, console: Console) -> dict[str, Any]:
+def sweep(
+    settings: RaceSettings,
+    mix: str,
+    systems: Sequence[str],
+    grid: Sequence[float] | None,
+    log_dir: Path,
+    console: Console,
+) -> dict[str, Any]:
+    """Every system at each rate of its grid (or of ``grid``) on ``mix``, seed :data:`SWEEP_SEED`."""
     task = load_task(settings.task, settings.data_dir)
-    runs: list[RunResult] = []
-    chosen: dict[str, float] = {}
+    runs: list[dict[str, Any]] = []
     for name in systems:
         system = SYSTEMS[name]
-        tried = []
-        for lr in lr_grid(system):
+        for lr in grid or lr_grid(system):
             result = run_once(system, lr, parse_mix(mix), SWEEP_SEED, settings, task, log_dir / f"sweep-{name}-{lr:g}")
             _line(console, result)
-            runs.append(result)
-            tried.append(result)
-        best = min(tried, key=lambda r: (r.time_to_target is None, r.time_to_target or 0.0, -r.accuracy_at_budget))
-        chosen[name] = best.lr
-    return {"chosen_lrs": chosen, "mix": mix, "seed": SWEEP_SEED, "runs": [asdict(r) for r in runs]}
+            runs.append(asdict(result))
+    results = {"mix": mix, "seed": SWEEP_SEED, "runs": runs}
+    return results | {"chosen_lrs": choose_lrs([results])}
 
 
 def measure(
@@ -230,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seeds": seeds,
     }
     if args.sweep:
-        results |= sweep(settings, mixes[0], systems, log_dir, console)
+        grid = [float(rate) for rate in args.grid.split(",")] if args.grid else None
+        results |= sweep(settings, mixes[0], systems, grid, log_dir, console)
         console.print(f"chosen learning rates: {results['chosen_lrs']}")
     else:
         lrs = _learning_rates(args, parser)

@@ -11,7 +11,7 @@ import torch
 
 from benchmarks.harness.race import RunResult
 from benchmarks.harness.snapshots import score
-from benchmarks.time_to_accuracy import SWEPT_LRS, SYSTEMS, main, parse_mix
+from benchmarks.time_to_accuracy import SWEPT_LRS, SYSTEMS, choose_lrs, main, parse_mix
 from benchmarks.tta_report import aggregate, targets
 from psworker.tasks import digits
 
@@ -101,3 +101,23 @@ def test_targets_take_the_best_rule_against_ddp_by_median_over_seeds() -> None:
     # 0.89 against DDP's 0.90: a point below, outside the half-point tolerance.
     assert accuracy["measured"] == pytest.approx(-0.01)
     assert not accuracy["pass"]
+
+
+def test_the_chosen_rate_is_the_best_run_over_every_part_of_a_sweep() -> None:
+    def run(system: str, lr: float, reached: float | None, accuracy: float) -> dict[str, object]:
+        return {"system": system, "lr": lr, "time_to_target": reached, "accuracy_at_budget": accuracy}
+
+    first = {"runs": [run("ddp", 0.02, None, 0.85), run("ddp", 0.08, 25.0, 0.89), run("asgd", 0.08, None, 0.86)]}
+    # A second part at a wider rate: DDP gets there sooner at 0.32; asgd's 0.32 never gets there.
+    second = {"runs": [run("ddp", 0.32, 20.0, 0.88), run("asgd", 0.32, None, 0.80)]}
+    assert choose_lrs([first, second]) == {"ddp": 0.32, "asgd": 0.08}
+    assert choose_lrs([first]) == {"ddp": 0.08, "asgd": 0.08}
+
+
+def test_a_file_that_is_not_a_sweep_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text("{}")
+    with pytest.raises(SystemExit) as exited:
+        main(["--smoke", "--lrs", str(bogus)])
+    assert exited.value.code == 2
+    assert "not a sweep's results file" in capsys.readouterr().err
