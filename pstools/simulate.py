@@ -215,6 +215,7 @@ class Simulation:
         self.histogram[tau] += 1
         if self.config.record_pushes:
             self.pushes.append((self.now, worker.rank, tau))
+        worker.stats.steps_pushed = worker.stats.steps
         worker.stats.local_steps = int(outcome.telemetry.get("local_steps", 0.0))
         for key, value in outcome.telemetry.items():
             if key != "staleness" and math.isfinite(value):
