@@ -15,6 +15,8 @@ from psserver.core.rules.options import RuleOptionError, RuleOptions, option
 
 # The reference speeds DyLU can scale by (``dylu_ref``).
 DYLU_REFERENCES = ("max", "p90")
+# DyLU's options: the server's alone (the worker learns its steps from each push reply).
+DYLU_OPTIONS = frozenset({"dylu", "dylu_min", "dylu_ref"})
 
 
 @dataclass(frozen=True)
@@ -35,3 +37,7 @@ class WindowedOptions(RuleOptions):
             raise RuleOptionError(
                 f"option dylu_min={self.dylu_min} is out of range: 1 <= dylu_min <= window = {self.window}"
             )
+
+    def procedure_strings(self) -> dict[str, str]:
+        """The options the worker procedure is sent: all but DyLU's, whose result comes with every push reply."""
+        return {name: text for name, text in self.as_strings().items() if name not in DYLU_OPTIONS}

@@ -42,4 +42,4 @@ class Agn(UpdateRule[AgnOptions]):
         return {"scale": 1.0}
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()

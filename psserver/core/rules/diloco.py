@@ -96,7 +96,7 @@ class _OuterRule(UpdateRule[OuterT]):
         self.momentum = torch.zeros(length)
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"momentum": self.momentum}

@@ -39,4 +39,4 @@ class Downpour(UpdateRule[DownpourOptions]):
         return {"scale": 1.0}
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()

@@ -46,4 +46,4 @@ class DynSgd(UpdateRule[DynSgdOptions]):
         return {"scale": scale}
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()

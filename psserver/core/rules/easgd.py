@@ -56,7 +56,7 @@ class Easgd(UpdateRule[EasgdOptions]):
         return {"scale": 1.0}
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()
 
 
 @dataclass(frozen=True)

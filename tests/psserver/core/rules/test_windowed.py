@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
-from psserver.core.rules._windowed import WindowedOptions
+from psserver.core.rules._windowed import DYLU_OPTIONS, WindowedOptions
 
 WINDOWED = ("agn", "diloco", "diloco-dn", "downpour", "dynsgd", "eamsgd", "easgd")
 
@@ -19,6 +19,9 @@ def test_every_windowed_rule_takes_dylu_off_by_default() -> None:
         assert (options.dylu, options.dylu_min, options.dylu_ref) == (False, 1, "max")
         on = RuleSpec.parse(name, {"dylu": "true", "dylu_min": "2", "dylu_ref": "p90"}).options
         assert isinstance(on, WindowedOptions) and (on.dylu, on.dylu_min, on.dylu_ref) == (True, 2, "p90")
+        # The worker is told its steps in every push reply, not DyLU's options.
+        sent = RuleSpec.parse(name, {"dylu": "true"}).build(6).procedure_options()
+        assert "window" in sent and not DYLU_OPTIONS & set(sent)
 
 
 @pytest.mark.parametrize("rule", sorted(set(RULES) - set(WINDOWED)))
