@@ -17,7 +17,14 @@ from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from pstools.inprocess import InProcessService
 from psworker.binding import ModelBinding
-from psworker.procedures import Procedure, StepOutcome, assigned_window, build_procedure
+from psworker.procedures import (
+    EasgdProcedure,
+    Procedure,
+    StepOutcome,
+    WindowedDeltaProcedure,
+    assigned_window,
+    build_procedure,
+)
 from psworker.service import PushResult
 from tests.psserver.core.rules.conftest import INITIAL, LAYOUT
 
@@ -68,7 +75,7 @@ def test_the_slow_worker_follows_the_window_the_shard_assigns(rule: str) -> None
     assert taken == 8 and outcome.telemetry["local_steps"] == 8.0
     taken, outcome = cluster.run_window(slow, 4.0, 32.0)
     assert taken == 8 and outcome.telemetry["local_steps"] == 2.0  # floor(0.25 / 1 × 8)
-    assert getattr(slow, "window") == 2
+    assert isinstance(slow, (WindowedDeltaProcedure, EasgdProcedure)) and slow.window == 2
     # The slow worker now pushes after 2 steps, and keeps being assigned 2.
     taken, outcome = cluster.run_window(slow, 4.0, 64.0)
     assert taken == 2 and outcome.telemetry["local_steps"] == 2.0
