@@ -141,6 +141,12 @@ class ShardMetrics:
             _WORKER,
             registry=r,
         )
+        self.local_steps = Gauge(
+            "hetps_worker_local_steps",
+            "DyLU: local steps assigned to the worker's next window, from its measured speed (rules with dylu=true)",
+            _WORKER,
+            registry=r,
+        )
 
         # Per shard.
         self.clock = Gauge("hetps_clock", "The shard's clock: updates applied to its parameters", ["shard"], registry=r)
@@ -161,6 +167,12 @@ class ShardMetrics:
             "hetps_snapshots_dropped_total",
             "Parameter versions (snapshots) dropped to stay under --snapshot-memory-mb; a push computed on one "
             "is applied with a gap of zero (snapshot_missing)",
+            ["shard"],
+            registry=r,
+        )
+        self.momentum_steps = Counter(
+            "hetps_momentum_steps_total",
+            "Pushes that closed a Delayed Nesterov period and updated the outer momentum (diloco-dn)",
             ["shard"],
             registry=r,
         )
@@ -191,6 +203,7 @@ class ShardMetrics:
         self.joins.labels(self.shard)
         self.evictions.labels(self.shard)
         self.snapshots_dropped.labels(self.shard)
+        self.momentum_steps.labels(self.shard)
         self.apply_seconds.labels(self.shard)
         for role in ("worker", "observer"):
             self.active_workers.labels(self.shard, role).set(0)
@@ -253,6 +266,10 @@ class ShardMetrics:
         scale = outcome.telemetry.get("scale")
         if scale is not None and math.isfinite(scale):
             self.scale.labels(*labels).observe(scale)
+        if outcome.local_steps > 0:
+            self.local_steps.labels(*labels).set(outcome.local_steps)
+        if outcome.telemetry.get("momentum_step") == 1.0:
+            self.momentum_steps.labels(self.shard).inc()
 
     def push_duplicate(self, worker: WorkerRecord) -> None:
         if self._alive(worker):
@@ -330,6 +347,7 @@ class ShardMetrics:
             self.sent_bytes,
             self.compute_seconds,
             self.samples_per_second,
+            self.local_steps,
         )
 
 

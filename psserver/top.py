@@ -1,7 +1,8 @@
 """``psserver top``: a live terminal view of running shards, refreshed in place from their Status RPC.
 
 One row per worker and shard: its speed (from its heartbeats), how many pushes it makes, how
-stale they are and what the rule did to them (gap, applied scale). Above it, one row per
+stale they are, what the rule did to them (gap, applied scale) and, under DyLU, the local steps
+``H`` assigned to its next window. Above it, one row per
 shard: clock, clock rate, workers and rejected requests by reason. Rates are the change
 between two refreshes. A shard that does not answer shows its error and is asked again at
 the next refresh; Ctrl-C quits.
@@ -183,6 +184,7 @@ def _worker_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
                     "τ max": str(w.max_staleness),
                     "gap": _number(w.last_telemetry.get("gap"), ".3f"),
                     "penalty": _number(w.last_telemetry.get("scale"), ".3f"),
+                    "H": _number(w.last_telemetry.get("local_steps"), ".0f"),
                 }
             rows.append(row)
     return rows
@@ -225,6 +227,7 @@ def render(views: Sequence[ShardView], interval_s: float, width: int = _WIDE_COL
         "τ max",
         "gap",
         "penalty",
+        "H",
         "seen",
     )
     return Group(

@@ -97,13 +97,14 @@ def simulate_command(
     except IdxError as error:
         raise DataFileError(str(error)) from None
     console = Console()
-    table = Table("worker", "slowdown", "steps", "pushes", "staleness mean", "staleness max")
+    table = Table("worker", "slowdown", "steps", "pushes", "steps/push", "staleness mean", "staleness max")
     for w in result.workers:
         table.add_row(
             f"sim-{w.rank}",
             f"{w.slowdown:g}×",
             str(w.steps),
             str(w.pushes),
+            f"{w.steps_per_push:.1f}",
             f"{w.mean_staleness:.2f}",
             str(w.max_staleness),
         )

@@ -153,10 +153,18 @@ class WorkerStats:
     staleness_sum: int = 0
     max_staleness: int = 0
     parked_s: float = 0.0
+    # Steps up to the worker's last push (the steps of a window still open are not pushed yet).
+    steps_pushed: int = 0
+    # DyLU: the local steps the shard assigned with the worker's last push (0: none assigned).
+    local_steps: int = 0
 
     @property
     def mean_staleness(self) -> float:
         return self.staleness_sum / self.pushes if self.pushes else 0.0
+
+    @property
+    def steps_per_push(self) -> float:
+        return self.steps_pushed / self.pushes if self.pushes else 0.0
 
 
 @dataclass
@@ -188,5 +196,6 @@ class SimResult:
         data["mean_staleness"] = self.mean_staleness
         for stats in data["workers"]:
             stats["mean_staleness"] = stats["staleness_sum"] / stats["pushes"] if stats["pushes"] else 0.0
+            stats["steps_per_push"] = stats["steps_pushed"] / stats["pushes"] if stats["pushes"] else 0.0
         data["staleness_histogram"] = {str(k): v for k, v in sorted(self.staleness_histogram.items())}
         return data

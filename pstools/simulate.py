@@ -15,8 +15,12 @@ crosses a network: an event queue orders the workers' steps by virtual time.
   real gradient computed at clock ``c`` is applied at clock ``c + D`` (a FIFO of ``D``).
 - SSP: a worker whose pull the shard would hold (``ssp_must_wait``) is parked and pulls
   again, with the shard's own pull, once a push by another worker releases it.
-- BSP: a round takes the slowest worker's time; the workers' pushes go through the shard's
-  BSP barrier (each non-last push waits on a helper thread, started in rank order).
+- BSP: each worker runs its steps up to its next push (one step, or a window of local steps:
+  synchronous DiLoCo is ``diloco`` under BSP); the round takes the slowest worker's time, and
+  the pushes go through the shard's BSP barrier (each non-last push waits on a helper thread,
+  started in rank order).
+- DyLU (``dylu=true``): the shard measures each worker's local steps per virtual second from its
+  pushes and assigns its next window, which the real procedure follows.
 
 Everything is deterministic for a seed: batches, step times and the order of events.
 """
@@ -30,7 +34,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ import torch
 
 from psserver.core.consistency import Consistency, ConsistencyModel, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.local_steps import dylu_refusal
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from pstools.inprocess import InProcessService
@@ -100,10 +105,14 @@ class Simulation:
         self._validate()
         self.task = task or sim_task(config.task, Path(config.data_dir) if config.data_dir else None)
         consistency = Consistency(ConsistencyModel(config.consistency), config.ssp_bound)
+        spec = RuleSpec.parse(config.rule, dict(config.options))
+        refusal = dylu_refusal(spec.options, consistency.model)
+        if refusal is not None:
+            raise SimulationError(refusal)
         self.now = 0.0
         self.shard = Shard(
             ShardConfig(
-                RuleSpec.parse(config.rule, dict(config.options)),
+                spec,
                 lease_seconds=_NEVER_S,
                 consistency=consistency,
                 reservation_seconds=_NEVER_S,
@@ -114,8 +123,8 @@ class Simulation:
         count = config.delay + 1 if config.delay is not None else config.workers
         speeds = SpeedModel("constant", step_s=config.speeds.step_s) if config.delay is not None else config.speeds
         self.workers = [self._make_worker(rank, speeds) for rank in range(count)]
-        if self.workers[0].procedure.name != "gradient" and config.consistency == "bsp":
-            raise SimulationError("BSP is simulated for rules whose worker procedure is 'gradient'")
+        if self.workers[0].procedure.name in {"easgd", "gem"} and config.consistency == "bsp":
+            raise SimulationError("BSP is simulated for the gradient, delta, agn and diloco procedures")
         if self.workers[0].procedure.name not in {"gradient", "delta", "agn"} and config.consistency == "ssp":
             raise SimulationError("SSP is simulated for the gradient, delta and agn procedures")
         if self.workers[0].procedure.name != "gradient" and config.delay is not None:
@@ -206,6 +215,8 @@ class Simulation:
         self.histogram[tau] += 1
         if self.config.record_pushes:
             self.pushes.append((self.now, worker.rank, tau))
+        worker.stats.steps_pushed = worker.stats.steps
+        worker.stats.local_steps = int(outcome.telemetry.get("local_steps", 0.0))
         for key, value in outcome.telemetry.items():
             if key != "staleness" and math.isfinite(value):
                 self.telemetry_sum[key] = self.telemetry_sum.get(key, 0.0) + value
@@ -318,41 +329,58 @@ class Simulation:
 
     def _run_bsp(self) -> None:
         while not self._done():
-            self.now += max(worker.duration() for worker in self.workers)
-            losses = [self._compute(worker) for worker in self.workers]
-            outcomes: list[StepOutcome | BaseException | None] = [None] * len(self.workers)
-            threads = []
-            for index, (worker, loss) in enumerate(zip(self.workers, losses, strict=True)):
-
-                def step(
-                    index: int = index,
-                    worker: _Worker = worker,
-                    loss: float = loss,
-                    outcomes: list[StepOutcome | BaseException | None] = outcomes,
-                ) -> None:
-                    try:
-                        outcomes[index] = worker.procedure.step(loss)
-                    except BaseException as error:  # handed to the main thread
-                        outcomes[index] = error
-
-                thread = threading.Thread(target=step, daemon=True)
+            rounds = [_BspTurn() for _ in self.workers]
+            threads: list[threading.Thread] = []
+            for worker, turn in zip(self.workers, rounds, strict=True):
+                thread = threading.Thread(target=self._bsp_turn, args=(worker, turn), daemon=True)
                 thread.start()
                 threads.append(thread)
                 record = self.shard.workers[worker.client.worker_id]
                 # The next worker pushes only once this one waits at the barrier: a fixed order of sums.
                 while thread.is_alive() and not record.waiting:
                     time.sleep(0)
+                if turn.error is not None:
+                    break
+            failed = next((turn.error for turn in rounds if turn.error is not None), None)
+            if failed is not None:
+                # Whoever has not pushed leaves, so the round ends and the waiting helpers return.
+                for worker in self.workers:
+                    if not self.shard.workers[worker.client.worker_id].waiting:
+                        self.shard.leave(worker.client.worker_id)
             for thread in threads:
                 thread.join()
-            for worker, loss, outcome in zip(self.workers, losses, outcomes, strict=True):
-                if isinstance(outcome, ShardError) and outcome.kind is ErrorKind.NON_FINITE:
-                    raise _DivergedError
-                if isinstance(outcome, BaseException):
-                    raise outcome
-                assert outcome is not None
-                self._count_step(worker, loss)
-                self._record_push(worker, outcome)
+            if isinstance(failed, ShardError) and failed.kind is ErrorKind.NON_FINITE:
+                raise _DivergedError
+            if failed is not None:
+                raise failed
+            self.now += max(turn.seconds for turn in rounds)
+            for worker, turn in zip(self.workers, rounds, strict=True):
+                for loss in turn.losses:
+                    self._count_step(worker, loss)
+                assert turn.outcome is not None
+                self._record_push(worker, turn.outcome)
             self._maybe_evaluate()
+
+    def _bsp_turn(self, worker: _Worker, turn: _BspTurn) -> None:
+        """One worker's part of a BSP round (on a helper thread): its steps up to and with its push."""
+        try:
+            while turn.outcome is None or not turn.outcome.pushed:
+                turn.seconds += worker.duration()
+                loss = self._compute(worker)
+                turn.losses.append(loss)
+                turn.outcome = worker.procedure.step(loss)
+        except BaseException as error:  # handed to the main thread
+            turn.error = error
+
+
+@dataclass
+class _BspTurn:
+    """What one worker did in a BSP round: its virtual seconds, losses and the push's outcome."""
+
+    seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    outcome: StepOutcome | None = None
+    error: BaseException | None = None
 
 
 def simulate(config: SimConfig, task: Task | None = None) -> SimResult:

@@ -412,7 +412,7 @@ class PSClient:
         if pull_into is None:
             timeout = self._held_deadline(session, self.wire_dtype)
             reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)
-            return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry))
+            return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry), reply.local_steps)
         timeout = self._held_deadline(session, self.wire_dtype, self.wire_dtype)
         replies = iter(session.data.push_pull(requests, timeout=timeout, metadata=self._metadata))
         first = next(replies)
@@ -422,7 +422,7 @@ class PSClient:
         clock = receive_params(params, pull_into[session.range.offset : session.range.end])
         self.pulled_clocks[session.range.index] = clock
         self._observe_clock(session.range.index, clock)
-        return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry))
+        return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry), first.local_steps)
 
     def _held_deadline(self, session: ShardSession, *wire_dtypes: int) -> float:
         """A call the shard may hold back (SSP, a BSP barrier, a GEM reservation), moving the shard's

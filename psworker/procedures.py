@@ -48,6 +48,7 @@ __all__ = [
     "ProcedureError",
     "StepOutcome",
     "WindowedDeltaProcedure",
+    "assigned_window",
     "build_procedure",
     "procedure_class",
 ]
@@ -61,6 +62,13 @@ class StepOutcome:
     pushed: bool
     staleness: int = 0
     telemetry: dict[str, float] = field(default_factory=dict)
+
+
+def assigned_window(results: list[PushResult]) -> int | None:
+    """DyLU: the local steps the shards assign to the next window, None when none does. Shards time
+    the same pushes and agree but for jitter; the fewest keeps a slow worker from holding anyone up."""
+    assigned = [r.local_steps for r in results if r.local_steps > 0]
+    return min(assigned) if assigned else None
 
 
 def _summarise(results: list[PushResult]) -> tuple[int, dict[str, float]]:
@@ -127,7 +135,7 @@ class WindowedDeltaProcedure(Procedure[DeltaOptions]):
     DOWNPOUR and DynSGD push it as is, after local SGD; AGN (``normalize``) divides it by the
     steps done, so a final partial window pushes ``a / steps_done``. Local optimizer state
     persists across windows; after each push the model is overwritten with the pulled parameters.
-    ``window`` is read at every step, so the length of the next window may be changed after a push.
+    ``window`` is read at every step: a push reply that assigns local steps (DyLU) sets the next one.
     """
 
     name = "delta"
@@ -179,6 +187,7 @@ class WindowedDeltaProcedure(Procedure[DeltaOptions]):
         self.binding.scatter_params()
         self.window_start.copy_(self.binding.params)
         self.steps_done = 0
+        self.window = assigned_window(results) or self.window
         staleness, telemetry = _summarise(results)
         return StepOutcome(loss, True, staleness, telemetry)
 
@@ -222,7 +231,8 @@ class EasgdProcedure(Procedure[EasgdOptions]):
 
     Local SGD (Nesterov momentum δ for EAMSGD); every ``λ`` steps: pull the centre ``x̃``,
     ``E = α (x − x̃)`` with ``α = η ρ``, ``x ← x − E``, push ``E`` (the server adds it to the centre).
-    The worker never overwrites its own parameters with the centre.
+    The worker never overwrites its own parameters with the centre. A push reply that assigns
+    local steps (DyLU) sets the length of the next window.
     """
 
     name = "easgd"
@@ -248,14 +258,16 @@ class EasgdProcedure(Procedure[EasgdOptions]):
     def step(self, loss: float) -> StepOutcome:
         self.optimizer.step()
         self.steps_done += 1
-        if self.steps_done % self.window:
+        if self.steps_done < self.window:
             return StepOutcome(loss, False)
         self.client.pull(self.centre)
         local = self.binding.gather_params()
         torch.sub(local, self.centre, out=self.elastic).mul_(self.alpha)
         local.sub_(self.elastic)
         self.binding.scatter_params()
-        results = self.client.push(self.elastic, ps_pb2.PAYLOAD_KIND_DELTA)
+        results = self.client.push(self.elastic, ps_pb2.PAYLOAD_KIND_DELTA, {"steps_done": float(self.steps_done)})
+        self.steps_done = 0
+        self.window = assigned_window(results) or self.window
         staleness, telemetry = _summarise(results)
         return StepOutcome(loss, True, staleness, telemetry)
 

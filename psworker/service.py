@@ -28,6 +28,8 @@ class PushResult:
     staleness: int
     duplicate: bool
     telemetry: dict[str, float]
+    # DyLU: the local steps the shard assigns to this worker's next window; 0 when it assigns none.
+    local_steps: int = 0
 
 
 class ParameterService(Protocol):

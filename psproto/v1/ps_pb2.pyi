@@ -601,12 +601,17 @@ class PushResponse(_message.Message):
     STALENESS_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
     TELEMETRY_FIELD_NUMBER: _builtins.int
+    LOCAL_STEPS_FIELD_NUMBER: _builtins.int
     clock: _builtins.int
     """The shard's clock after this push."""
     staleness: _builtins.int
     """tau = t - base_clock at the moment the push was applied."""
     duplicate: _builtins.bool
     """True when this push id had already been applied: acknowledged, not applied again."""
+    local_steps: _builtins.int
+    """DyLU (rule option dylu=true): the local steps this worker takes in its next window,
+    assigned from its measured speed. 0: no assignment, keep the rule's window.
+    """
     @_builtins.property
     def telemetry(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """The rule's telemetry: "scale", "gap", ... (docs/rules.md)."""
@@ -618,10 +623,11 @@ class PushResponse(_message.Message):
         staleness: _builtins.int = ...,
         duplicate: _builtins.bool = ...,
         telemetry: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        local_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clock", b"clock", "duplicate", b"duplicate", "staleness", b"staleness", "telemetry", b"telemetry"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clock", b"clock", "duplicate", b"duplicate", "local_steps", b"local_steps", "staleness", b"staleness", "telemetry", b"telemetry"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -113,6 +113,8 @@ class PendingPush:
     bytes_received: int = 0
     # When the header or the last chunk arrived (the idle limit counts from it).
     last_chunk_at: float = 0.0
+    # When the header arrived: the worker's local steps ended then (DyLU's speed, ``local_steps``).
+    opened_at: float = 0.0
     # When the push began to hold a receive buffer (a replay: its first chunk); the pace counts from it.
     receiving_since: float | None = None
     # Waiting for a receive buffer: the server's wait, not the client's, so not watched meanwhile.
@@ -195,7 +197,7 @@ class PushReceiver:
             cancel,
             abandoned,
         )
-        now = pending.last_chunk_at = self.now()
+        now = pending.last_chunk_at = pending.opened_at = self.now()
         with self._lock:
             back_at = self._sitting_out.get(worker.name, now)
             if back_at <= now:

@@ -6,14 +6,14 @@ component owns its state and its job:
 
 - ``model.Model``: the layout, the fp32 parameters, the rule and its state, the clock, Init;
 - ``membership.Membership``: worker records, leases, eviction, push-id memories per name;
+- ``local_steps.LocalSteps``: DyLU, the workers' speeds and the local steps each push reply assigns;
 - ``admission`` (SSP waits, GEM reservations, routing, pull sharing) and
   ``bsp_round.BspBarrier`` (the BSP round): pure decisions the shard acts on;
 - ``request_checks``: every refusal of a request's header, as a decision;
 - ``receiving.PushReceiver``: pending pushes, their buffers, ending slow pushes and streams;
 - ``pull_versions.PullVersions``: the versions handed to pulls, one per clock and form, with
   the wire encoder injected by the transport (the core never builds wire bytes);
-- ``shard_state``: the checkpoint form (``state_dict`` / ``load_state_dict``);
-- ``refusals.Refusals``: every refusal counted and raised as a ``ShardError``;
+- ``shard_state``: the checkpoint form; ``refusals.Refusals``: every refusal counted and raised;
 - ``observer.Observers``: the one hook mechanism (metrics; checkpoints via ``subscribe``);
 - ``status``: what the shard reports, as immutable snapshots (``status()``).
 
@@ -48,6 +48,7 @@ from psserver.core.admission import NO_RESERVATION, PushRoute
 from psserver.core.bsp_round import BspBarrier
 from psserver.core.config import ShardConfig
 from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.local_steps import LocalSteps
 from psserver.core.membership import Membership
 from psserver.core.model import Model
 from psserver.core.observer import NullObserver, Observers, ShardObserver
@@ -100,6 +101,7 @@ class Shard:
         self._receiver = PushReceiver(self._refusals, clock_source, config)
         self._versions = PullVersions(config.chunk_bytes, config.pull_versions)
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
+        self._local_steps = LocalSteps.of(config)
         self._model = Model(config, self._refusals, self.snapshots, self._versions.freeze_before_update)
         self.started = self._now()
         self._barrier = BspBarrier()
@@ -192,9 +194,6 @@ class Shard:
     def worker_snapshot(self) -> list[WorkerRecord]:
         with self._lock:
             return list(self._membership)
-
-    def uptime_seconds(self) -> float:
-        return self._now() - self.started
 
     # -- Init ---------------------------------------------------------------------------
 
@@ -397,6 +396,7 @@ class Shard:
         self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), pending.abandoned)
         self._reservation = self._reservation.released_by(worker.worker_id)
         outcome = self._apply(worker, update, pending.kind, pending.base_clock, pending.metadata)
+        self._local_steps.assign(worker, outcome, pending, self._now(), self._membership.live())
         worker.record_push(pending.push_id, outcome)
         self.observer.push_applied(worker, outcome)
         worker.ssp_clock += 1

@@ -25,6 +25,11 @@ class PushOutcome:
     telemetry: dict[str, float]
     duplicate: bool = False
 
+    @property
+    def local_steps(self) -> int:
+        """DyLU's assignment for the worker's next window (``psserver.core.local_steps``); 0 when none."""
+        return int(self.telemetry.get("local_steps", 0.0))
+
 
 @dataclass
 class PushMemory:

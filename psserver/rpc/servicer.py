@@ -125,7 +125,11 @@ def _rule_info(spec: RuleSpec, procedure_options: Mapping[str, str]) -> ps_pb2.R
 
 def _push_response(outcome: PushOutcome) -> ps_pb2.PushResponse:
     return ps_pb2.PushResponse(
-        clock=outcome.clock, staleness=outcome.staleness, duplicate=outcome.duplicate, telemetry=outcome.telemetry
+        clock=outcome.clock,
+        staleness=outcome.staleness,
+        duplicate=outcome.duplicate,
+        telemetry=outcome.telemetry,
+        local_steps=outcome.local_steps,
     )
 
 

@@ -39,10 +39,11 @@ needs_prometheus = pytest.mark.skipif(
 )
 
 # Dashboard queries that have nothing to show in this cluster: no checkpoints, ASGD measures no
-# gap, and no joined worker is refused.
+# gap and assigns no local steps (DyLU), and no joined worker is refused.
 MAY_BE_EMPTY = {
     "Checkpoint age / A",
     "Mean gap per worker / A",
+    "Local steps assigned per worker (DyLU) / A",
     "Rejected requests by reason / B",
 }
 

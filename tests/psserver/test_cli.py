@@ -42,6 +42,12 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         (["--receive-window", "1.5MiB"], "give 'auto' or a whole number of bytes, KiB, MiB or GiB"),
         (["--receive-window", "large"], "--receive-window"),
         (["--ready-file", "/nonexistent/folder/ready.json"], "its folder /nonexistent/folder does not exist"),
+        (["--rule", "sa", "--rule-opt", "dylu=true"], "option dylu (DyLU) needs a windowed rule"),
+        (["--rule", "diloco", "--rule-opt", "dylu_min=0"], "option dylu_min=0 is out of range"),
+        (
+            ["--rule", "diloco-dn", "--rule-opt", "dylu=true", "--consistency", "bsp"],
+            "DyLU (dylu=true) is for asynchronous training",
+        ),
     ],
 )
 def test_serve_refuses_bad_configuration_with_exit_2(args: list[str], message: str) -> None:

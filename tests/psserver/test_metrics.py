@@ -118,6 +118,35 @@ def test_gap_and_scale_come_from_the_rules_telemetry(shard: Shard, metrics: Shar
     assert value(metrics, "hetps_push_gap_count", worker="slow") is None
 
 
+def test_dylus_assigned_local_steps_per_worker_and_dns_momentum_updates(
+    metrics: ShardMetrics, time_source: FakeTime
+) -> None:
+    # A real shard running diloco-dn with DyLU: the fast worker pushes every 4 s, the slow one every 16 s.
+    config = ShardConfig(RuleSpec.parse("diloco-dn", {"window": "8", "dylu": "true", "period": "2"}))
+    shard = Shard(config, clock_source=time_source, observer=metrics)
+    fast = shard.join("fast", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    slow = shard.join("slow", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    assembler = shard.begin_upload(fast, LAYOUT.hash)
+    for chunk in codec.encode(torch.zeros(shard.params.numel())):
+        shard.decode_chunk(assembler, chunk)
+    shard.finish_upload(assembler)
+    assert value(metrics, "hetps_worker_local_steps", worker="fast") is None  # nothing assigned yet
+    assert value(metrics, "hetps_momentum_steps_total") == 0
+    start = time_source.now
+    for push_id, (worker_id, at) in enumerate([(fast, 0.0), (slow, 0.0), (fast, 4.0), (slow, 16.0)], start=1):
+        time_source.now = start + at
+        shard.pull(worker_id, 0)
+        pending = shard.begin_push(worker_id, push_id, shard.clock, int(PayloadKind.DELTA), LAYOUT.hash, {})
+        for chunk in codec.encode(torch.full((shard.params.numel(),), 0.01)):
+            shard.add_chunk(pending, chunk)
+        shard.commit_push(pending)
+    assert value(metrics, "hetps_worker_local_steps", worker="fast") == 8
+    assert value(metrics, "hetps_worker_local_steps", worker="slow") == 2  # floor(0.5 / 2 × 8)
+    assert value(metrics, "hetps_momentum_steps_total") == 2  # pushes 2 and 4 closed a period of 2
+    shard.leave(slow)
+    assert value(metrics, "hetps_worker_local_steps", worker="slow") is None
+
+
 def test_snapshots_dropped_for_memory_are_counted(metrics: ShardMetrics, time_source: FakeTime) -> None:
     assert value(metrics, "hetps_snapshots_dropped_total") == 0  # exported from the start
     per_version = LAYOUT.total_length * 4

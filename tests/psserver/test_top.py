@@ -85,18 +85,20 @@ def test_the_view_shows_speed_staleness_penalty_and_spread() -> None:
             "gpu-slow": {"samples_per_second": 2000.0, "compute_seconds": 0.016},
         },
     )
+    reply.workers[1].last_telemetry["local_steps"] = 2.0  # DyLU assigned the slow worker 2 local steps
     view = ShardView("127.0.0.1:50051", reply, clock_rate=37.5, push_rates={"gpu-fast": 30.0})
     wide = screen([view], 140)
     assert "speed spread 4.0× (fastest gpu-fast, slowest gpu-slow)" in wide
     assert "unknown_worker 2" in wide and "37.5" in wide and "0:01:15" in wide
     fast_row = next(line for line in wide.splitlines() if line.strip().startswith("gpu-fast"))
     assert fast_row.split() == [
-        "gpu-fast", "cpu", "8,000", "4.0", "ms", "300", "30.0", "300", "4", "1.50", "0", "–", "0.250", "0.0s"
+        "gpu-fast", "cpu", "8,000", "4.0", "ms", "300", "30.0", "300", "4", "1.50", "0", "–", "0.250", "–", "0.0s"
     ]  # fmt: skip
+    assert " H " in next(line for line in wide.splitlines() if "penalty" in line)
     narrow = screen([view], 80)
     assert max(len(line.rstrip()) for line in narrow.splitlines()) <= 80
     slow_row = next(line for line in narrow.splitlines() if line.strip().startswith("gpu-slow"))
-    assert slow_row.split() == ["gpu-slow", "2,000", "75", "–", "4", "1.50", "0", "–", "0.250"]
+    assert slow_row.split() == ["gpu-slow", "2,000", "75", "–", "4", "1.50", "0", "–", "0.250", "2"]
 
 
 # -- the live view, under tmux ----------------------------------------------------------

@@ -17,12 +17,13 @@ from typing import ClassVar
 
 import torch
 
+from psserver.core.rules._windowed import WindowedOptions
 from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
-from psserver.core.rules.options import RuleOptions, option
+from psserver.core.rules.options import option
 
 
 @dataclass(frozen=True)
-class AgnOptions(RuleOptions):
+class AgnOptions(WindowedOptions):
     lr: float = option(0.001, "learning rate of the worker's local optimizer", low=0.0, low_open=True)
     window: int = option(12, "local steps lambda per push", low=1)
     local_optimizer: str = option("adam", "the worker's local optimizer (the paper uses Adam)", choices=("sgd", "adam"))
@@ -41,4 +42,4 @@ class Agn(UpdateRule[AgnOptions]):
         return {"scale": 1.0}
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()

@@ -41,12 +41,13 @@ from typing import ClassVar, TypeVar
 
 import torch
 
+from psserver.core.rules._windowed import WindowedOptions
 from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
-from psserver.core.rules.options import RuleOptionError, RuleOptions, option
+from psserver.core.rules.options import RuleOptionError, option
 
 
 @dataclass(frozen=True)
-class OuterOptions(RuleOptions):
+class OuterOptions(WindowedOptions):
     """What both rules share: the outer step (server) and the local steps (worker)."""
 
     lr: float = option(0.7, "outer learning rate epsilon on the pseudo-gradient g = -delta", low=0.0, low_open=True)
@@ -57,6 +58,7 @@ class OuterOptions(RuleOptions):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.momentum >= 1.0:
             raise RuleOptionError(f"option momentum={self.momentum} is out of range: 0 <= value < 1")
 
@@ -94,7 +96,7 @@ class _OuterRule(UpdateRule[OuterT]):
         self.momentum = torch.zeros(length)
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"momentum": self.momentum}

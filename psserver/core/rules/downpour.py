@@ -15,12 +15,13 @@ from typing import ClassVar
 
 import torch
 
+from psserver.core.rules._windowed import WindowedOptions
 from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
-from psserver.core.rules.options import RuleOptions, option
+from psserver.core.rules.options import option
 
 
 @dataclass(frozen=True)
-class DownpourOptions(RuleOptions):
+class DownpourOptions(WindowedOptions):
     lr: float = option(0.05, "learning rate of the worker's local SGD steps", low=0.0, low_open=True)
     window: int = option(5, "local steps lambda between pushes", low=1)
 
@@ -38,4 +39,4 @@ class Downpour(UpdateRule[DownpourOptions]):
         return {"scale": 1.0}
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()

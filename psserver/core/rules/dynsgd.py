@@ -15,12 +15,13 @@ from typing import ClassVar
 
 import torch
 
+from psserver.core.rules._windowed import WindowedOptions
 from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
-from psserver.core.rules.options import RuleOptions, option
+from psserver.core.rules.options import option
 
 
 @dataclass(frozen=True)
-class DynSgdOptions(RuleOptions):
+class DynSgdOptions(WindowedOptions):
     lr: float = option(
         0.05,
         "learning rate of the worker's local SGD steps (of the server for gradient pushes)",
@@ -45,4 +46,4 @@ class DynSgd(UpdateRule[DynSgdOptions]):
         return {"scale": scale}
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()

@@ -18,12 +18,13 @@ from typing import ClassVar
 
 import torch
 
+from psserver.core.rules._windowed import WindowedOptions
 from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
-from psserver.core.rules.options import RuleOptionError, RuleOptions, option
+from psserver.core.rules.options import RuleOptionError, option
 
 
 @dataclass(frozen=True)
-class EasgdOptions(RuleOptions):
+class EasgdOptions(WindowedOptions):
     lr: float = option(0.05, "learning rate of the worker's local steps", low=0.0, low_open=True)
     rho: float = option(5.0, "elasticity rho; the moving rate is alpha = lr * rho", low=0.0, low_open=True)
     window: int = option(32, "local steps lambda between elastic exchanges", low=1)
@@ -32,6 +33,7 @@ class EasgdOptions(RuleOptions):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.local_momentum >= 1.0:
             raise RuleOptionError(f"option local_momentum={self.local_momentum} is out of range: 0 <= value < 1")
         if self.lr * self.rho > 1.0:
@@ -54,7 +56,7 @@ class Easgd(UpdateRule[EasgdOptions]):
         return {"scale": 1.0}
 
     def procedure_options(self) -> dict[str, str]:
-        return self.options.as_strings()
+        return self.options.procedure_strings()
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,13 @@ class RuleOptions:
         hints = typing.get_type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - set(fields))
+        dylu = [name for name in unknown if name.startswith("dylu")]
+        if dylu and "window" not in fields:
+            # DyLU assigns local steps per window: say so rather than list the valid options.
+            raise RuleOptionError(
+                f"option {dylu[0]} (DyLU) needs a windowed rule, one whose workers take local steps between pushes "
+                "(those with option window, e.g. downpour, agn, easgd, diloco-dn); this rule's workers push every step"
+            )
         if unknown:
             raise RuleOptionError(
                 f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
