@@ -37,6 +37,10 @@ CONFIGS: dict[str, tuple[float, tuple[str, ...], int, tuple[str, ...]]] = {
     "eamsgd": (0.02, ("window=4",), 400, ()),
     "agn": (0.002, ("window=4",), 400, ()),
     "gem": (0.05, (), 600, ()),
+    # Asynchronous DiLoCo lags (the reason Delayed Nesterov exists), so it is tested synchronous:
+    # under BSP a round averages one pseudo-gradient per worker, which is DiLoCo exactly.
+    "diloco": (0.7, ("window=4",), 100, ("--consistency", "bsp")),
+    "diloco-dn": (0.7, ("window=4",), 300, ()),
 }
 CONSISTENCY = {
     # BSP averages one gradient per worker, so its rate is larger.
