@@ -198,7 +198,7 @@ def run_once(
         scored.accuracy_at_budget,
         scored.loss_at_budget,
         samples / settings.budget_seconds,
-        scored.diverged,
+        scored.diverged or any(r.get("diverged", False) for r in reports),
         workers,
         scored.curve,
         time.monotonic() - began,

@@ -16,7 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import grpc
 import torch
+
+from psproto.errors import reason_of
+from psproto.reasons import Reason
 
 
 class StartSignal(Protocol):
@@ -76,10 +80,30 @@ def hetps_worker(
         )
         messages.put(("ready", spec.rank))
         start.wait()
-        summary = train(config, task)
+        try:
+            summary = train(config, task)
+        except grpc.RpcError as error:
+            if reason_of(error) is not Reason.NON_FINITE:
+                raise
+            # The rate is too large: the model diverged and the server refused the NaN. A
+            # result, not a failure of the race (a sweep's largest rates are expected to do this).
+            messages.put(("result", {**_diverged(spec), "batch_size": task.batch_size}))
+            return
         messages.put(("result", {"rank": spec.rank, **asdict(summary), "batch_size": task.batch_size}))
     except BaseException:
         _report_failure(messages, spec)
+
+
+def _diverged(spec: RaceWorker) -> dict[str, Any]:
+    return {
+        "rank": spec.rank,
+        "steps": 0,
+        "pushes": 0,
+        "mean_staleness": 0.0,
+        "max_staleness": 0,
+        "overrun_steps": 0,
+        "diverged": True,
+    }
 
 
 @dataclass(frozen=True)

@@ -121,3 +121,12 @@ def test_a_file_that_is_not_a_sweep_is_refused(tmp_path: Path, capsys: pytest.Ca
         main(["--smoke", "--lrs", str(bogus)])
     assert exited.value.code == 2
     assert "not a sweep's results file" in capsys.readouterr().err
+
+
+def test_a_rate_so_large_that_the_model_diverges_is_a_result_not_a_crash(tmp_path: Path) -> None:
+    from benchmarks.harness.race import RaceSettings, System, run_once
+
+    settings = RaceSettings("digits", None, 0.01, 3.0, 0.5, 0.6)
+    result = run_once(System("asgd", "asgd"), 1e8, [1.0, 2.0], 0, settings, digits(), tmp_path)
+    assert result.diverged
+    assert result.time_to_target is None
