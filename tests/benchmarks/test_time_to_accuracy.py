@@ -11,7 +11,7 @@ import torch
 
 from benchmarks.harness.race import RunResult
 from benchmarks.harness.snapshots import score
-from benchmarks.time_to_accuracy import SWEPT_LRS, SYSTEMS, choose_lrs, main, parse_mix
+from benchmarks.time_to_accuracy import SWEPT_LRS, SYSTEMS, UNSWEPT_LRS, choose_lrs, main, parse_mix
 from benchmarks.tta_report import aggregate, targets
 from psworker.tasks import digits
 
@@ -48,8 +48,9 @@ def test_an_unknown_system_or_a_bad_mix_is_refused(capsys: pytest.CaptureFixture
     assert "every slowdown must be >= 1" in capsys.readouterr().err
 
 
-def test_every_system_has_a_swept_learning_rate() -> None:
-    assert set(SWEPT_LRS) == set(SYSTEMS)
+def test_every_system_has_a_learning_rate_swept_or_named_as_unswept() -> None:
+    assert set(SWEPT_LRS) | set(UNSWEPT_LRS) == set(SYSTEMS)
+    assert not set(SWEPT_LRS) & set(UNSWEPT_LRS)
     assert parse_mix("1:1:2:4") == [1.0, 1.0, 2.0, 4.0]
 
 
