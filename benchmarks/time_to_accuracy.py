@@ -54,8 +54,13 @@ SYSTEMS = {
         System("ormo", "ormo"),
         System("agn", "agn"),
         System("gem", "gem"),
+        # The local-SGD family: synchronous DiLoCo (BSP averages each round's pseudo-gradients),
+        # naive asynchronous DiLoCo, Delayed Nesterov, each async one with and without DyLU.
+        System("diloco-sync", "diloco", "bsp"),
         System("diloco", "diloco"),
+        System("diloco+dylu", "diloco", options=("dylu=true",)),
         System("diloco-dn", "diloco-dn"),
+        System("diloco-dn+dylu", "diloco-dn", options=("dylu=true",)),
     )
 }
 # One grid for every gradient-step system (a factor 4 apart); the DiLoCo rules' rate
@@ -80,8 +85,11 @@ UNSWEPT_LRS: dict[str, float] = {
     "ormo": 0.005,
     "agn": 0.05,
     "gem": 0.05,
+    "diloco-sync": 0.7,
     "diloco": 0.7,
+    "diloco+dylu": 0.7,
     "diloco-dn": 0.7,
+    "diloco-dn+dylu": 0.7,
 }
 MIXES = ("1:1:2:4", "1:1:1:8", "1:1:1:1")
 

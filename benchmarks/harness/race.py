@@ -83,6 +83,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _rank_of(body: Any) -> int:
+    """The rank a message came from: "ready" carries the rank, "result" a dict with it."""
+    return int(body["rank"]) if isinstance(body, dict) else int(body)
+
+
 def _collect(messages: Any, kind: str, count: int, processes: list[Any], timeout: float) -> list[Any]:
     """``count`` messages of ``kind`` ("ready" or "result"); a worker's error or death raises instead."""
     received: list[Any] = []
@@ -91,7 +96,15 @@ def _collect(messages: Any, kind: str, count: int, processes: list[Any], timeout
         try:
             what, body = messages.get(timeout=1.0)
         except queue.Empty:
-            if any(p.exitcode is not None for p in processes) or time.monotonic() > deadline:
+            # A worker that sent its message and ended (e.g. a diverged run stops early) is fine;
+            # one that died, or ended without its message, would leave this wait hanging.
+            reported = {_rank_of(body) for body in received}
+            ended = [
+                rank
+                for rank, p in enumerate(processes)
+                if p.exitcode is not None and (p.exitcode != 0 or rank not in reported)
+            ]
+            if ended or time.monotonic() > deadline:
                 codes = [p.exitcode for p in processes]
                 raise RuntimeError(f"race workers did not report {kind} (exit codes {codes})") from None
             continue
