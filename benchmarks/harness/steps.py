@@ -2,7 +2,9 @@
 
 hetps (``PSClient``), the bare gRPC byte mover (the transport's ceiling) and the
 torch.distributed.rpc peer each implement :class:`StepSystem`, so a measurement times them
-alike and interleaves them step by step.
+alike and interleaves them step by step. ``client_pids`` names the processes besides the
+benchmark's own that do a step's client work (the reference peer's worker,
+``benchmarks.harness.peer_remote``), so their CPU is counted as the client's.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from psworker.client import PSClient
 
 
 class StepSystem(Protocol):
+    client_pids: tuple[int, ...]
+
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None: ...
 
     def close(self) -> None: ...
 
 
 class HetpsStep:
+    client_pids: tuple[int, ...] = ()
+
     def __init__(self, addresses: list[str], layout: Layout, name: str, wire_dtype: str, flat: torch.Tensor) -> None:
         self.client = PSClient(addresses, layout, name=name, wire_dtype=wire_dtype)
         if not self.client.initialized:
@@ -42,6 +48,8 @@ class HetpsStep:
 
 
 class BareStep:
+    client_pids: tuple[int, ...] = ()
+
     def __init__(self, addresses: list[str], layout: Layout, key: str, wire_dtype: str, flat: torch.Tensor) -> None:
         self.client = bare_grpc.BareClient(addresses, layout, key, wire_dtype, codec.DEFAULT_CHUNK_BYTES)
         self.client.init(flat)
@@ -54,6 +62,8 @@ class BareStep:
 
 
 class PeerStep:
+    client_pids: tuple[int, ...] = ()
+
     def __init__(self, key: str, flat: torch.Tensor) -> None:
         self.key = key
         rpc.rpc_sync(torch_rpc_peer.SERVER_NAME, torch_rpc_peer.init_params, args=(key, flat, LR))
