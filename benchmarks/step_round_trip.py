@@ -136,7 +136,7 @@ def start_comparisons(fleet: Fleet) -> Comparisons:
     default = fleet.start_helper(
         "peer-torch-rpc-default", "peer", "benchmarks.harness.torch_rpc_peer", ("--channels", "default")
     )
-    remote = RemoteWorker(default.ready.port, "default", TORCH_THREADS)
+    remote = RemoteWorker(default.ready.port, "default", TORCH_THREADS, default.pid)
     try:
         torch_rpc_peer.connect(peer.ready.port)
     except BaseException:

@@ -15,11 +15,19 @@ reads commands from stdin, one a line, answering each on stdout with ``ok`` or `
 :class:`RemotePeerStep` is its :class:`~benchmarks.harness.steps.StepSystem`: the benchmark
 times the round trip of a ``step`` line, which adds a pipe round trip (tens of microseconds) to
 the peer's step; its client CPU is this process's.
+
+On default channels TensorPipe's threads poll while idle (the server and this worker took about
+a quarter of a core each between steps on the 2-core machine), which would slow every other
+system measured beside them. So both processes are held stopped (SIGSTOP) between commands and
+let go (SIGCONT) only while one runs; the step's time includes their waking.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from typing import IO
@@ -41,7 +49,7 @@ class RemotePeerError(RuntimeError):
 class RemoteWorker:
     """The process that joined the peer's world, and the line protocol to it."""
 
-    def __init__(self, port: int, channels: str, torch_threads: int) -> None:
+    def __init__(self, port: int, channels: str, torch_threads: int, server_pid: int | None = None) -> None:
         command = [sys.executable, "-m", "benchmarks.harness.peer_remote", "--port", str(port)]
         command += ["--channels", channels, "--torch-threads", str(torch_threads)]
         self.process = subprocess.Popen(
@@ -52,12 +60,28 @@ class RemoteWorker:
             cwd=REPO_ROOT,
             env=child_environment(),
         )
+        # Held stopped between commands along with this worker (see the module's docstring).
+        self._held = [pid for pid in (server_pid, self.process.pid) if pid is not None]
 
     @property
     def pid(self) -> int:
         return int(self.process.pid)
 
+    def _signal(self, signal_number: int) -> None:
+        for pid in self._held:
+            with contextlib.suppress(ProcessLookupError):  # exited: ask() reports it
+                os.kill(pid, signal_number)
+
     def ask(self, line: str) -> None:
+        """Run one command, the worker and its server let go only meanwhile; ``ok`` or raise."""
+        self._signal(signal.SIGCONT)
+        try:
+            self._ask(line)
+        finally:
+            if line != "quit":
+                self._signal(signal.SIGSTOP)
+
+    def _ask(self, line: str) -> None:
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
         try:
@@ -70,6 +94,8 @@ class RemoteWorker:
             raise RemotePeerError(f"{line!r}: {answer or f'the remote peer worker exited ({self.process.poll()})'}")
 
     def close(self) -> None:
+        """Let the processes go, quit the worker (its server's graceful shutdown then ends too)."""
+        self._signal(signal.SIGCONT)
         if self.process.poll() is None:
             try:
                 self.ask("quit")
