@@ -26,6 +26,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from torch.distributed import rpc
 from benchmarks.harness import torch_rpc_peer
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.peer_remote import RemotePeerStep, RemoteWorker
-from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, allocator_environment, cpu_of
+from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, allocator_environment, cpu_of, vm_mb
 from benchmarks.harness.report import (
     parse_settings,
     prepare_output,
@@ -49,7 +50,7 @@ from benchmarks.harness.report import (
 )
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.stats import scaled, speed_ratio, summarize
-from benchmarks.harness.steps import BareStep, HetpsStep, PeerStep, StepSystem, time_steps
+from benchmarks.harness.steps import BareStep, HetpsStep, PeerStep, StepSystem, time_steps, warm_up
 from benchmarks.harness.validity import (
     ceiling_check,
     invalidate,
@@ -189,6 +190,7 @@ def measure_steps(
     # (server seconds, client seconds) of CPU over every timed step, per (model, system)
     cpu: dict[tuple[str, str], list[float]] = {}
     pids_of: dict[tuple[str, str], list[int]] = {}
+    warmed: dict[tuple[str, str], int] = {}
     try:
         for model in settings.models:
             shapes = MODELS[model]()
@@ -214,8 +216,9 @@ def measure_steps(
                 per_repeat[(model, spec.name)] = []
                 samples[(model, spec.name)] = []
                 cpu[(model, spec.name)] = [0.0, 0.0]
-        for _, _, system, update, out in runs:
-            time_steps(system, update, out, settings.warmup)
+        for model, spec, system, update, out in runs:
+            processes = [*pids_of[(model, spec.name)], *system.client_pids]
+            warmed[(model, spec.name)] = warm_up(system, update, out, settings.warmup, partial(_rss_mb, processes))
         with console.status("steps") as status:
             for repeat in range(settings.repeats):
                 for model in settings.models:
@@ -240,7 +243,11 @@ def measure_steps(
     finally:
         for _, _, system, _, _ in runs:
             system.close()
-    return step_results(settings, specs, per_repeat, samples, cpu)
+    return step_results(settings, specs, per_repeat, samples, cpu, warmed)
+
+
+def _rss_mb(pids: list[int]) -> float:
+    return sum(vm_mb(pid, "VmRSS") for pid in pids)
 
 
 def step_results(
@@ -249,6 +256,7 @@ def step_results(
     per_repeat: dict[tuple[str, str], list[float]],
     samples: dict[tuple[str, str], list[float]],
     cpu: dict[tuple[str, str], list[float]],
+    warmed: dict[tuple[str, str], int],
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for model in settings.models:
@@ -270,6 +278,7 @@ def step_results(
                 "steps_per_s": 1.0 / median_s,
                 "gb_per_s_each_way": wire_bytes / median_s / 1e9,
                 "repeat_medians_ms": [t * 1e3 for t in repeats],
+                "warmup_steps": warmed[(model, spec.name)],
                 # Means over every timed step: server processes (all shards) and the client process.
                 "cpu_ms_per_step": {
                     "server": server_cpu * 1e3,

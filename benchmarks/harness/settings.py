@@ -18,8 +18,9 @@ class Settings:
 
     models: tuple[str, ...] = ("resnet18", "small")
     repeats: int = 9
-    # Steps of every system before timing. A peer given one step was still 5x slower in its first
-    # repeat (297.7 ms, then 55.8); validity.repeat_spread_check catches one that needs more.
+    # Steps of every system before timing, at least: each then warms on until its processes' memory
+    # holds still (steps.warm_up). A peer given one step was still 5x slower in its first repeat
+    # (297.7 ms, then 55.8); validity.repeat_spread_check catches one that needed more.
     warmup: int = 3
     steps: dict[str, int] = field(default_factory=lambda: {"resnet18": 6, "small": 40, "tiny": 1})
     concurrency: tuple[int, ...] = (1, 4, 16)

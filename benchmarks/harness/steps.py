@@ -10,6 +10,7 @@ benchmark's own that do a step's client work (the reference peer's worker,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -74,6 +75,37 @@ class PeerStep:
 
     def close(self) -> None:
         pass
+
+
+# Warm-up ends once the system's processes held their memory this many steps running...
+STABLE_STEPS = 5
+# ...growing by less than this over each of them (MB of VmRSS, all the processes together)...
+STABLE_GROWTH_MB = 4.0
+# ...or after this many steps in all.
+WARMUP_CAP = 60
+
+
+def warm_up(
+    system: StepSystem, update: torch.Tensor, out: torch.Tensor, minimum: int, rss_mb: Callable[[], float]
+) -> int:
+    """Step ``system`` until it is warm; the number of steps taken.
+
+    Every system gets the same rule: at least ``minimum`` steps, then on until ``rss_mb`` (the
+    resident memory of its server processes and any client process of its own) grew by less
+    than ``STABLE_GROWTH_MB`` on each of ``STABLE_STEPS`` steps running, at most ``WARMUP_CAP``
+    steps. hetps and the bare mover reuse their buffers and are warm in a few steps; the
+    TensorPipe peer grew by one ResNet-18-sized buffer (47 MB) a step for its first ~25 steps,
+    to 1.27 GB, and its steps took up to twice as long (more server CPU, faulting pages in)
+    until it stopped growing."""
+    steps = stable = 0
+    before = rss_mb()
+    while steps < WARMUP_CAP and (steps < minimum or stable < STABLE_STEPS):
+        system.step(update, out)
+        steps += 1
+        after = rss_mb()
+        stable = stable + 1 if after - before < STABLE_GROWTH_MB else 0
+        before = after
+    return steps
 
 
 def time_steps(system: StepSystem, update: torch.Tensor, out: torch.Tensor, count: int) -> list[float]:
