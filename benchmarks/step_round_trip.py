@@ -6,11 +6,17 @@ For a ResNet-18-sized model (11,689,512 fp32 parameters) and a ~100k-parameter m
 worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on the wire); a
 bare gRPC byte mover with the same chunking (``benchmarks.harness.bare_grpc``, the transport's
 ceiling); and a ``torch.distributed.rpc`` parameter server (``benchmarks.harness.torch_rpc_peer``,
-TensorPipe over TCP, fp32). Every server runs in its own process on loopback. Systems are
-interleaved step by step, so ratios compare like with like on a busy machine; around every
-step the CPU time of the system's servers and of this process is read.
+TensorPipe over TCP, fp32), plus, as a reference row only, the same peer on TensorPipe's
+default channels (its worker in a process of its own, ``benchmarks.harness.peer_remote``).
+Every server runs in its own process on loopback, under hetps's allocator settings and torch
+thread count, and every system gets the same warm-up steps. Systems are interleaved step by
+step, so ratios compare like with like on a busy machine; around every step the CPU time of
+the system's servers and of its client is read.
 Targets: hetps 1 shard fp32 at least 0.8x the peer's speed, bf16 at least 1.3x; hetps at
-least 0.9x the bare mover's speed with the same shards and wire dtype.
+least 0.9x the bare mover's speed with the same shards and wire dtype. Before they are judged,
+the baselines are checked (``benchmarks.harness.validity``: allocator settings, each against
+its own repeats, the peer against the bare mover); a target judged against a baseline that is
+out of line is INVALID, never PASS.
 Also the ``steps`` section of ``python -m benchmarks.throughput``.
 """
 
@@ -20,6 +26,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -29,11 +36,13 @@ from torch.distributed import rpc
 
 from benchmarks.harness import torch_rpc_peer
 from benchmarks.harness.models import MODELS
-from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, cpu_of
+from benchmarks.harness.peer_remote import RemotePeerStep, RemoteWorker
+from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, allocator_environment, cpu_of, vm_mb
 from benchmarks.harness.report import (
     parse_settings,
     prepare_output,
     print_targets,
+    print_validity,
     run_header,
     spread,
     target,
@@ -41,18 +50,28 @@ from benchmarks.harness.report import (
 )
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.stats import scaled, speed_ratio, summarize
-from benchmarks.harness.steps import BareStep, HetpsStep, PeerStep, StepSystem, time_steps
+from benchmarks.harness.steps import BareStep, HetpsStep, PeerStep, StepSystem, time_steps, warm_up
+from benchmarks.harness.validity import (
+    ceiling_check,
+    invalidate,
+    repeat_spread_check,
+    settings_check,
+    summarize_checks,
+)
 from psproto.layout import Layout
 from psproto.tuning import apply_malloc_tuning
 
 PEER_FP32, PEER_BF16 = 0.8, 1.3
 BARE_FRACTION = 0.9
+PEER = "peer-torch-rpc-fp32"
+# The reference row: the peer on TensorPipe's default channels (no target is judged on it).
+PEER_DEFAULT = "peer-torch-rpc-default-fp32"
 
 
 @dataclass(frozen=True)
 class SystemSpec:
     name: str  # e.g. hetps-1shard-bf16
-    kind: str  # hetps, bare, peer
+    kind: str  # hetps, bare, peer, peer-default
     shards: int
     wire_dtype: str
 
@@ -63,7 +82,8 @@ def step_systems() -> list[SystemSpec]:
         for shards in (1, 2):
             for dtype in ("fp32", "bf16"):
                 specs.append(SystemSpec(f"{kind}-{shards}shard-{dtype}", kind, shards, dtype))
-    specs.append(SystemSpec("peer-torch-rpc-fp32", "peer", 1, "fp32"))
+    specs.append(SystemSpec(PEER, "peer", 1, "fp32"))
+    specs.append(SystemSpec(PEER_DEFAULT, "peer-default", 1, "fp32"))
     return specs
 
 
@@ -90,12 +110,40 @@ def hetps_addresses(settings: Settings, by_label: dict[str, ServerProcess]) -> d
     }
 
 
-def start_comparisons(fleet: Fleet) -> tuple[list[ServerProcess], ServerProcess]:
-    """Two bare gRPC movers and the torch.distributed.rpc peer, which this process then joins."""
+@dataclass
+class Comparisons:
+    """The systems hetps is compared with: two bare gRPC movers, the peer this process joined as
+    its worker, and the reference peer on default channels with its worker process."""
+
+    bare: list[ServerProcess]
+    peer: ServerProcess
+    peer_default: ServerProcess
+    remote: RemoteWorker
+
+    def pids(self) -> dict[str, int]:
+        """The peers' server pids under the names :func:`server_addresses` gives them."""
+        return {"peer": self.peer.pid, "peer-default": self.peer_default.pid}
+
+    def leave(self, graceful: bool = True) -> None:
+        """Leave both peers' worlds (each peer server then exits)."""
+        self.remote.close()
+        rpc.shutdown(graceful=graceful)
+
+
+def start_comparisons(fleet: Fleet) -> Comparisons:
+    """Two bare gRPC movers and the two torch.distributed.rpc peers; this process joins the first."""
     bare = [fleet.start_helper(f"bare-grpc-{i}", "bare", "benchmarks.harness.bare_grpc") for i in range(2)]
     peer = fleet.start_helper("peer-torch-rpc", "peer", "benchmarks.harness.torch_rpc_peer")
-    torch_rpc_peer.connect(peer.ready.port)
-    return bare, peer
+    default = fleet.start_helper(
+        "peer-torch-rpc-default", "peer", "benchmarks.harness.torch_rpc_peer", ("--channels", "default")
+    )
+    remote = RemoteWorker(default.ready.port, "default", TORCH_THREADS, default.pid)
+    try:
+        torch_rpc_peer.connect(peer.ready.port)
+    except BaseException:
+        remote.close()
+        raise
+    return Comparisons(bare, peer, default, remote)
 
 
 # -- the measurement --------------------------------------------------------------------------
@@ -107,12 +155,12 @@ def server_addresses(
     """The servers a system's step for ``model`` goes through (``["peer"]`` for the peer).
 
     hetps has servers per model and shard count; the bare service keeps a buffer per key on
-    the same servers for every model; the peer is one process for all."""
+    the same servers for every model; each peer is one process for all."""
     if spec.kind == "hetps":
         return hetps[model][spec.shards]
     if spec.kind == "bare":
         return bare[: spec.shards]
-    return ["peer"]
+    return [spec.kind]
 
 
 def measure_steps(
@@ -121,6 +169,7 @@ def measure_steps(
     bare: list[str],
     server_pids: dict[str, int],
     console: Console,
+    remote: RemoteWorker | None = None,
 ) -> dict[str, Any]:
     """Worker steps through every system, interleaved step by step.
 
@@ -131,9 +180,9 @@ def measure_steps(
     Around every step (outside its timing) the CPU time of the system's server processes
     (``server_pids``: address, or ``"peer"``, to pid) and of this process (the client) is read:
     on a machine with fewer cores than busy threads the step's time follows the CPU both
-    sides spend on it.
+    sides spend on it. ``remote`` is the reference peer's worker (its system is left out without one).
     """
-    specs = step_systems()
+    specs = [spec for spec in step_systems() if remote is not None or spec.kind != "peer-default"]
     generator = torch.Generator().manual_seed(0)
     runs: list[tuple[str, SystemSpec, StepSystem, torch.Tensor, torch.Tensor]] = []
     per_repeat: dict[tuple[str, str], list[float]] = {}
@@ -141,6 +190,7 @@ def measure_steps(
     # (server seconds, client seconds) of CPU over every timed step, per (model, system)
     cpu: dict[tuple[str, str], list[float]] = {}
     pids_of: dict[tuple[str, str], list[int]] = {}
+    warmed: dict[tuple[str, str], int] = {}
     try:
         for model in settings.models:
             shapes = MODELS[model]()
@@ -156,15 +206,19 @@ def measure_steps(
                     system = HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat)
                 elif spec.kind == "bare":
                     system = BareStep(addresses, layout, f"{model}-{spec.name}", spec.wire_dtype, flat)
-                else:
+                elif spec.kind == "peer":
                     system = PeerStep(model, flat)
+                else:
+                    assert remote is not None
+                    system = RemotePeerStep(remote, model, length)
                 pids_of[(model, spec.name)] = [server_pids[address] for address in addresses]
                 runs.append((model, spec, system, update, out))
                 per_repeat[(model, spec.name)] = []
                 samples[(model, spec.name)] = []
                 cpu[(model, spec.name)] = [0.0, 0.0]
-        for _, _, system, update, out in runs:
-            time_steps(system, update, out, settings.warmup)
+        for model, spec, system, update, out in runs:
+            processes = [*pids_of[(model, spec.name)], *system.client_pids]
+            warmed[(model, spec.name)] = warm_up(system, update, out, settings.warmup, partial(_rss_mb, processes))
         with console.status("steps") as status:
             for repeat in range(settings.repeats):
                 for model in settings.models:
@@ -174,12 +228,13 @@ def measure_steps(
                     for round_index in range(settings.steps[model]):
                         shift = (repeat * settings.steps[model] + round_index) % len(mine)
                         for _, spec, system, update, out in mine[shift:] + mine[:shift]:
-                            pids = pids_of[(model, spec.name)]
-                            server_before, client_before = cpu_of(pids), time.process_time()
+                            pids, clients = pids_of[(model, spec.name)], system.client_pids
+                            server_before = cpu_of(pids)
+                            client_before = time.process_time() + cpu_of(clients)
                             times[spec.name] += time_steps(system, update, out, 1)
                             used = cpu[(model, spec.name)]
                             used[0] += cpu_of(pids) - server_before
-                            used[1] += time.process_time() - client_before
+                            used[1] += time.process_time() + cpu_of(clients) - client_before
                             if not bool(torch.isfinite(out).all()):
                                 raise RuntimeError(f"{spec.name} returned non-finite parameters for {model}")
                     for name, taken in times.items():
@@ -188,7 +243,11 @@ def measure_steps(
     finally:
         for _, _, system, _, _ in runs:
             system.close()
-    return step_results(settings, specs, per_repeat, samples, cpu)
+    return step_results(settings, specs, per_repeat, samples, cpu, warmed)
+
+
+def _rss_mb(pids: list[int]) -> float:
+    return sum(vm_mb(pid, "VmRSS") for pid in pids)
 
 
 def step_results(
@@ -197,6 +256,7 @@ def step_results(
     per_repeat: dict[tuple[str, str], list[float]],
     samples: dict[tuple[str, str], list[float]],
     cpu: dict[tuple[str, str], list[float]],
+    warmed: dict[tuple[str, str], int],
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for model in settings.models:
@@ -218,6 +278,7 @@ def step_results(
                 "steps_per_s": 1.0 / median_s,
                 "gb_per_s_each_way": wire_bytes / median_s / 1e9,
                 "repeat_medians_ms": [t * 1e3 for t in repeats],
+                "warmup_steps": warmed[(model, spec.name)],
                 # Means over every timed step: server processes (all shards) and the client process.
                 "cpu_ms_per_step": {
                     "server": server_cpu * 1e3,
@@ -225,10 +286,13 @@ def step_results(
                     "busy_cores": (server_cpu + client_cpu) / statistics.fmean(taken),
                 },
             }
-        pairs = [(spec.name, "peer-torch-rpc-fp32") for spec in specs if spec.kind == "hetps"]
+        pairs = [(spec.name, PEER) for spec in specs if spec.kind == "hetps"]
         pairs += [(spec.name, spec.name.replace("hetps", "bare")) for spec in specs if spec.kind == "hetps"]
         # The ceiling against the peer: the most any server on this gRPC stack could reach.
-        pairs += [(spec.name, "peer-torch-rpc-fp32") for spec in specs if spec.kind == "bare" and spec.shards == 1]
+        pairs += [(spec.name, PEER) for spec in specs if spec.kind == "bare" and spec.shards == 1]
+        if any(spec.name == PEER_DEFAULT for spec in specs):
+            # For reference only: the peer when TensorPipe may skip the socket.
+            pairs += [(f"hetps-1shard-{dtype}", PEER_DEFAULT) for dtype in ("fp32", "bf16")] + [(PEER, PEER_DEFAULT)]
         ratios = {
             f"{first} vs {other}": speed_ratio(
                 per_repeat[(model, first)], per_repeat[(model, other)], samples[(model, first)], samples[(model, other)]
@@ -239,29 +303,71 @@ def step_results(
     return results
 
 
-def step_targets(settings: Settings, steps: dict[str, Any]) -> list[dict[str, Any]]:
-    """The reference model's speed against the peer, and every model's against the bare mover."""
+def server_settings(fleet: Fleet) -> dict[str, dict[str, str]]:
+    """The allocator settings every live server of ``fleet`` runs under, by label."""
+    return {s.label: allocator_environment(s.pid) for s in fleet.servers if s.process.poll() is None}
+
+
+def step_validity(settings: Settings, steps: dict[str, Any], environments: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """The checks of ``benchmarks.harness.validity`` on the baselines the targets are judged against.
+
+    Systems are named ``MODEL:SYSTEM``. The servers' settings are compared with the first hetps
+    server's; each bare mover and the peer against its own repeats; the peer against the bare
+    mover (1 shard, fp32)."""
+    checks = []
+    if environments:
+        checks.append(settings_check(environments, next(iter(environments))))
+    for model in settings.models:
+        systems = steps[model]["systems"]
+        for name, system in systems.items():
+            if system["kind"] in ("bare", "peer"):
+                checks.append(repeat_spread_check(f"{model}:{name}", system["repeat_medians_ms"]))
+        checks.append(
+            ceiling_check(
+                f"{model}:{PEER}",
+                f"{model}:bare-1shard-fp32",
+                systems[PEER]["repeat_medians_ms"],
+                systems["bare-1shard-fp32"]["repeat_medians_ms"],
+            )
+        )
+    return summarize_checks(checks)
+
+
+def step_targets(settings: Settings, steps: dict[str, Any], validity: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reference model's speed against the peer, and every model's against the bare mover;
+    INVALID where the baseline a target is judged against is out of line (``validity``)."""
     model = settings.reference
     ratios = steps[model]["speed_ratios"]
+    peer = [f"{model}:{PEER}"]
     targets = [
-        target(
-            f"{model} step, 1 shard, fp32 vs torch.rpc peer",
-            ratios["hetps-1shard-fp32 vs peer-torch-rpc-fp32"],
-            PEER_FP32,
-            True,
+        invalidate(
+            target(
+                f"{model} step, 1 shard, fp32 vs torch.rpc peer",
+                ratios[f"hetps-1shard-fp32 vs {PEER}"],
+                PEER_FP32,
+                True,
+            ),
+            peer,
+            validity,
         ),
-        target(
-            f"{model} step, 1 shard, bf16 vs torch.rpc peer",
-            ratios["hetps-1shard-bf16 vs peer-torch-rpc-fp32"],
-            PEER_BF16,
-            True,
+        invalidate(
+            target(
+                f"{model} step, 1 shard, bf16 vs torch.rpc peer",
+                ratios[f"hetps-1shard-bf16 vs {PEER}"],
+                PEER_BF16,
+                True,
+            ),
+            peer,
+            validity,
         ),
     ]
     for name in settings.models:
         for key, summary in steps[name]["speed_ratios"].items():
-            if " vs bare-" in key:
-                system = key.split(" vs ")[0].removeprefix("hetps-")
-                targets.append(target(f"{name} step {system} vs bare gRPC", summary, BARE_FRACTION, True))
+            first, other = key.split(" vs ")
+            if first.startswith("hetps-") and other.startswith("bare-"):
+                system = first.removeprefix("hetps-")
+                judged = target(f"{name} step {system} vs bare gRPC", summary, BARE_FRACTION, True)
+                targets.append(invalidate(judged, [f"{name}:{other}"], validity))
     return targets
 
 
@@ -317,23 +423,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     results = run_header(settings)
     fleet = Fleet(log_dir)
-    peer_connected = False
+    comparisons: Comparisons | None = None
     try:
         with console.status("starting servers"):
             hetps = hetps_addresses(settings, fleet.start_all(hetps_jobs(settings)))
-            bare, peer = start_comparisons(fleet)
-            peer_connected = True
-        server_pids = {server.address: server.pid for server in fleet.servers} | {"peer": peer.pid}
-        results["steps"] = measure_steps(settings, hetps, [b.address for b in bare], server_pids, console)
-        rpc.shutdown()
-        peer_connected = False
+            comparisons = start_comparisons(fleet)
+        results["server_settings"] = server_settings(fleet)
+        server_pids = {server.address: server.pid for server in fleet.servers} | comparisons.pids()
+        bare = [b.address for b in comparisons.bare]
+        results["steps"] = measure_steps(settings, hetps, bare, server_pids, console, comparisons.remote)
+        comparisons.leave()
+        comparisons = None
     finally:
-        if peer_connected:
-            rpc.shutdown(graceful=False)
+        if comparisons is not None:
+            comparisons.leave(graceful=False)
         fleet.stop()
-    results["targets"] = step_targets(settings, results["steps"])
+    results["validity"] = step_validity(settings, results["steps"], results["server_settings"])
+    results["targets"] = step_targets(settings, results["steps"], results["validity"])
     results["wall_seconds"] = time.perf_counter() - started
     print_step_tables(results["steps"], console)
+    print_validity(results["validity"], console)
     print_targets(results["targets"], console)
     write_results("step_round_trip", argv, results, out, console)
     return results

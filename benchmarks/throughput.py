@@ -12,8 +12,8 @@ Sections, each also a script of its own (``python -m benchmarks.NAME``):
    through: hetps (1 and 2 shards, fp32 and bf16 on the wire); a bare gRPC byte mover with
    the same chunking (``benchmarks.harness.bare_grpc``, the transport's ceiling); and a
    ``torch.distributed.rpc`` parameter server (``benchmarks.harness.torch_rpc_peer``, TensorPipe
-   over TCP, fp32). Systems are interleaved step by step, so ratios compare like with like
-   on a busy machine.
+   over TCP, fp32), and the same peer on TensorPipe's default channels as a reference row.
+   Systems are interleaved step by step, so ratios compare like with like on a busy machine.
 2. **concurrency** (``worker_scaling``) — aggregate steps/s of 1, 4 and 16 worker processes
    on one hetps shard.
 3. **apply** (``rule_apply``) — server-side apply time of every update rule on 11.7M
@@ -23,8 +23,10 @@ Sections, each also a script of its own (``python -m benchmarks.NAME``):
    it must hold (parameters + rule state + one snapshot per worker for rules that need
    snapshots).
 
-Prints one table per section and the targets with PASS/MISS; writes medians, spreads and
-ratios as JSON. ``--quick`` is a shorter run; ``--smoke`` (tests) a tiny one.
+Prints one table per section and the targets with PASS/MISS, or INVALID where the baseline a
+step target is judged against was out of line (``benchmarks.harness.validity``: the JSON's
+``validity`` says which check failed and why); writes medians, spreads and ratios as JSON.
+``--quick`` is a shorter run; ``--smoke`` (tests) a tiny one.
 """
 
 from __future__ import annotations
@@ -36,22 +38,31 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from torch.distributed import rpc
 
 from benchmarks.harness.pool import PoolTarget, WorkerPool
 from benchmarks.harness.processes import Fleet, vm_mb
-from benchmarks.harness.report import parse_settings, prepare_output, print_targets, run_header, write_results
+from benchmarks.harness.report import (
+    parse_settings,
+    prepare_output,
+    print_targets,
+    print_validity,
+    run_header,
+    write_results,
+)
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.steps import initialize_parameters
 from benchmarks.rule_apply import apply_targets, measure_apply, print_apply_table
 from benchmarks.server_memory import gap_aware_job, load_gap_aware, measure_memory, memory_targets, print_memory_table
 from benchmarks.step_round_trip import (
+    Comparisons,
     hetps_addresses,
     hetps_jobs,
     measure_steps,
     print_step_tables,
+    server_settings,
     start_comparisons,
     step_targets,
+    step_validity,
 )
 from benchmarks.worker_scaling import concurrency_targets, measure_concurrency, print_concurrency_table, scaling_targets
 from psproto.tuning import apply_malloc_tuning
@@ -62,7 +73,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
     fleet = Fleet(log_dir)
     started = time.perf_counter()
     results = run_header(settings)
-    peer_connected = False
+    comparisons: Comparisons | None = None
     # First, while no server runs: the apply section is the most sensitive to memory bandwidth.
     results["apply"] = measure_apply(settings, console)
     try:
@@ -72,14 +83,15 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
             hetps = hetps_addresses(settings, by_label)
             gap = by_label[gap_job.label]
             gap_target = PoolTarget("gap-aware", gap.model, (gap.address,), settings.rss_workers)
-            bare, peer = start_comparisons(fleet)
-            peer_connected = True
-        server_pids = {server.address: server.pid for server in fleet.servers} | {"peer": peer.pid}
-        results["steps"] = measure_steps(settings, hetps, [b.address for b in bare], server_pids, console)
+            comparisons = start_comparisons(fleet)
+        results["server_settings"] = server_settings(fleet)
+        server_pids = {server.address: server.pid for server in fleet.servers} | comparisons.pids()
+        bare = [b.address for b in comparisons.bare]
+        results["steps"] = measure_steps(settings, hetps, bare, server_pids, console, comparisons.remote)
         fleet.checkpoint("steps")
-        peer_peak = vm_mb(peer.pid, "VmHWM")
-        rpc.shutdown()
-        peer_connected = False
+        peer_peaks = {p.label: vm_mb(p.pid, "VmHWM") for p in (comparisons.peer, comparisons.peer_default)}
+        comparisons.leave()
+        comparisons = None
         initialize_parameters(gap_target.model, list(gap_target.addresses))
         targets = scaling_targets(settings, {model: hetps[model][1][0] for model in settings.models})
         with console.status("starting worker processes"):
@@ -97,13 +109,15 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
             # The most workers that pushed to a server at once (the step section's clients take turns).
             server.workers = loaded.get(server.address, 1)
         results["memory"] = measure_memory(fleet)
-        results["memory"]["servers"]["peer-torch-rpc"]["peak_rss_mb"] = peer_peak
+        for label, peak in peer_peaks.items():
+            results["memory"]["servers"][label]["peak_rss_mb"] = peak
     finally:
-        if peer_connected:
-            rpc.shutdown(graceful=False)
+        if comparisons is not None:
+            comparisons.leave(graceful=False)
         fleet.stop()
+    results["validity"] = step_validity(settings, results["steps"], results["server_settings"])
     results["targets"] = [
-        *step_targets(settings, results["steps"]),
+        *step_targets(settings, results["steps"], results["validity"]),
         *apply_targets(results["apply"]),
         *concurrency_targets(settings, results["concurrency"]),
         *memory_targets(results["memory"]),
@@ -117,6 +131,7 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
     print_concurrency_table(results["concurrency"], console)
     print_apply_table(results["apply"], console)
     print_memory_table(results["memory"], console)
+    print_validity(results["validity"], console)
     print_targets(results["targets"], console)
 
 

@@ -27,6 +27,7 @@ import grpc
 import torch
 
 from psproto.layout import Layout
+from psproto.tuning import apply_malloc_tuning
 from psserver.ready import ReadyInfo, write_ready_file
 
 SERVICE = "hetps.bench.Bare"
@@ -174,4 +175,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # The allocator settings of a hetps server (psserver serve applies them the same way).
+    apply_malloc_tuning()
     main()

@@ -3,7 +3,7 @@
 Every server writes a ready file (``psserver serve --ready-file``; the bare gRPC mover and the
 torch.distributed.rpc peer write the same format, ``psserver/ready.py``), and the harness waits
 for it with :func:`psserver.ready.wait_for_ready_file`: nothing reads a server's stdout.
-CPU time and memory come from ``/proc``.
+CPU time, memory and the allocator settings a process runs under come from ``/proc``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from benchmarks.harness.settings import LR, SERVER_ARGS, TORCH_THREADS
+from psproto.tuning import DISABLE_VARIABLE, MALLOC_SETTINGS
 from psserver.ready import ReadyInfo, wait_for_ready_file
 from pstools.launcher import stop_process
 
@@ -44,6 +45,17 @@ def vm_mb(pid: int, field_name: str) -> float:
         if line.startswith(field_name + ":"):
             return int(line.split()[1]) * 1024 / 1e6
     return math.nan
+
+
+def allocator_environment(pid: int) -> dict[str, str]:
+    """The glibc allocator variables ``pid`` runs under (``psproto.tuning``'s), from its environment."""
+    wanted = {*MALLOC_SETTINGS, DISABLE_VARIABLE}
+    found = {}
+    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        key, _, value = entry.decode(errors="replace").partition("=")
+        if key in wanted:
+            found[key] = value
+    return found
 
 
 def use_one_torch_thread() -> None:
@@ -74,7 +86,7 @@ class HetpsJob(NamedTuple):
 @dataclass
 class ServerProcess:
     label: str
-    kind: str  # hetps, bare, peer
+    kind: str  # hetps, bare, peer (the targets' and the reference on default channels)
     process: subprocess.Popen[str]
     ready: ReadyInfo
     rule: str = ""
@@ -157,9 +169,10 @@ class Fleet:
             started = list(pool.map(lambda job: self.start_hetps(*job), jobs))
         return {server.label: server for server in started}
 
-    def start_helper(self, label: str, kind: str, module: str) -> ServerProcess:
-        """A comparison server (``benchmarks.harness.bare_grpc``, ``benchmarks.harness.torch_rpc_peer``) of ``kind``."""
-        command = [sys.executable, "-m", module, "--torch-threads", str(TORCH_THREADS)]
+    def start_helper(self, label: str, kind: str, module: str, extra_args: Sequence[str] = ()) -> ServerProcess:
+        """A comparison server (``benchmarks.harness.bare_grpc``, ``benchmarks.harness.torch_rpc_peer``) of ``kind``,
+        with the torch thread count of a hetps server (and, set by its entry point, the same allocator settings)."""
+        command = [sys.executable, "-m", module, "--torch-threads", str(TORCH_THREADS), *extra_args]
         process, ready = self._start(label, command, None)
         return self._add(ServerProcess(label, kind, process, ready))
 

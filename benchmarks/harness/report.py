@@ -2,7 +2,9 @@
 
 A script builds its :class:`~benchmarks.harness.settings.Settings` with :func:`parse_settings`,
 measures, judges its targets with :func:`target`, prints its tables and the targets table
-(:func:`print_targets`) and writes its results with :func:`write_results`.
+(:func:`print_targets`: PASS, MISS, or INVALID for a target that
+``benchmarks.harness.validity.invalidate`` marked) and writes its results with
+:func:`write_results`.
 """
 
 from __future__ import annotations
@@ -106,6 +108,32 @@ def spread(summary: Summary, digits: int = 1) -> str:
     return f"{summary['min']:.{digits}f}–{summary['max']:.{digits}f}"
 
 
+def result_word(entry: dict[str, Any]) -> str:
+    """PASS, MISS, or INVALID (judged against a baseline that was out of line: never PASS)."""
+    if entry.get("invalid"):
+        return "INVALID"
+    return "PASS" if entry["pass"] else "MISS"
+
+
+_COLOURS = {"PASS": "green", "MISS": "red", "INVALID": "yellow"}
+
+
+def print_validity(validity: dict[str, Any], console: Console) -> None:
+    """The baseline checks that failed (or one line saying every one held)."""
+    failed = [check for check in validity["checks"] if not check["ok"]]
+    if not failed:
+        console.print(f"Baselines held still: {len(validity['checks'])} checks passed.")
+        return
+    table = Table(title="Baselines out of line: the targets judged against them are INVALID")
+    for column in ("check", "systems", "value", "bound", "why"):
+        table.add_column(column, justify="right" if column == "value" else "left")
+    for check in failed:
+        table.add_row(
+            check["check"], ", ".join(check["systems"]), f"{check['value']:.2f}", check["bound"], check["why"]
+        )
+    console.print(table)
+
+
 def print_targets(targets: list[dict[str, Any]], console: Console) -> None:
     table = Table(title="Targets")
     for column in ("target", "measured (median)", "min–max", "target", "result"):
@@ -117,6 +145,6 @@ def print_targets(targets: list[dict[str, Any]], console: Console) -> None:
             f"{entry['measured']:.{digits}f}",
             f"{entry['min']:.{digits}f}–{entry['max']:.{digits}f}",
             f"{entry['comparison']} {entry['threshold']:.{digits}f}",
-            "[green]PASS[/green]" if entry["pass"] else "[red]MISS[/red]",
+            f"[{_COLOURS[result_word(entry)]}]{result_word(entry)}[/{_COLOURS[result_word(entry)]}]",
         )
     console.print(table)

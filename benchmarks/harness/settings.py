@@ -18,7 +18,10 @@ class Settings:
 
     models: tuple[str, ...] = ("resnet18", "small")
     repeats: int = 9
-    warmup: int = 2
+    # Steps of every system before timing, at least: each then warms on until its processes' memory
+    # holds still (steps.warm_up). A peer given one step was still 5x slower in its first repeat
+    # (297.7 ms, then 55.8); validity.repeat_spread_check catches one that needed more.
+    warmup: int = 3
     steps: dict[str, int] = field(default_factory=lambda: {"resnet18": 6, "small": 40, "tiny": 1})
     concurrency: tuple[int, ...] = (1, 4, 16)
     concurrency_repeats: int = 4
@@ -32,7 +35,7 @@ class Settings:
     def quick(cls) -> Settings:
         return cls(
             repeats=3,
-            warmup=1,
+            warmup=3,
             steps={"resnet18": 4, "small": 15, "tiny": 1},
             concurrency_repeats=2,
             concurrency_seconds=4.0,

@@ -2,12 +2,15 @@
 
 hetps (``PSClient``), the bare gRPC byte mover (the transport's ceiling) and the
 torch.distributed.rpc peer each implement :class:`StepSystem`, so a measurement times them
-alike and interleaves them step by step.
+alike and interleaves them step by step. ``client_pids`` names the processes besides the
+benchmark's own that do a step's client work (the reference peer's worker,
+``benchmarks.harness.peer_remote``), so their CPU is counted as the client's.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -22,12 +25,16 @@ from psworker.client import PSClient
 
 
 class StepSystem(Protocol):
+    client_pids: tuple[int, ...]
+
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None: ...
 
     def close(self) -> None: ...
 
 
 class HetpsStep:
+    client_pids: tuple[int, ...] = ()
+
     def __init__(self, addresses: list[str], layout: Layout, name: str, wire_dtype: str, flat: torch.Tensor) -> None:
         self.client = PSClient(addresses, layout, name=name, wire_dtype=wire_dtype)
         if not self.client.initialized:
@@ -42,6 +49,8 @@ class HetpsStep:
 
 
 class BareStep:
+    client_pids: tuple[int, ...] = ()
+
     def __init__(self, addresses: list[str], layout: Layout, key: str, wire_dtype: str, flat: torch.Tensor) -> None:
         self.client = bare_grpc.BareClient(addresses, layout, key, wire_dtype, codec.DEFAULT_CHUNK_BYTES)
         self.client.init(flat)
@@ -54,6 +63,8 @@ class BareStep:
 
 
 class PeerStep:
+    client_pids: tuple[int, ...] = ()
+
     def __init__(self, key: str, flat: torch.Tensor) -> None:
         self.key = key
         rpc.rpc_sync(torch_rpc_peer.SERVER_NAME, torch_rpc_peer.init_params, args=(key, flat, LR))
@@ -64,6 +75,37 @@ class PeerStep:
 
     def close(self) -> None:
         pass
+
+
+# Warm-up ends once the system's processes held their memory this many steps running...
+STABLE_STEPS = 5
+# ...growing by less than this over each of them (MB of VmRSS, all the processes together)...
+STABLE_GROWTH_MB = 4.0
+# ...or after this many steps in all.
+WARMUP_CAP = 60
+
+
+def warm_up(
+    system: StepSystem, update: torch.Tensor, out: torch.Tensor, minimum: int, rss_mb: Callable[[], float]
+) -> int:
+    """Step ``system`` until it is warm; the number of steps taken.
+
+    Every system gets the same rule: at least ``minimum`` steps, then on until ``rss_mb`` (the
+    resident memory of its server processes and any client process of its own) grew by less
+    than ``STABLE_GROWTH_MB`` on each of ``STABLE_STEPS`` steps running, at most ``WARMUP_CAP``
+    steps. hetps and the bare mover reuse their buffers and are warm in a few steps; the
+    TensorPipe peer grew by one ResNet-18-sized buffer (47 MB) a step for its first ~25 steps,
+    to 1.27 GB, and its steps took up to twice as long (more server CPU, faulting pages in)
+    until it stopped growing."""
+    steps = stable = 0
+    before = rss_mb()
+    while steps < WARMUP_CAP and (steps < minimum or stable < STABLE_STEPS):
+        system.step(update, out)
+        steps += 1
+        after = rss_mb()
+        stable = stable + 1 if after - before < STABLE_GROWTH_MB else 0
+        before = after
+    return steps
 
 
 def time_steps(system: StepSystem, update: torch.Tensor, out: torch.Tensor, count: int) -> list[float]:

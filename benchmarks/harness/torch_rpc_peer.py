@@ -1,12 +1,20 @@
 """The peer: a parameter server on ``torch.distributed.rpc`` (TensorPipe over TCP), PyTorch's tutorial pattern.
 
-    python -m benchmarks.harness.torch_rpc_peer --torch-threads 1 [--ready-file PATH]
+    python -m benchmarks.harness.torch_rpc_peer --torch-threads 1 [--channels basic|default] [--ready-file PATH]
 
 The server is rank 0 (``ps``) of a world of two; the benchmark process joins as rank 1
 (``worker``) and calls ``rpc_sync("ps", push_and_pull, args=(key, gradient))``, which applies
-``p -= lr * g`` to a flat fp32 tensor the server holds and returns the parameters. TensorPipe
-is restricted to its ``uv`` (TCP) transport and ``basic`` channel, so tensors cross loopback TCP
-like hetps's bytes do (the shared-memory and cross-memory-attach channels would not).
+``p -= lr * g`` to a flat fp32 tensor the server holds and returns the parameters. With
+``--channels basic`` (the peer the targets are judged against) TensorPipe is restricted to its
+``uv`` (TCP) transport and ``basic`` channel, so tensors cross loopback TCP like hetps's bytes
+do. ``--channels default`` leaves TensorPipe its own choice (shared memory, cross-memory attach
+where the machine allows them): a reference row only, since its bytes need not cross a socket;
+its worker runs in a process of its own (``benchmarks.harness.peer_remote``), because a process
+joins one rpc world only.
+
+The server runs under the same process settings as a hetps server: the glibc allocator settings
+of ``psproto.tuning`` (it re-executes itself with them, as ``psserver serve`` does) and the
+torch thread count it is given.
 
 The server prints ``peer rendezvous on 127.0.0.1:PORT`` before it waits for the worker, and
 writes that port to ``--ready-file`` in the format of ``psserver serve --ready-file``
@@ -26,32 +34,38 @@ from pathlib import Path
 import torch
 from torch.distributed import rpc
 
+from psproto.tuning import apply_malloc_tuning
 from psserver.ready import ReadyInfo, write_ready_file
 
 SERVER_NAME = "ps"
 WORKER_NAME = "worker"
 RPC_TIMEOUT_S = 300.0
+# TensorPipe's choice: "basic" is TCP only, like gRPC; "default" is whatever TensorPipe picks.
+CHANNELS = ("basic", "default")
 
 _LOCK = threading.Lock()
 # Keyed by model name; held by the imported module (which is what rpc resolves functions in).
 _PARAMS: dict[str, tuple[torch.Tensor, float]] = {}
 
 
-def backend_options(port: int) -> rpc.TensorPipeRpcBackendOptions:
+def backend_options(port: int, channels: str = "basic") -> rpc.TensorPipeRpcBackendOptions:
+    if channels not in CHANNELS:
+        raise ValueError(f"channels {channels!r}: use one of {', '.join(CHANNELS)}")
+    restrict: dict[str, list[str]] = {"_transports": ["uv"], "_channels": ["basic"]} if channels == "basic" else {}
     return rpc.TensorPipeRpcBackendOptions(
         init_method=f"tcp://127.0.0.1:{port}",
         rpc_timeout=RPC_TIMEOUT_S,
         num_worker_threads=16,
-        _transports=["uv"],
-        _channels=["basic"],
+        **restrict,  # type: ignore[arg-type]
     )
 
 
-def _init_rpc(name: str, rank: int, port: int) -> None:
+def _init_rpc(name: str, rank: int, port: int, channels: str) -> None:
+    options = backend_options(port, channels)
     with warnings.catch_warnings():
         # torch's own start-up uses a deprecated ProcessGroup form and warns about it.
         warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
-        rpc.init_rpc(name, rank=rank, world_size=2, rpc_backend_options=backend_options(port))  # type: ignore[no-untyped-call]
+        rpc.init_rpc(name, rank=rank, world_size=2, rpc_backend_options=options)  # type: ignore[no-untyped-call]
 
 
 def loopback_environment() -> None:
@@ -84,32 +98,34 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def serve(torch_threads: int, ready_file: Path | None = None) -> None:
+def serve(torch_threads: int, ready_file: Path | None = None, channels: str = "basic") -> None:
     loopback_environment()
     torch.set_num_threads(torch_threads)
     port = free_port()
     print(f"peer rendezvous on 127.0.0.1:{port}", flush=True)
     if ready_file is not None:
         write_ready_file(ready_file, ReadyInfo("127.0.0.1", port, os.getpid(), 0, 1, "torch-rpc-peer", 0, None))
-    _init_rpc(SERVER_NAME, 0, port)
+    _init_rpc(SERVER_NAME, 0, port, channels)
     # Blocks until the worker calls shutdown too (the tutorial's graceful exit).
     rpc.shutdown()
 
 
-def connect(port: int) -> None:
-    """Join the peer's world as the worker (once per process)."""
+def connect(port: int, channels: str = "basic") -> None:
+    """Join the peer's world as the worker (once per process), with the server's ``channels``."""
     loopback_environment()
-    _init_rpc(WORKER_NAME, 1, port)
+    _init_rpc(WORKER_NAME, 1, port, channels)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="torch.distributed.rpc parameter server (the benchmark's peer)")
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--ready-file", type=Path, default=None, help="write the rendezvous port here (JSON)")
+    parser.add_argument("--channels", choices=CHANNELS, default="basic", help="TensorPipe's transports and channels")
     args = parser.parse_args(argv)
-    serve(args.torch_threads, args.ready_file)
+    serve(args.torch_threads, args.ready_file, args.channels)
     sys.exit(0)
 
 
 if __name__ == "__main__":
+    apply_malloc_tuning()
     main()

@@ -40,6 +40,14 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
         assert used["client"] > 0 and used["server"] >= 0 and used["busy_cores"] > 0
     assert "hetps-1shard-bf16 vs peer-torch-rpc-fp32" in steps["speed_ratios"]
     assert "hetps-2shard-fp32 vs bare-2shard-fp32" in steps["speed_ratios"]
+    assert "hetps-1shard-fp32 vs peer-torch-rpc-default-fp32" in steps["speed_ratios"]
+
+    # Every server ran under the allocator settings of the hetps servers, and the baselines were checked.
+    settings = list(results["server_settings"].values())
+    assert len(settings) == len(results["memory"]["servers"]) and all(env == settings[0] for env in settings)
+    validity = results["validity"]
+    assert {check["check"] for check in validity["checks"]} == {"settings", "repeats", "ceiling"}
+    assert validity["valid"] == all(check["ok"] for check in validity["checks"])
 
     levels = results["concurrency"]["tiny"]["workers"]
     assert set(levels) == {"1", "2"}
@@ -68,6 +76,7 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
     assert any("workers aggregate" in name for name in names)
     assert any(name.startswith("peak RSS") for name in names)
     assert all(isinstance(target["pass"], bool) for target in results["targets"])
+    assert not any(target["pass"] and target.get("invalid") for target in results["targets"])
 
 
 def test_cpu_seconds_counts_the_cpu_a_process_spends() -> None:
@@ -89,3 +98,4 @@ def test_each_system_is_charged_the_cpu_of_its_own_servers() -> None:
         assert server_addresses(by_name["bare-1shard-bf16"], model, hetps, bare) == ["b0"]
         assert server_addresses(by_name["bare-2shard-fp32"], model, hetps, bare) == ["b0", "b1"]
         assert server_addresses(by_name["peer-torch-rpc-fp32"], model, hetps, bare) == ["peer"]
+        assert server_addresses(by_name["peer-torch-rpc-default-fp32"], model, hetps, bare) == ["peer-default"]
