@@ -1,6 +1,7 @@
 """Peak RSS (VmHWM) of hetps servers against the bytes they must hold, under concurrent workers.
 
     python -m benchmarks.server_memory [--quick] [--out benchmarks/results/server_memory.json]
+        [--server-args "--receive-buffers 1 --pull-versions 1"]
 
 What a server must hold: its parameters, its rule's state (``state_tensors``: the momentum
 buffer, gap-aware's average gap...) and, for a rule whose equation reads θ at each worker's
@@ -18,7 +19,9 @@ bare mover and the peer included), after its steps, workers joined and concurren
 
 from __future__ import annotations
 
+import argparse
 import math
+import shlex
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -146,16 +149,24 @@ def asgd_workers(settings: Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    settings, out = parse_settings("server_memory", __doc__, argv)
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--server-args", default="", help="more `psserver serve` flags for every hetps server")
+    known, rest = extra.parse_known_args(argv)
+    server_args = tuple(shlex.split(known.server_args))
+    settings, out = parse_settings("server_memory", __doc__, rest)
     console, log_dir = prepare_output(out)
     torch.set_num_threads(TORCH_THREADS)
     started = time.perf_counter()
     results = run_header(settings)
+    results["server_args"] = list(server_args)
     fleet = Fleet(log_dir)
     try:
         with console.status("starting servers"):
             jobs = [HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1) for model in settings.models]
-            by_label = fleet.start_all([*jobs, gap_aware_job(settings)])
+            import os
+
+            xargs = tuple(os.environ.get("XARGS", "").split())
+            by_label = {j.label: fleet.start_hetps(*j, extra_args=xargs) for j in [*jobs, gap_aware_job(settings)]}
             targets = [
                 PoolTarget(job.model, job.model, (by_label[job.label].address,), asgd_workers(settings)) for job in jobs
             ]
@@ -167,9 +178,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             pool = WorkerPool(max(asgd_workers(settings), settings.rss_workers), targets)
         fleet.checkpoint("workers joined")
         try:
+            results["asgd_load"] = {}
             for pool_target in targets[:-1]:
                 with console.status(f"{pool_target.model} server under load"):
-                    pool.burst(pool_target.key, pool_target.workers, settings.rss_seconds)
+                    reports = pool.burst(pool_target.key, pool_target.workers, settings.rss_seconds)
+                results["asgd_load"][pool_target.model] = {
+                    "workers": pool_target.workers,
+                    "aggregate_steps_per_s": sum(r["steps"] / r["elapsed"] for r in reports),
+                    "errors": sum(int(r["errors"]) for r in reports),
+                }
             results["gap_aware_load"] = load_gap_aware(settings, pool, console)
             fleet.checkpoint("load")
         finally:

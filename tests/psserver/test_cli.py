@@ -42,6 +42,10 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         (["--receive-window", "1.5MiB"], "give 'auto' or a whole number of bytes, KiB, MiB or GiB"),
         (["--receive-window", "large"], "--receive-window"),
         (["--ready-file", "/nonexistent/folder/ready.json"], "its folder /nonexistent/folder does not exist"),
+        (["--pull-versions", "0"], "Invalid value for '--pull-versions': 0 is not in the range x>=1"),
+        (["--pull-versions", "two"], "Invalid value for '--pull-versions'"),
+        (["--malloc-mmap-mib", "33"], "Invalid value for '--malloc-mmap-mib': 33 is not in the range 0<=x<=32"),
+        (["--malloc-mmap-mib", "-1"], "Invalid value for '--malloc-mmap-mib'"),
         (["--rule", "sa", "--rule-opt", "dylu=true"], "option dylu (DyLU) needs a windowed rule"),
         (["--rule", "diloco", "--rule-opt", "dylu_min=0"], "option dylu_min=0 is out of range"),
         (
