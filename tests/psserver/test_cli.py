@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from psserver import app
+from psserver import app, serve_cli
+from psserver.app import ServerConfig
 from psserver.cli import main, parse_receive_window
 from psserver.core.rules import RULES
 from psserver.rpc.server import ServerLimits
@@ -99,3 +100,19 @@ def test_serve_gives_the_server_the_receive_window_asked_for(
     result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flag], terminal_width=200)
     assert result.exit_code == 1 and "stopped by the test" in result.output
     assert [limits.receive_window_bytes for limits in given] == [window]
+
+
+@pytest.mark.parametrize(
+    ("flags", "versions", "mmap_mib"), [([], 2, 32), (["--pull-versions", "1", "--malloc-mmap-mib", "0"], 1, 0)]
+)
+def test_serve_maps_the_memory_flags_into_the_server(
+    flags: list[str], versions: int, mmap_mib: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configs: list[ServerConfig] = []
+    thresholds: list[int] = []
+    monkeypatch.setattr(serve_cli, "map_large_buffers", thresholds.append)
+    monkeypatch.setattr(serve_cli, "run", configs.append)
+    result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flags], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert [config.shard_config().pull_versions for config in configs] == [versions]
+    assert thresholds == [mmap_mib]
