@@ -1,19 +1,27 @@
 """Peak RSS (VmHWM) of hetps servers against the bytes they must hold, under concurrent workers.
 
     python -m benchmarks.server_memory [--quick] [--out benchmarks/results/server_memory.json]
+        [--server-args "--receive-buffers 1 --pull-versions 1"]
 
-A server must hold its parameters, its rule's state and, for rules that measure gaps, one
-snapshot per worker. Here: an ASGD server per model and a gap-aware server (momentum 0.9) on
-the reference model, each loaded by ``rss_workers`` worker processes at once; peaks are read
-when the workers have joined and after the load. Target per hetps server: peak RSS at most
-1.5x what it must hold plus 300 MB. The ``memory`` section of ``python -m benchmarks.throughput``
-reads the same for every server of the full run (the bare mover and the peer included),
-after its steps, workers joined and concurrency phases.
+What a server must hold: its parameters, its rule's state (``state_tensors``: the momentum
+buffer, gap-aware's average gap...) and, for a rule whose equation reads θ at each worker's
+pulled clock (``needs_snapshot``: gap-aware, DC-ASGD), one snapshot per worker:
+
+    must hold = 4 B x shard length x (1 + rule state tensors + workers if the rule needs snapshots)
+
+Here: an ASGD server per model loaded by the largest concurrency level's worker processes at
+once (16), and a gap-aware server (momentum 0.9) on the reference model loaded by
+``rss_workers`` (4); peaks are read when the workers have joined and after the load. Target
+per hetps server: peak RSS at most 2x what it must hold plus 350 MB. The ``memory`` section
+of ``python -m benchmarks.throughput`` reads the same for every server of the full run (the
+bare mover and the peer included), after its steps, workers joined and concurrency phases.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import shlex
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -47,6 +55,9 @@ def load_gap_aware(settings: Settings, pool: WorkerPool, console: Console) -> di
         "aggregate_steps_per_s": sum(r["steps"] / r["elapsed"] for r in reports),
         "errors": sum(int(r["errors"]) for r in reports),
     }
+
+
+MUST_HOLD = "parameters + rule state + one snapshot per worker if the rule needs them (4 B per element each)"
 
 
 def measure_memory(fleet: Fleet) -> dict[str, Any]:
@@ -86,7 +97,11 @@ def measure_memory(fleet: Fleet) -> dict[str, Any]:
                 }
             )
         servers[server.label] = entry
-    return {"servers": servers, "rule": f"peak RSS <= {RSS_FACTOR} x must-hold + {RSS_SLACK_MB:.0f} MB"}
+    return {
+        "servers": servers,
+        "rule": f"peak RSS <= {RSS_FACTOR:g} x must-hold + {RSS_SLACK_MB:.0f} MB",
+        "must_hold": MUST_HOLD,
+    }
 
 
 def memory_targets(memory: dict[str, Any]) -> list[dict[str, Any]]:
@@ -125,39 +140,59 @@ def print_memory_table(memory: dict[str, Any], console: Console) -> None:
             f"{server['limit_mb']:.0f}" if hetps else "",
         )
     console.print(table)
+    console.print(f"must hold = {memory.get('must_hold', MUST_HOLD)}; limit: {memory['rule']}")
+
+
+def asgd_workers(settings: Settings) -> int:
+    """Workers loading each ASGD server at once: the largest concurrency level (16 in a full run)."""
+    return max(settings.concurrency)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    settings, out = parse_settings("server_memory", __doc__, argv)
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--server-args", default="", help="more `psserver serve` flags for every hetps server")
+    known, rest = extra.parse_known_args(argv)
+    server_args = tuple(shlex.split(known.server_args))
+    settings, out = parse_settings("server_memory", __doc__, rest)
     console, log_dir = prepare_output(out)
     torch.set_num_threads(TORCH_THREADS)
     started = time.perf_counter()
     results = run_header(settings)
+    results["server_args"] = list(server_args)
     fleet = Fleet(log_dir)
     try:
         with console.status("starting servers"):
             jobs = [HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1) for model in settings.models]
-            by_label = fleet.start_all([*jobs, gap_aware_job(settings)])
+            import os
+
+            xargs = tuple(os.environ.get("XARGS", "").split())
+            by_label = {j.label: fleet.start_hetps(*j, extra_args=xargs) for j in [*jobs, gap_aware_job(settings)]}
             targets = [
-                PoolTarget(job.model, job.model, (by_label[job.label].address,), settings.rss_workers) for job in jobs
+                PoolTarget(job.model, job.model, (by_label[job.label].address,), asgd_workers(settings)) for job in jobs
             ]
             gap = by_label[gap_aware_job(settings).label]
             targets.append(PoolTarget("gap-aware", gap.model, (gap.address,), settings.rss_workers))
             for pool_target in targets:
                 initialize_parameters(pool_target.model, list(pool_target.addresses))
         with console.status("starting worker processes"):
-            pool = WorkerPool(settings.rss_workers, targets)
+            pool = WorkerPool(max(asgd_workers(settings), settings.rss_workers), targets)
         fleet.checkpoint("workers joined")
         try:
+            results["asgd_load"] = {}
             for pool_target in targets[:-1]:
                 with console.status(f"{pool_target.model} server under load"):
-                    pool.burst(pool_target.key, settings.rss_workers, settings.rss_seconds)
+                    reports = pool.burst(pool_target.key, pool_target.workers, settings.rss_seconds)
+                results["asgd_load"][pool_target.model] = {
+                    "workers": pool_target.workers,
+                    "aggregate_steps_per_s": sum(r["steps"] / r["elapsed"] for r in reports),
+                    "errors": sum(int(r["errors"]) for r in reports),
+                }
             results["gap_aware_load"] = load_gap_aware(settings, pool, console)
             fleet.checkpoint("load")
         finally:
             pool.close()
         for server in fleet.servers:
-            server.workers = settings.rss_workers
+            server.workers = settings.rss_workers if server.rule == "gap-aware" else asgd_workers(settings)
         results["memory"] = measure_memory(fleet)
     finally:
         fleet.stop()

@@ -95,9 +95,18 @@ class ShardLimits:
     transfer_grace_seconds: float = 5.0
     # Cap on parameter versions kept for gap-measuring rules (GA, DC-ASGD).
     snapshot_memory_bytes: int = 2048 * 1024 * 1024
+    # Serialised parameter versions (each the shard's size) being sent at once, per reply form;
+    # at the limit a pull shares the newest of them (asynchronous training only).
+    pull_versions: int = 2
 
     def __post_init__(self) -> None:
-        counts = (self.max_workers, self.max_parameters, self.receive_buffers, self.snapshot_memory_bytes)
+        counts = (
+            self.max_workers,
+            self.max_parameters,
+            self.receive_buffers,
+            self.snapshot_memory_bytes,
+            self.pull_versions,
+        )
         _require(min(counts) >= 1 and self.receive_idle_seconds > 0, f"every shard limit must be positive: {self}")
         _require(
             self.min_transfer_mib_per_s > 0,
@@ -198,6 +207,7 @@ class ServerConfig:
             receive_buffers=self.limits.receive_buffers,
             receive_idle_seconds=self.limits.receive_idle_seconds,
             transfer_pace=self.limits.transfer_pace,
+            pull_versions=self.limits.pull_versions,
             # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
             chunk_bytes=min(codec.DEFAULT_CHUNK_BYTES, self.transport.max_message_bytes // 2),
         )

@@ -23,6 +23,7 @@ import click
 from click.core import ParameterSource
 
 from psproto.cli_options import path_option
+from psserver.allocator import DEFAULT_MMAP_MIB, MAX_MMAP_MIB, map_large_buffers
 from psserver.app import (
     BindError,
     CheckpointConfig,
@@ -160,6 +161,14 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     help="pushes decoded at once, each into a buffer of the shard's size; more wait (bounds memory)",
 )
 @click.option(
+    "--pull-versions",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="serialised parameter versions (each the shard's size) being sent at once per reply form; at the "
+    "limit an async pull gets the newest of them, whose clock tells the worker its staleness (bounds memory)",
+)
+@click.option(
     "--receive-idle-seconds",
     default=30.0,
     show_default=True,
@@ -190,6 +199,15 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     show_default=True,
     help="HTTP/2 flow-control window per stream in bytes (or 1MiB, 4MiB...), or 'auto' to let gRPC size it; "
     "a push waiting for a receive buffer holds up to this much in the server's memory",
+)
+@click.option(
+    "--malloc-mmap-mib",
+    default=DEFAULT_MMAP_MIB,
+    show_default=True,
+    type=click.IntRange(0, MAX_MMAP_MIB),
+    help="allocations of at least this many MiB (shard-sized buffers: snapshots, copies, uploads) are mapped "
+    "on their own and given back to the system when freed, instead of staying in the heap; 0 keeps the "
+    "process's allocator settings (psserver/allocator.py)",
 )
 @click.option(
     "--ready-file",
@@ -229,10 +247,12 @@ def serve(
     max_workers: int,
     max_parameters: int,
     receive_buffers: int,
+    pull_versions: int,
     receive_idle_seconds: float,
     min_transfer_rate: float,
     transfer_grace_seconds: float,
     receive_window: str,
+    malloc_mmap_mib: int,
     ready_file: Path | None,
 ) -> None:
     """Serve one shard of a model's parameters over gRPC until SIGTERM."""
@@ -281,6 +301,7 @@ def serve(
             min_transfer_mib_per_s=min_transfer_rate,
             transfer_grace_seconds=transfer_grace_seconds,
             snapshot_memory_bytes=snapshot_memory_mb * 1024 * 1024,
+            pull_versions=pull_versions,
         ),
         security=SecurityConfig(
             tls=ServerTls(tls_cert, tls_key, tls_client_ca) if tls_cert is not None and tls_key is not None else None,
@@ -294,6 +315,7 @@ def serve(
         ),
         ready_file=ready_file,
     )
+    map_large_buffers(malloc_mmap_mib)
     run(config)
 
 

@@ -9,7 +9,7 @@ from psserver.core.rules import RuleSpec
 
 # Peak RSS <= RSS_FACTOR x must-hold + RSS_SLACK_MB (a Python process with torch and gRPC
 # starts at about 250 MB).
-RSS_FACTOR, RSS_SLACK_MB = 1.5, 300.0
+RSS_FACTOR, RSS_SLACK_MB = 2.0, 350.0
 
 
 def rule_state_bytes(rule: str, rule_opts: Sequence[str], length: int) -> tuple[int, bool]:

@@ -68,16 +68,20 @@ class PullVersions:
         newest = max(live, key=lambda r: r.clock)
         return newest if kept is None or kept(newest.clock) else None
 
-    def encode(self, source: torch.Tensor, clock: int, wire_dtype: int, encoder: PullEncoder | None) -> PullResult:
+    def encode(
+        self, source: torch.Tensor, clock: int, wire_dtype: int, encoder: PullEncoder | None, live: bool = False
+    ) -> PullResult:
         """``source`` in the form asked for. The in-process form's payloads are views of ``source``,
-        so it must be a copy nobody changes; serialised messages may read the live parameters."""
+        so it must be a copy nobody changes; serialised messages may read the ``live`` parameters
+        (they keep what they built, to be frozen before an update), or a private source (they keep
+        nothing: each reader's messages are built from it as it reads)."""
         total = source.numel()
         if encoder is None:
             payloads = list(codec.payloads(source, wire_dtype, self._chunk_bytes))
             data_bytes = sum(len(p.data) for p in payloads)
             return PullResult(clock, total, chunks=payloads, data_bytes=data_bytes, wire_dtype=wire_dtype)
         spans = codec.chunk_spans(total, wire_dtype, self._chunk_bytes)
-        messages = SerializedPull(source, clock, wire_dtype, spans, encoder)
+        messages = SerializedPull(source, clock, wire_dtype, spans, encoder, retain=live)
         data_bytes = total * codec.element_size(wire_dtype)
         return PullResult(
             clock, total, messages=messages, data_bytes=data_bytes, wire_dtype=wire_dtype, encoder=encoder
@@ -99,7 +103,7 @@ class PullVersions:
             return snapshot
         if encoder is None:
             return params.clone()
-        result = self.encode(params, clock, wire_dtype, encoder)
+        result = self.encode(params, clock, wire_dtype, encoder, live=True)
         self.keep(result, current=True)
         return result
 

@@ -10,6 +10,11 @@ changes it must call ``freeze`` first (``PullVersions.freeze_before_update`` doe
 shard lock, before every update). ``freeze`` builds the messages not built yet, so every reader
 still gets exactly the version it pulled. A private lock orders a reader's build of one message
 against ``freeze``; it never waits on the shard lock.
+
+A version read from a private source that nobody changes (``retain=False``: a snapshot the rule
+keeps anyway) keeps no messages: each reader's message is built when it asks and belongs to it
+alone, so such a version holds no more than its source (which the rule holds anyway) instead
+of a second copy of the shard in reply bytes.
 """
 
 from __future__ import annotations
@@ -33,9 +38,16 @@ class SerializedPull:
     """The messages of one version, built on first read and shared by every reader."""
 
     def __init__(
-        self, source: torch.Tensor, clock: int, wire_dtype: int, spans: Sequence[range], encoder: PullEncoder
+        self,
+        source: torch.Tensor,
+        clock: int,
+        wire_dtype: int,
+        spans: Sequence[range],
+        encoder: PullEncoder,
+        retain: bool = True,
     ) -> None:
         self._source: torch.Tensor | None = source
+        self._retain = retain
         self._clock = clock
         self._total = source.numel()
         self._wire_dtype = wire_dtype
@@ -49,6 +61,9 @@ class SerializedPull:
         return len(self._spans)
 
     def __iter__(self) -> Iterator[bytes]:
+        if not self._retain:
+            yield from self._unretained()
+            return
         for index in range(len(self._spans)):
             message = self._messages[index]
             if message is None:
@@ -56,17 +71,30 @@ class SerializedPull:
                     message = self._message_locked(index)
             yield message
 
+    def _unretained(self) -> Iterator[bytes]:
+        source = self._source
+        assert source is not None
+        for span in self._spans:
+            yield self._encoder.encode(self._clock, self._total, codec.payload(source, span, self._wire_dtype))
+
+    @property
+    def retained_bytes(self) -> int:
+        """Bytes of the messages this version keeps (built and shared by its readers)."""
+        return sum(len(message) for message in self._messages if message is not None)
+
     def reads(self, tensor: torch.Tensor) -> bool:
         """Whether messages not built yet will be read from ``tensor``."""
         return self._source is tensor
 
     @property
     def complete(self) -> bool:
-        """Every message is built: the source is no longer read."""
-        return self._unbuilt == 0
+        """Every message is built: the source is no longer read (never, without ``retain``)."""
+        return self._retain and self._unbuilt == 0
 
     def freeze(self) -> None:
         """Build every message not built yet, so the source may change."""
+        if not self._retain:
+            raise RuntimeError("a version of a private source keeps reading it: it must not change")
         with self._lock:
             for index in range(len(self._spans)):
                 self._message_locked(index)

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from psserver import app
+from psserver import app, serve_cli
+from psserver.app import ServerConfig
 from psserver.cli import main, parse_receive_window
 from psserver.core.rules import RULES
 from psserver.rpc.server import ServerLimits
@@ -42,6 +43,10 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         (["--receive-window", "1.5MiB"], "give 'auto' or a whole number of bytes, KiB, MiB or GiB"),
         (["--receive-window", "large"], "--receive-window"),
         (["--ready-file", "/nonexistent/folder/ready.json"], "its folder /nonexistent/folder does not exist"),
+        (["--pull-versions", "0"], "Invalid value for '--pull-versions': 0 is not in the range x>=1"),
+        (["--pull-versions", "two"], "Invalid value for '--pull-versions'"),
+        (["--malloc-mmap-mib", "33"], "Invalid value for '--malloc-mmap-mib': 33 is not in the range 0<=x<=32"),
+        (["--malloc-mmap-mib", "-1"], "Invalid value for '--malloc-mmap-mib'"),
         (["--rule", "sa", "--rule-opt", "dylu=true"], "option dylu (DyLU) needs a windowed rule"),
         (["--rule", "diloco", "--rule-opt", "dylu_min=0"], "option dylu_min=0 is out of range"),
         (
@@ -95,3 +100,19 @@ def test_serve_gives_the_server_the_receive_window_asked_for(
     result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flag], terminal_width=200)
     assert result.exit_code == 1 and "stopped by the test" in result.output
     assert [limits.receive_window_bytes for limits in given] == [window]
+
+
+@pytest.mark.parametrize(
+    ("flags", "versions", "mmap_mib"), [([], 2, 32), (["--pull-versions", "1", "--malloc-mmap-mib", "0"], 1, 0)]
+)
+def test_serve_maps_the_memory_flags_into_the_server(
+    flags: list[str], versions: int, mmap_mib: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configs: list[ServerConfig] = []
+    thresholds: list[int] = []
+    monkeypatch.setattr(serve_cli, "map_large_buffers", thresholds.append)
+    monkeypatch.setattr(serve_cli, "run", configs.append)
+    result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flags], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert [config.shard_config().pull_versions for config in configs] == [versions]
+    assert thresholds == [mmap_mib]

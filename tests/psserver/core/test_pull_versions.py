@@ -73,3 +73,17 @@ def test_at_the_limit_a_pull_may_share_the_newest_version_in_flight() -> None:
     assert versions.newest_in_flight(codec.FLOAT32, ENCODER, share=True, kept=lambda clock: clock == 0) is None
     del held[1]  # sent: below the limit again
     assert versions.newest_in_flight(codec.FLOAT32, ENCODER, share=True, kept=None) is None
+
+
+def test_a_version_of_a_snapshot_keeps_no_messages_one_of_the_live_parameters_keeps_what_it_built() -> None:
+    versions = PullVersions(chunk_bytes=8, max_in_flight=1)
+    params, snapshot = torch.zeros(4), torch.ones(4)
+    made = versions.begin(0, codec.FLOAT32, ENCODER, params, snapshot)
+    assert made is snapshot
+    private = versions.encode(snapshot, 0, codec.FLOAT32, ENCODER)
+    assert isinstance(private.messages, SerializedPull)
+    assert list(private.messages) == [b"0:0:[1.0, 1.0]", b"0:2:[1.0, 1.0]"] and private.messages.retained_bytes == 0
+    live = versions.begin(1, codec.FLOAT32, ENCODER, params, None)
+    assert isinstance(live, PullResult) and isinstance(live.messages, SerializedPull)
+    list(live.messages)
+    assert live.messages.retained_bytes == len(b"1:0:[0.0, 0.0]") * 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from psproto import codec, wire
@@ -70,3 +71,27 @@ def test_a_reader_building_a_message_and_freeze_never_build_one_twice() -> None:
     for reader in readers:
         reader.join()
     assert sorted(calls) == [0, 2, 4] and messages.complete
+
+
+def test_a_version_of_a_private_source_keeps_no_messages_and_reads_alike() -> None:
+    source = torch.arange(6, dtype=torch.float32)
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
+    calls: list[int] = []
+    unretained = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder(calls), retain=False)
+    first, second = list(unretained), list(unretained)
+    assert first == second == list(make(source, []))
+    assert parse(first) == source.tolist()
+    # Each reader's messages are its own: built per read, none kept by the version.
+    assert calls == [0, 2, 4, 0, 2, 4] and unretained.retained_bytes == 0
+    assert not unretained.complete and not unretained.reads(torch.zeros(6))
+    with pytest.raises(RuntimeError, match="private source"):
+        unretained.freeze()
+
+
+def test_a_version_of_the_live_parameters_keeps_what_it_built() -> None:
+    version = make(torch.arange(6, dtype=torch.float32), [])
+    messages = iter(version)
+    first = next(messages)
+    assert version.retained_bytes == len(first)
+    version.freeze()
+    assert version.retained_bytes == sum(len(m) for m in version) and version.complete
