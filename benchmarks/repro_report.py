@@ -27,9 +27,11 @@ PREAMBLE = (
     "Every run is `psworker simulate`: a virtual cluster in one process where every update goes through the "
     "server's own shard and rules and every worker runs its real worker procedure, in virtual time (a 1× "
     "worker's step takes 1 virtual second). Tasks run on CPU: the digits CNN (`digits`, 8×8 images, ~40k "
-    "parameters), an MLP on the same 64 pixels (`digits-mlp`), and the Fashion-MNIST CNN (`fashion`, 28×28 "
-    "images, ~420k parameters). Numbers are final test accuracy (on the 360 held-out digits, or on the 10,000 "
-    "Fashion-MNIST test images) or virtual seconds, mean ± std over seeds (the seed drives batch sampling, and "
+    "parameters), an MLP on the same 64 pixels (`digits-mlp`), the Fashion-MNIST CNN (`fashion`, 28×28 "
+    "images, ~420k parameters) and a byte-level transformer on Python's pydoc text (`tinylm`, ~0.86M "
+    "parameters). Numbers are final test accuracy (on the 360 held-out digits, or on the 10,000 "
+    "Fashion-MNIST test images), tinylm's final validation loss (lower is better, perplexity beside it) or "
+    "virtual seconds, mean ± std over seeds (the seed drives batch sampling, and "
     "step times under random speed models; the data split and the initial model are fixed). A difference "
     "counts only when it is larger than the two spreads added. AB, GA and OrMo are reconstructed from the "
     "papers' abstracts and related code (see docs/rules.md), so their verdicts test our reconstruction as much "
@@ -40,7 +42,7 @@ PREAMBLE = (
 )
 VERDICT = re.compile(r"\*\*Verdict: ([^.*]+)\.\*\*")
 MADE_BY = re.compile(r"^\*Made by `")
-TASK_NAMES = {"digits": "digits (CNN or MLP)", "fashion": "Fashion-MNIST CNN"}
+TASK_NAMES = {"digits": "digits (CNN or MLP)", "fashion": "Fashion-MNIST CNN", "tinylm": "tinylm transformer"}
 COMMAND = re.compile(r"^(?:\*Made by|Made with) `([^`]+)`", re.M)
 
 
