@@ -135,7 +135,10 @@ def local_sgd_experiment(scale: LocalSgdScale) -> Experiment:
         f"slowdown), a budget of {scale.steps} gradients (all workers together); inner {scale.inner}, window "
         f"H = {opts['window']}, outer lr {opts['lr']} with Nesterov momentum {opts['momentum']}, the same for "
         "every variant; DN's period N = 4 (the worker count), c = 0; DyLU scales each window to the worker's "
-        f"speed against the fastest (floor 1 step). Sync DiLoCo runs under BSP. Metric: {scale.metric_words}.",
+        f"speed against the fastest (floor 1 step). Sync DiLoCo runs under BSP. Every variant gets the same "
+        "gradient budget (same compute); sync DiLoCo spends more virtual time on it, every round waiting for the "
+        f"slowest worker. Metric: {scale.metric_words}"
+        + (" (lower is better; the perplexity given is exp of the mean loss)." if not scale.higher_is_better else "."),
         "slowest worker's slowdown",
         _points(scale),
         lambda agg: judge_local_sgd(agg, scale.higher_is_better),
