@@ -47,6 +47,7 @@ class Experiment:
     judge: Callable[[Aggregates], tuple[str, str]]
     metric: str = "test_accuracy"  # or "time_to_target_s", or "metric_value" (the task's own metric)
     metric_label: str = "final test accuracy (mean ± std over seeds)"  # the plot's y axis
+    log_y: bool = False  # a metric whose failures are orders of magnitude off (a diverging loss)
     log_x: bool = True
     extra_plot: str | None = None  # a telemetry key plotted beside the metric
     notes: list[str] = field(default_factory=list)

@@ -92,7 +92,7 @@ def _value(agg: Aggregates, series: str, x: float, loss: bool) -> str:
     if not loss:
         return f"{mean:.3f} ± {std:.3f}"
     ppl = math.exp(mean) if math.isfinite(mean) and mean < 700 else math.inf
-    return f"{mean:.3f} ± {std:.3f} (perplexity {ppl:.2f})"
+    return f"{mean:.3f} ± {std:.3f} (perplexity {ppl:.4g})"
 
 
 def judge_local_sgd(agg: Aggregates, higher_is_better: bool) -> tuple[str, str]:
@@ -111,14 +111,22 @@ def judge_local_sgd(agg: Aggregates, higher_is_better: bool) -> tuple[str, str]:
             f"naive async DiLoCo is {relation(naive_vs_sync)} sync DiLoCo."
         )
         for series in VARIANTS:
-            lines.append(f"  - {series}: {_value(agg, series, x, not higher_is_better)}")
+            telemetry = agg[(series, x)].get("telemetry")
+            steps = telemetry.get("local_steps") if isinstance(telemetry, dict) else None
+            assigned = f"; mean assigned window {steps:.1f}" if series == DN_DYLU and steps else ""
+            lines.append(f"  - {series}: {_value(agg, series, x, not higher_is_better)}{assigned}")
     if all(matches) and all(lags):
         verdict = "reproduced"
     elif any(matches) or any(lags):
         verdict = "partly"
     else:
         verdict = "not reproduced"
-    return verdict, "\n".join(f"- {line}" if not line.startswith("  ") else line for line in lines)
+    summary = (
+        f"DN + DyLU is within the seed spread of sync DiLoCo's final metric (or better) at {sum(matches)} of "
+        f"{len(MIXES)} speed mixes; naive async DiLoCo lags sync DiLoCo beyond the spread at {sum(lags)} of "
+        f"{len(MIXES)}."
+    )
+    return verdict, summary + "\n\n" + "\n".join(line if line.startswith("  ") else f"- {line}" for line in lines)
 
 
 def local_sgd_experiment(scale: LocalSgdScale) -> Experiment:
@@ -146,6 +154,7 @@ def local_sgd_experiment(scale: LocalSgdScale) -> Experiment:
         log_x=False,
         task=scale.task,
         metric_label=f"{scale.metric_words} (mean ± std over seeds)",
+        log_y=not scale.higher_is_better,
     )
 
 
