@@ -15,15 +15,13 @@ from benchmarks.repro_experiments import (
     ttt_experiment,
 )
 from benchmarks.repro_fashion import fashion_experiments
+from benchmarks.repro_local_sgd import local_sgd_experiments
 
-TASKS = ("digits", "fashion")
-
-
-TASKS = ("digits", "fashion")
+TASKS = ("digits", "fashion", "tinylm")
 
 
 def experiments(quick: bool, only: set[str] | None = None, tasks: Sequence[str] = TASKS) -> list[Experiment]:
-    """The experiments of ``tasks`` (digits, fashion), all or those whose key is in ``only``.
+    """The experiments of ``tasks`` (digits, fashion, tinylm), all or those whose key is in ``only``.
 
     ``quick`` keeps the smoke test's digits subset whatever ``tasks`` says.
     """
@@ -37,4 +35,5 @@ def experiments(quick: bool, only: set[str] | None = None, tasks: Sequence[str] 
             built.insert(2, ab_sweep_experiment(DIGITS_SWEEP))
         if "fashion" in tasks:
             built += fashion_experiments()
+        built += local_sgd_experiments(tuple(tasks))
     return [e for e in built if only is None or e.key in only]

@@ -7,6 +7,7 @@ The helpers read those aggregates and say whether one series beats another beyon
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -44,7 +45,9 @@ class Experiment:
     xlabel: str
     points: list[Point]
     judge: Callable[[Aggregates], tuple[str, str]]
-    metric: str = "test_accuracy"  # or "time_to_target_s"
+    metric: str = "test_accuracy"  # or "time_to_target_s", or "metric_value" (the task's own metric)
+    metric_label: str = "final test accuracy (mean ± std over seeds)"  # the plot's y axis
+    log_y: bool = False  # a metric whose failures are orders of magnitude off (a diverging loss)
     log_x: bool = True
     extra_plot: str | None = None  # a telemetry key plotted beside the metric
     notes: list[str] = field(default_factory=list)
@@ -94,9 +97,15 @@ def xs_of(agg: Aggregates, series: str) -> list[float]:
     return sorted(x for s, x in agg if s == series)
 
 
-def beats(agg: Aggregates, a: str, b: str, x: float) -> int:
-    """+1 when a's mean beats b's by more than both spreads, −1 the other way, 0 within the spread."""
+def beats(agg: Aggregates, a: str, b: str, x: float, higher_is_better: bool = True) -> int:
+    """+1 when a's mean beats b's by more than both spreads, −1 the other way, 0 within the spread.
+
+    ``higher_is_better=False`` for a metric such as a loss: the lower mean beats."""
     gap = mean_of(agg, a, x) - mean_of(agg, b, x)
+    if not higher_is_better:
+        gap = -gap
+    if math.isnan(gap):  # both diverged: neither beats the other
+        return 0
     spread = max(std_of(agg, a, x) + std_of(agg, b, x), 0.005)
     return 1 if gap > spread else -1 if gap < -spread else 0
 

@@ -414,7 +414,7 @@ def ttt_experiment(
             task=task,
             steps=steps,
             eval_every=eval_every,
-            target_accuracy=target,
+            target=target,
             stop_at_target=True,
         )
         points.append(Point(label, 4.0, config))

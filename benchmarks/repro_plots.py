@@ -73,7 +73,9 @@ def plot(exp: Experiment, agg: Aggregates, runs: dict[int, dict[int, dict[str, A
             stds = [as_float(agg[(label, x)]["std"]) for x in xs]
             ax.errorbar(xs, means, yerr=stds, capsize=3, label=label, linewidth=1.2, markersize=4, **styles[label])
         ax.set_xlabel(exp.xlabel)
-        ax.set_ylabel("final test accuracy (mean ± std over seeds)")
+        ax.set_ylabel(exp.metric_label)
+        if exp.log_y:
+            ax.set_yscale("log")
         if exp.log_x:
             ax.set_xscale("log", base=exp.log_base)
         ax.legend(fontsize=7, ncol=2 if len(series) > 6 else 1)

@@ -10,6 +10,7 @@ twice.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections.abc import Sequence
@@ -26,9 +27,11 @@ PREAMBLE = (
     "Every run is `psworker simulate`: a virtual cluster in one process where every update goes through the "
     "server's own shard and rules and every worker runs its real worker procedure, in virtual time (a 1× "
     "worker's step takes 1 virtual second). Tasks run on CPU: the digits CNN (`digits`, 8×8 images, ~40k "
-    "parameters), an MLP on the same 64 pixels (`digits-mlp`), and the Fashion-MNIST CNN (`fashion`, 28×28 "
-    "images, ~420k parameters). Numbers are final test accuracy (on the 360 held-out digits, or on the 10,000 "
-    "Fashion-MNIST test images) or virtual seconds, mean ± std over seeds (the seed drives batch sampling, and "
+    "parameters), an MLP on the same 64 pixels (`digits-mlp`), the Fashion-MNIST CNN (`fashion`, 28×28 "
+    "images, ~420k parameters) and a byte-level transformer on Python's pydoc text (`tinylm`, ~0.86M "
+    "parameters). Numbers are final test accuracy (on the 360 held-out digits, or on the 10,000 "
+    "Fashion-MNIST test images), tinylm's final validation loss (lower is better, perplexity beside it) or "
+    "virtual seconds, mean ± std over seeds (the seed drives batch sampling, and "
     "step times under random speed models; the data split and the initial model are fixed). A difference "
     "counts only when it is larger than the two spreads added. AB, GA and OrMo are reconstructed from the "
     "papers' abstracts and related code (see docs/rules.md), so their verdicts test our reconstruction as much "
@@ -39,7 +42,7 @@ PREAMBLE = (
 )
 VERDICT = re.compile(r"\*\*Verdict: ([^.*]+)\.\*\*")
 MADE_BY = re.compile(r"^\*Made by `")
-TASK_NAMES = {"digits": "digits (CNN or MLP)", "fashion": "Fashion-MNIST CNN"}
+TASK_NAMES = {"digits": "digits (CNN or MLP)", "fashion": "Fashion-MNIST CNN", "tinylm": "tinylm transformer"}
 COMMAND = re.compile(r"^(?:\*Made by|Made with) `([^`]+)`", re.M)
 
 
@@ -54,17 +57,23 @@ class Outcome:
     quick: bool
 
 
+def _number(value: object) -> float:
+    """A stored run's metric: None is a diverged run's loss (JSON has no infinity)."""
+    return math.inf if value is None else float(value)  # type: ignore[arg-type]
+
+
 def aggregate(exp: Experiment, runs: Runs) -> Aggregates:
     agg: Aggregates = {}
     for index, point in enumerate(exp.points):
         by_seed = runs[index]
-        values = [float(by_seed[s][exp.metric]) for s in sorted(by_seed)]
+        values = [_number(by_seed[s][exp.metric]) for s in sorted(by_seed)]
         telemetry: dict[str, float] = {}
         for key in {k for r in by_seed.values() for k in r["telemetry"]}:
             telemetry[key] = statistics.fmean(r["telemetry"][key] for r in by_seed.values() if key in r["telemetry"])
         agg[(point.series, point.x)] = {
             "mean": statistics.fmean(values),
-            "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+            # A diverged loss is infinite: the mean says so, and no spread is drawn around it.
+            "std": statistics.pstdev(values) if len(values) > 1 and all(map(math.isfinite, values)) else 0.0,
             "values": values,
             "diverged": sum(bool(r["diverged"]) for r in by_seed.values()),
             "mean_staleness": statistics.fmean(float(r["mean_staleness"]) for r in by_seed.values()),
@@ -77,6 +86,13 @@ def aggregate(exp: Experiment, runs: Runs) -> Aggregates:
 def _configs(exp: Experiment) -> list[Any]:
     """The points' configurations as the JSON stores them (tuples become lists)."""
     return [json.loads(json.dumps(p.config.describe(), default=str)) for p in exp.points]
+
+
+def _renamed(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored configuration with today's field names (``target_accuracy`` became ``target``)."""
+    if "target_accuracy" in config and "target" not in config:
+        config = {("target" if k == "target_accuracy" else k): v for k, v in config.items()}
+    return config
 
 
 def load_reused(paths: Sequence[Path], catalog: Sequence[Experiment]) -> list[Outcome]:
@@ -103,7 +119,7 @@ def load_reused(paths: Sequence[Path], catalog: Sequence[Experiment]) -> list[Ou
             stored = sorted((p["series"], float(p["x"])) for p in entry.get("points", []))
             same = stored == sorted((p.series, p.x) for p in exp.points) and len(entry["runs"]) == len(exp.points)
             if "configs" in entry:
-                same = same and entry["configs"] == _configs(exp)
+                same = same and [_renamed(c) for c in entry["configs"]] == _configs(exp)
             if not same:
                 raise SystemExit(f"--reuse {path}: experiment {key!r} was run with other settings; run it again")
             command = entry.get("command")

@@ -54,6 +54,8 @@ def run_point(job: tuple[str, int, Point, int]) -> tuple[str, int, int, dict[str
         {
             "test_accuracy": result.test_accuracy,
             "test_loss": result.test_loss if math.isfinite(result.test_loss) else None,
+            # The task's metric at the end (accuracy, or validation loss: infinite when diverged).
+            "metric_value": result.metric_value if math.isfinite(result.metric_value) else None,
             "time_to_target_s": metric,
             "reached_target": result.time_to_target_s is not None,
             "diverged": result.diverged,

@@ -1,4 +1,9 @@
-"""What the time-to-accuracy race reports: medians over seeds, the targets, tables and the plot."""
+"""What the time-to-accuracy race reports: medians over seeds, the targets, tables and the plot.
+
+Every function takes the task's metric (:class:`psworker.tasks.Metric`, test accuracy unless
+told): the target, "at budget" and "better" follow its direction, so a language model's race
+is to a validation loss at most the target, and its final loss is compared with DDP's.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +19,31 @@ from rich.table import Table
 from benchmarks.harness.race import RaceSettings, RunResult
 from benchmarks.harness.report import print_targets
 from benchmarks.harness.stats import summarize
+from psworker.tasks import ACCURACY, Metric
 
 # The target: the best hetps rule reaches the accuracy this many times sooner than DDP...
 SPEEDUP_TARGET = 1.5
-# ...and ends within this much accuracy of DDP's (0.5 points).
+# ...and ends within this much accuracy of DDP's (0.5 points)...
 ACCURACY_TOLERANCE = 0.005
+# ...or, for a task judged by its loss, at most this much above DDP's final loss.
+LOSS_TOLERANCE = 0.02
 
 
 def mix_name(slowdowns: Sequence[float]) -> str:
     return ":".join(f"{s:g}" for s in slowdowns)
 
 
-def aggregate(runs: Sequence[RunResult]) -> dict[str, dict[str, dict[str, Any]]]:
-    """mix → system → medians and spreads over seeds; a run that never reached the target counts as infinite."""
+def at_budget(run: RunResult, metric: Metric = ACCURACY) -> float:
+    """The run's metric when the budget ran out (a diverged loss is infinite, not NaN)."""
+    if run.diverged:
+        return metric.worst
+    return metric.of(run.accuracy_at_budget, run.loss_at_budget)
+
+
+def aggregate(runs: Sequence[RunResult], metric: Metric = ACCURACY) -> dict[str, dict[str, dict[str, Any]]]:
+    """mix → system → medians and spreads over seeds; a run that never reached the target counts as infinite.
+
+    ``metric_at_budget`` is the task's metric at the budget (``accuracy_at_budget`` is always there)."""
     grouped: dict[str, dict[str, list[RunResult]]] = {}
     for run in runs:
         grouped.setdefault(mix_name(run.slowdowns), {}).setdefault(run.system, []).append(run)
@@ -46,6 +63,7 @@ def aggregate(runs: Sequence[RunResult]) -> dict[str, dict[str, dict[str, Any]]]
                 "time_to_target": summarize(times),
                 "reached": sum(t != math.inf for t in times),
                 "accuracy_at_budget": summarize([r.accuracy_at_budget for r in seeds]),
+                "metric_at_budget": summarize([at_budget(r, metric) for r in seeds]),
                 "samples_per_second": summarize([r.samples_per_second for r in seeds]),
                 "staleness_per_worker": staleness,
                 "diverged": sum(r.diverged for r in seeds),
@@ -54,19 +72,33 @@ def aggregate(runs: Sequence[RunResult]) -> dict[str, dict[str, dict[str, Any]]]
     return summary
 
 
-def targets(summary: dict[str, dict[str, dict[str, Any]]], mix: str) -> list[dict[str, Any]]:
-    """The issue's target on ``mix``: best hetps rule vs DDP, time to target and final accuracy."""
+def targets(summary: dict[str, dict[str, dict[str, Any]]], mix: str, metric: Metric = ACCURACY) -> list[dict[str, Any]]:
+    """The issue's target on ``mix``: best hetps rule vs DDP, time to target and the final metric.
+
+    The metric gap is signed so that positive is better than DDP: the rule's accuracy minus
+    DDP's, or DDP's loss minus the rule's."""
     systems = summary.get(mix, {})
     if "ddp" not in systems or len(systems) < 2:
         return []
     ddp = systems["ddp"]
     rules = {name: s for name, s in systems.items() if name != "ddp"}
-    best = min(rules, key=lambda n: (rules[n]["time_to_target"]["median"], -rules[n]["accuracy_at_budget"]["median"]))
+    sign = 1.0 if metric.higher_is_better else -1.0
+
+    def final(system: dict[str, Any]) -> float:
+        # Summaries written before the metric existed carry only the accuracy.
+        return float(system.get("metric_at_budget", system["accuracy_at_budget"])["median"])
+
+    best = min(rules, key=lambda n: (rules[n]["time_to_target"]["median"], -sign * final(rules[n])))
     rule = rules[best]
     ddp_time = ddp["time_to_target"]["median"]
     rule_time = rule["time_to_target"]["median"]
     speedup = ddp_time / rule_time if math.isfinite(rule_time) else 0.0
-    gap = rule["accuracy_at_budget"]["median"] - ddp["accuracy_at_budget"]["median"]
+    gap = sign * (final(rule) - final(ddp))
+    tolerance = ACCURACY_TOLERANCE if metric.higher_is_better else LOSS_TOLERANCE
+    if metric.higher_is_better:
+        gap_words = f"{best}'s accuracy at budget − DDP's"
+    else:
+        gap_words = f"DDP's loss − {best}'s at budget"
     lower_bound = " (DDP never reached it: a lower bound)" if not math.isfinite(ddp_time) else ""
     return [
         {
@@ -81,13 +113,13 @@ def targets(summary: dict[str, dict[str, dict[str, Any]]], mix: str) -> list[dic
             "best_rule": best,
         },
         {
-            "target": f"{mix}: {best}'s accuracy at budget − DDP's",
+            "target": f"{mix}: {gap_words}",
             "measured": gap,
             "min": gap,
             "max": gap,
-            "threshold": -ACCURACY_TOLERANCE,
+            "threshold": -tolerance,
             "comparison": ">=",
-            "pass": bool(gap >= -ACCURACY_TOLERANCE),
+            "pass": bool(gap >= -tolerance),
             "detail": "medians over seeds",
             "best_rule": best,
         },
@@ -99,20 +131,25 @@ def _seconds(value: float) -> str:
 
 
 def print_tables(
-    summary: dict[str, dict[str, dict[str, Any]]], goals: list[dict[str, Any]], settings: RaceSettings, console: Console
+    summary: dict[str, dict[str, dict[str, Any]]],
+    goals: list[dict[str, Any]],
+    settings: RaceSettings,
+    console: Console,
+    metric: Metric = ACCURACY,
 ) -> None:
+    short = "acc" if metric.name == "accuracy" else metric.name
     for mix, systems in summary.items():
         table = Table(
-            title=f"{settings.task}, speeds {mix}: seconds to test accuracy {settings.target} "
+            title=f"{settings.task}, speeds {mix}: seconds to {metric.label} {settings.target} "
             f"(budget {settings.budget_seconds:g} s, 1× step {settings.step_seconds:g} s)"
         )
-        for column in ("system", "lr", "to target (median)", "min–max", "reached", "acc at budget", "min–max"):
+        for column in ("system", "lr", "to target (median)", "min–max", "reached", f"{short} at budget", "min–max"):
             table.add_column(column, justify="left" if column == "system" else "right")
         for column in ("samples/s", "staleness per worker", "overrun"):
             table.add_column(column, justify="right")
         ddp_time = systems.get("ddp", {}).get("time_to_target", {}).get("median", math.nan)
         for name, s in sorted(systems.items(), key=lambda item: item[1]["time_to_target"]["median"]):
-            ttt, acc = s["time_to_target"], s["accuracy_at_budget"]
+            ttt, acc = s["time_to_target"], s.get("metric_at_budget", s["accuracy_at_budget"])
             faster = f" ({ddp_time / ttt['median']:.2f}×)" if math.isfinite(ttt["median"]) and name != "ddp" else ""
             table.add_row(
                 name,
@@ -131,8 +168,8 @@ def print_tables(
         print_targets(goals, console)
 
 
-def plot_curves(runs: Sequence[RunResult], settings: RaceSettings, path: Path) -> None:
-    """Screened test accuracy against wall seconds, one panel per mix, the mean over seeds per system."""
+def plot_curves(runs: Sequence[RunResult], settings: RaceSettings, path: Path, metric: Metric = ACCURACY) -> None:
+    """The screened metric (test accuracy unless told) against wall seconds, one panel per mix, the mean over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,10 +194,14 @@ def plot_curves(runs: Sequence[RunResult], settings: RaceSettings, path: Path) -
         axis.axhline(settings.target, color="tab:red", linestyle=":", linewidth=1)
         axis.set_title(f"speeds {mix} ({len(next(iter(by_system.values())))} seed(s), mean)")
         axis.set_xlabel("wall seconds")
-        axis.set_ylabel("test accuracy (screened: every 10th test image)")
-        axis.set_ylim(max(0.0, settings.target - 0.25), min(1.0, settings.target + 0.07))
+        if metric.higher_is_better:
+            axis.set_ylabel("test accuracy (screened: every 10th test image)")
+            axis.set_ylim(max(0.0, settings.target - 0.25), min(1.0, settings.target + 0.07))
+        else:
+            axis.set_ylabel(f"{metric.label} (screened: every 10th test example)")
+            axis.set_ylim(max(0.0, settings.target - 0.3), settings.target + 1.5)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=8, ncol=2, loc="lower right")
+        axis.legend(fontsize=8, ncol=2, loc="lower right" if metric.higher_is_better else "upper right")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -57,7 +57,7 @@ def _parse_slowdowns(text: str) -> list[float]:
     "--task",
     default="digits",
     show_default=True,
-    help="built-in task (digits, fashion, fashion-resnet18) or module:function",
+    help="built-in task (digits, fashion, fashion-resnet18, tinylm) or module:function",
 )
 @data_dir_option
 @click.option(
@@ -156,10 +156,7 @@ def cluster(
             f"{w.compute_seconds_per_step * 1000:.1f} ms",
         )
     console.print(table)
-    console.print(
-        f"final test accuracy [bold]{report.test_accuracy:.4f}[/] (loss {report.test_loss:.4f}) after "
-        f"{report.clock} updates in {report.wall_seconds:.1f} s"
-    )
+    console.print(f"final {report.describe()} after {report.clock} updates in {report.wall_seconds:.1f} s")
     sys.stdout.flush()
 
 

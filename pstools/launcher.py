@@ -2,12 +2,14 @@
 
 Everything talks over real gRPC on 127.0.0.1. When the workers are done the launcher reads
 each shard's Status, pulls the final parameters as an observer, evaluates them on the
-task's test set, stops the servers with SIGTERM and reports.
+task's test set, stops the servers with SIGTERM and reports (by the task's metric: test
+accuracy, or validation loss and perplexity).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -24,7 +26,7 @@ from psproto.v1 import ps_pb2
 from psserver.ready import ReadyFileError, wait_for_ready_file
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
-from psworker.tasks import Task, TaskError, evaluate, load_task
+from psworker.tasks import Task, TaskError, evaluate, load_task, metric_named, perplexity
 
 SERVER_START_TIMEOUT_S = 60.0
 
@@ -77,6 +79,15 @@ class ClusterReport:
     wall_seconds: float
     workers: list[WorkerReport] = field(default_factory=list)
     rejected: dict[str, int] = field(default_factory=dict)
+    # The task's metric (psworker.tasks.Metric) and its value; perplexity beside a loss metric.
+    metric: str = "accuracy"
+    higher_is_better: bool = True
+    metric_value: float = math.nan
+    perplexity: float | None = None
+
+    def describe(self) -> str:
+        """The final evaluation in words, e.g. ``test accuracy 0.9700 (loss 0.0824)``."""
+        return metric_named(self.metric).describe(self.test_accuracy, self.test_loss)
 
 
 def _python() -> list[str]:
@@ -269,7 +280,17 @@ def _report(config: ClusterConfig, task: Task, addresses: list[str], started: fl
         for reason, count in status.rejected.items():
             rejected[reason] = rejected.get(reason, 0) + count
     return ClusterReport(
-        config.rule, accuracy, loss, min(s.clock for s in statuses), time.monotonic() - started, workers, rejected
+        config.rule,
+        accuracy,
+        loss,
+        min(s.clock for s in statuses),
+        time.monotonic() - started,
+        workers,
+        rejected,
+        metric=task.metric.name,
+        higher_is_better=task.metric.higher_is_better,
+        metric_value=task.metric.of(accuracy, loss),
+        perplexity=None if task.metric.higher_is_better else perplexity(loss),
     )
 
 

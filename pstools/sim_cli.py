@@ -10,9 +10,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from pstools.sim_tasks import sim_task
 from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
 from psworker.cli import DataFileError, data_dir_option
 from psworker.idx import IdxError
+from psworker.tasks import TaskError
 
 
 @click.command("simulate")
@@ -39,13 +41,21 @@ from psworker.idx import IdxError
     "--task",
     default="digits",
     show_default=True,
-    help="digits, digits-mlp, fashion, fashion-resnet18 or module:function",
+    help="digits, digits-mlp, fashion, fashion-resnet18, tinylm or module:function",
 )
 @data_dir_option
 @click.option("--steps", default=1000, show_default=True, type=click.IntRange(min=1), help="gradients, all workers")
 @click.option("--updates", type=click.IntRange(min=1), default=None, help="also stop at this server clock")
 @click.option("--eval-every", default=100, show_default=True, type=click.IntRange(min=1), help="in steps")
-@click.option("--target-accuracy", type=click.FloatRange(0, 1), default=None)
+@click.option(
+    "--target",
+    type=float,
+    default=None,
+    help="the task's metric to reach: a test accuracy (at least) or a validation loss (at most)",
+)
+@click.option(
+    "--target-accuracy", type=click.FloatRange(0, 1), default=None, help="--target for a task judged by accuracy"
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
@@ -64,6 +74,7 @@ def simulate_command(
     steps: int,
     updates: int | None,
     eval_every: int,
+    target: float | None,
     target_accuracy: float | None,
     seed: int,
     json_path: Path | None,
@@ -74,6 +85,21 @@ def simulate_command(
 
     spec = parse_rule(rule, lr, rule_opts)
     torch.set_num_threads(torch_threads)
+    if target is not None and target_accuracy is not None:
+        raise click.UsageError("give --target or --target-accuracy, not both")
+    try:
+        loaded = sim_task(task, data_dir)
+    except TaskError as error:
+        raise click.BadParameter(str(error), param_hint="--task") from None
+    except IdxError as error:
+        raise DataFileError(str(error)) from None
+    if target_accuracy is not None:
+        if loaded.metric.name != "accuracy":
+            raise click.BadParameter(
+                f"task {task} is judged by its {loaded.metric.label}, not accuracy; give --target",
+                param_hint="--target-accuracy",
+            )
+        target = target_accuracy
     try:
         config = SimConfig(
             rule=rule,
@@ -89,13 +115,11 @@ def simulate_command(
             max_updates=updates,
             eval_every=eval_every,
             seed=seed,
-            target_accuracy=target_accuracy,
+            target=target,
         )
-        result = simulate(config)
+        result = simulate(config, loaded)
     except SimulationError as error:
         raise click.UsageError(str(error)) from None
-    except IdxError as error:
-        raise DataFileError(str(error)) from None
     console = Console()
     table = Table("worker", "slowdown", "steps", "pushes", "steps/push", "staleness mean", "staleness max")
     for w in result.workers:
@@ -111,12 +135,12 @@ def simulate_command(
     console.print(table)
     telemetry = ", ".join(f"{k} {v:.3g}" for k, v in result.telemetry.items())
     console.print(
-        f"{'DIVERGED; ' if result.diverged else ''}test accuracy [bold]{result.test_accuracy:.4f}[/] "
-        f"(loss {result.test_loss:.4f}) after {result.clock} updates, {result.samples} samples, "
+        f"{'DIVERGED; ' if result.diverged else ''}{loaded.metric.describe(result.test_accuracy, result.test_loss)} "
+        f"after {result.clock} updates, {result.samples} samples, "
         f"{result.virtual_s:.1f} virtual s ({result.wall_s:.1f} s wall); mean staleness "
         f"{result.mean_staleness:.2f}" + (f"; {telemetry}" if telemetry else "")
     )
     if result.time_to_target_s is not None:
-        console.print(f"reached {target_accuracy} at {result.time_to_target_s:.1f} virtual s")
+        console.print(f"reached {loaded.metric.label} {target} at {result.time_to_target_s:.1f} virtual s")
     if json_path is not None:
         json_path.write_text(json.dumps(result.to_json(), indent=1))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -122,7 +123,9 @@ class SimConfig:
     max_updates: int | None = None  # also stop once the shard's clock reaches this
     eval_every: int = 100  # in steps
     seed: int = 0
-    target_accuracy: float | None = None
+    # The task's metric to reach (psworker.tasks.Metric): an accuracy at least this high, or a
+    # loss at most this low; time_to_target_s is when an evaluation first got there.
+    target: float | None = None
     stop_at_target: bool = False
     record_pushes: bool = True
 
@@ -185,6 +188,10 @@ class SimResult:
     diverged: bool
     time_to_target_s: float | None = None
     steps_to_target: int | None = None
+    # The task's metric, its direction and its final value (test_accuracy or test_loss).
+    metric: str = "accuracy"
+    higher_is_better: bool = True
+    metric_value: float = math.nan
 
     @property
     def mean_staleness(self) -> float:

@@ -22,6 +22,9 @@ crosses a network: an event queue orders the workers' steps by virtual time.
 - DyLU (``dylu=true``): the shard measures each worker's local steps per virtual second from its
   pushes and assigns its next window, which the real procedure follows.
 
+Every evaluation measures the test accuracy and loss; the task's metric (accuracy, higher is
+better, or a language model's validation loss, lower is better) decides when a target is reached.
+
 Everything is deterministic for a seed: batches, step times and the order of events.
 """
 
@@ -244,8 +247,9 @@ class Simulation:
         )
         if not self.curve or self.curve[-1].steps != point.steps:
             self.curve.append(point)
-        target = self.config.target_accuracy
-        if target is not None and self.time_to_target is None and accuracy >= target:
+        target = self.config.target
+        metric = self.task.metric
+        if target is not None and self.time_to_target is None and metric.reached(metric.of(accuracy, loss), target):
             self.time_to_target = self.now
             self.steps_to_target = self.steps
         return point
@@ -271,6 +275,7 @@ class Simulation:
         except _DivergedError:
             diverged = True
         final = self._evaluate()
+        metric = self.task.metric
         return SimResult(
             config=self.config.describe(),
             curve=self.curve,
@@ -288,6 +293,9 @@ class Simulation:
             diverged=diverged,
             time_to_target_s=self.time_to_target,
             steps_to_target=self.steps_to_target,
+            metric=metric.name,
+            higher_is_better=metric.higher_is_better,
+            metric_value=metric.worst if diverged else metric.of(final.test_accuracy, final.test_loss),
         )
 
     def _run_async(self) -> None:

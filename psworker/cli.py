@@ -91,7 +91,7 @@ def main() -> None:
     "--task",
     default="digits",
     show_default=True,
-    help="built-in task (digits, fashion, fashion-resnet18) or module:function",
+    help="built-in task (digits, fashion, fashion-resnet18, tinylm) or module:function",
 )
 @data_dir_option
 @click.option(

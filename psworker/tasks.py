@@ -1,14 +1,17 @@
 """Training tasks: a model, its data and its loss; users pass ``module:function``.
 
 Built in: ``digits`` (scikit-learn's bundled 8×8 digits, no set-up), ``fashion`` (a CNN on
-Fashion-MNIST) and ``fashion-resnet18`` (ResNet-18 on Fashion-MNIST, about 11M parameters);
-the Fashion-MNIST files are read from a data directory (:mod:`psworker.fashion`). A user task
+Fashion-MNIST), ``fashion-resnet18`` (ResNet-18 on Fashion-MNIST, about 11M parameters) and
+``tinylm`` (a byte-level transformer on Python's own pydoc text, :mod:`psworker.tinylm`);
+the Fashion-MNIST files are read from a data directory (:mod:`psworker.fashion`). Each task
+names its :class:`Metric`: test accuracy for the classifiers, validation loss for ``tinylm``. A user task
 is any function returning a :class:`Task`; nothing is downloaded at run time.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +20,60 @@ from typing import Protocol
 import torch
 from torch import nn
 from torch.nn import functional
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a task's evaluation is judged by: accuracy (higher is better) or loss (lower is better).
+
+    :func:`evaluate` measures both on the test set; ``name`` says which one is the task's metric,
+    the one targets, "time to target" and comparisons between runs read.
+    """
+
+    name: str
+    higher_is_better: bool
+    label: str  # how reports name it, e.g. "test accuracy" or "validation loss"
+
+    def of(self, accuracy: float, loss: float) -> float:
+        """This metric's value among an evaluation's (accuracy, loss)."""
+        return accuracy if self.name == "accuracy" else loss
+
+    def reached(self, value: float, target: float) -> bool:
+        """Whether ``value`` is at the target: at least it (higher is better) or at most it."""
+        return value >= target if self.higher_is_better else value <= target
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether ``a`` is strictly better than ``b``."""
+        return a > b if self.higher_is_better else a < b
+
+    @property
+    def worst(self) -> float:
+        """The value of a diverged model: accuracy 0, an infinite loss."""
+        return 0.0 if self.higher_is_better else math.inf
+
+    def describe(self, accuracy: float, loss: float) -> str:
+        """``test accuracy 0.9700 (loss 0.0824)`` or ``validation loss 1.8000 (perplexity 6.05)``."""
+        if self.name == "accuracy":
+            return f"{self.label} {accuracy:.4f} (loss {loss:.4f})"
+        return f"{self.label} {loss:.4f} (perplexity {perplexity(loss):.2f})"
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)`` of a mean cross-entropy; infinite for a diverged (infinite, NaN or huge) loss."""
+    return math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf
+
+
+ACCURACY = Metric("accuracy", True, "test accuracy")
+LOSS = Metric("loss", False, "validation loss")
+METRICS = {m.name: m for m in (ACCURACY, LOSS)}
+
+
+def metric_named(name: str) -> Metric:
+    """The metric called ``name``; ValueError naming the known ones otherwise."""
+    if name not in METRICS:
+        raise ValueError(f"unknown metric {name!r}; known metrics: {', '.join(METRICS)}")
+    return METRICS[name]
+
 
 # Builds a task's own optimizer over the model's parameters (e.g. AdamW for a language model).
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -41,6 +98,8 @@ class Task:
     # Whether workers of a cluster read disjoint parts of the training set unless told otherwise.
     disjoint_shards: bool = False
     build_optimizer: OptimizerFactory | None = None
+    # What its evaluation is judged by (and which way is better).
+    metric: Metric = ACCURACY
 
     @property
     def train_size(self) -> int:
@@ -155,7 +214,19 @@ class TaskFactory(Protocol):
     def __call__(self, seed: int = 0, data_dir: Path | None = None) -> Task: ...
 
 
-BUILTIN_TASKS: dict[str, TaskFactory] = {"digits": digits, "fashion": fashion, "fashion-resnet18": fashion_resnet18}
+def tinylm(seed: int = 0, data_dir: Path | None = None) -> Task:
+    """A ~0.9M-parameter byte-level transformer on the pydoc topics text (:mod:`psworker.tinylm`)."""
+    from psworker.tinylm import tinylm as build_tinylm
+
+    return build_tinylm(seed, data_dir)
+
+
+BUILTIN_TASKS: dict[str, TaskFactory] = {
+    "digits": digits,
+    "fashion": fashion,
+    "fashion-resnet18": fashion_resnet18,
+    "tinylm": tinylm,
+}
 
 
 class TaskError(ValueError):
@@ -190,16 +261,20 @@ def load_task(spec: str, data_dir: Path | None = None) -> Task:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, task: Task, device: torch.device) -> tuple[float, float]:
-    """(test accuracy, mean test loss) of ``model`` on the task's test set."""
+    """(test accuracy, mean test loss) of ``model`` on the task's test set.
+
+    The accuracy counts every target: one per image, or one per position of a language model's
+    window (logits ``B×T×V`` against targets ``B×T``); the loss is the task's, weighted by examples."""
     model.eval()
     correct = 0
+    targets = 0
     loss_sum = 0.0
     for start in range(0, task.test_inputs.shape[0], 512):
         x = task.test_inputs[start : start + 512].to(device)
         y = task.test_targets[start : start + 512].to(device)
         logits = model(x)
         loss_sum += float(task.loss(logits, y)) * y.shape[0]
-        correct += int((logits.argmax(dim=1) == y).sum())
+        correct += int((logits.argmax(dim=-1) == y).sum())
+        targets += y.numel()
     model.train()
-    count = task.test_inputs.shape[0]
-    return correct / count, loss_sum / count
+    return correct / targets, loss_sum / task.test_inputs.shape[0]

@@ -20,7 +20,7 @@ from psworker.channels import DEFAULT_KEEPALIVE_S
 from psworker.client import DeadlinePolicy, PSClient, RetryPolicy
 from psworker.pacing import Pace
 from psworker.startup import start_worker
-from psworker.tasks import Task, evaluate, load_task
+from psworker.tasks import Task, evaluate, load_task, perplexity
 
 
 @dataclass
@@ -80,6 +80,12 @@ class TrainSummary:
     rollbacks: list[list[int]] = field(default_factory=list)
     # Steps whose compute took longer than the emulated device's step time (--step-time).
     overrun_steps: int = 0
+    # The task's metric (psworker.tasks.Metric): its name, direction and final value; for a
+    # loss metric also the perplexity exp(loss).
+    metric: str = "accuracy"
+    higher_is_better: bool = True
+    metric_value: float = math.nan
+    perplexity: float | None = None
 
 
 def pick_device(requested: str) -> torch.device:
@@ -243,7 +249,15 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
                     last_heartbeat = time.monotonic()
                 if config.eval_every and steps % config.eval_every == 0:
                     accuracy, test_loss = evaluate(model, task, device)
-                    log.write("eval", step=steps, clock=clock, test_accuracy=accuracy, test_loss=test_loss)
+                    log.write(
+                        "eval",
+                        step=steps,
+                        clock=clock,
+                        test_accuracy=accuracy,
+                        test_loss=test_loss,
+                        metric=task.metric.name,
+                        metric_value=task.metric.of(accuracy, test_loss),
+                    )
                 if steps % 10 == 0:
                     log.write(
                         "step",
@@ -280,6 +294,10 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             duplicate_acks=client.stats.duplicate_acks,
             rollbacks=[[r.shard, r.seen_clock, r.clock] for r in client.rollbacks],
             overrun_steps=pace.overruns,
+            metric=task.metric.name,
+            higher_is_better=task.metric.higher_is_better,
+            metric_value=task.metric.of(accuracy, test_loss),
+            perplexity=None if task.metric.higher_is_better else perplexity(test_loss),
         )
         log.write("done", **asdict(summary))
         return summary

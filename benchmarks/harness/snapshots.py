@@ -2,9 +2,11 @@
 
 During a run nothing is evaluated (evaluation would take CPU from the workers being timed):
 hetps's parameters are pulled by an observer every few seconds (:class:`ParameterRecorder`),
-DDP's rank 0 copies its own. Afterwards :func:`score` finds when the test accuracy first
+DDP's rank 0 copies its own. Afterwards :func:`score` finds when the task's metric first
 reached the target and what it was when the budget ran out, on the task's whole test set;
-the curve it draws is screened on every tenth test image, which costs a tenth as much.
+the curve it draws is screened on every tenth test example, which costs a tenth as much. The
+metric is the task's (:class:`psworker.tasks.Metric`): a test accuracy reaches the target at
+or above it, a language model's validation loss at or below it.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from psproto.errors import reason_of
 from psproto.reasons import Reason
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
-from psworker.tasks import Task, evaluate
+from psworker.tasks import Task, evaluate, metric_named
 
 Snapshot = tuple[float, list[torch.Tensor]]
 # A screened accuracy this far below the target is not worth a whole-test-set evaluation.
 SCREEN_MARGIN = 0.02
+# The same for a loss metric, this far above the target (a tenth of a validation set's mean
+# cross-entropy moves by more than an accuracy does).
+SCREEN_MARGIN_LOSS = 0.1
 SCREEN_EVERY = 10
 
 
@@ -78,15 +83,21 @@ class ParameterRecorder:
 
 @dataclass
 class Score:
-    """What a run's snapshots say: first time at the target, accuracy at the budget, the curve."""
+    """What a run's snapshots say: first time at the target, accuracy and loss at the budget, the curve."""
 
     time_to_target: float | None
     accuracy_at_budget: float
     loss_at_budget: float
-    # (seconds, screened accuracy) of every snapshot.
+    # (seconds, screened metric: accuracy, or loss for a lower-is-better task) of every snapshot.
     curve: list[tuple[float, float]] = field(default_factory=list)
     full_evaluations: int = 0
     diverged: bool = False
+    metric: str = "accuracy"  # the task's metric, which the target and the curve are in
+
+    @property
+    def metric_at_budget(self) -> float:
+        """The task's metric at the budget: the accuracy or the loss."""
+        return metric_named(self.metric).of(self.accuracy_at_budget, self.loss_at_budget)
 
 
 def _load(model: nn.Module, params: Sequence[torch.Tensor]) -> None:
@@ -104,11 +115,17 @@ def _screen_set(task: Task) -> Task:
 def score(task: Task, snapshots: Sequence[Snapshot], target: float) -> Score:
     """Score a run's snapshots (in time order; the last is the model at the budget).
 
-    The time to target is the first snapshot whose whole-test-set accuracy reaches ``target``;
-    only snapshots whose screened accuracy is within :data:`SCREEN_MARGIN` of it are evaluated
-    on the whole set, so a snapshot screened lower than that counts as below the target."""
+    ``target`` is in the task's metric (``task.metric``): the time to target is the first
+    snapshot whose whole-test-set accuracy is at least ``target``, or, for a lower-is-better
+    metric such as a language model's loss, whose loss is at most ``target``. Only snapshots
+    whose screened value is within the screening margin of it are evaluated on the whole set,
+    so a snapshot screened further away than that counts as not at the target."""
     if not snapshots:
         raise ValueError("no snapshots to score")
+    metric = task.metric
+    margin = SCREEN_MARGIN if metric.higher_is_better else SCREEN_MARGIN_LOSS
+    # The screened value that is worth a whole evaluation: near the target or past it.
+    screen_target = target - margin if metric.higher_is_better else target + margin
     model = task.build_model()
     screen = _screen_set(task)
     device = torch.device("cpu")
@@ -118,20 +135,20 @@ def score(task: Task, snapshots: Sequence[Snapshot], target: float) -> Score:
     for taken_at, params in snapshots:
         _load(model, params)
         if not all(bool(torch.isfinite(p).all()) for p in params):
-            curve.append((taken_at, 0.0))
+            curve.append((taken_at, metric.worst))
             continue
-        accuracy, _ = evaluate(model, screen, device)
-        curve.append((taken_at, accuracy))
-        if time_to_target is None and accuracy >= target - SCREEN_MARGIN:
-            whole, _ = evaluate(model, task, device)
+        screened = metric.of(*evaluate(model, screen, device))
+        curve.append((taken_at, screened))
+        if time_to_target is None and metric.reached(screened, screen_target):
+            whole = metric.of(*evaluate(model, task, device))
             full += 1
-            if whole >= target:
+            if metric.reached(whole, target):
                 time_to_target = taken_at
     final_params = snapshots[-1][1]
     _load(model, final_params)
     diverged = not all(bool(torch.isfinite(p).all()) for p in final_params)
     accuracy, loss = (0.0, float("nan")) if diverged else evaluate(model, task, device)
-    return Score(time_to_target, accuracy, loss, curve, full + (0 if diverged else 1), diverged)
+    return Score(time_to_target, accuracy, loss, curve, full + (0 if diverged else 1), diverged, metric.name)
 
 
 def wall_clock_since(t0: float) -> Callable[[], float]:

@@ -1,4 +1,4 @@
-"""The catalog: ``--tasks`` picks the digits or Fashion-MNIST experiments, and each Fashion one runs the CNN."""
+"""The catalog: ``--tasks`` picks the digits, Fashion-MNIST or tinylm experiments, each on its own task."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ CLAIMS = ("agn", "ab32", "ga", "gem", "ormo", "ttt")
 
 def test_fashion_has_a_variant_of_every_claim_on_the_fashion_cnn() -> None:
     fashion = experiments(False, None, ["fashion"])
-    assert [e.key for e in fashion] == [f"{key}-fashion" for key in CLAIMS]
+    assert [e.key for e in fashion] == [f"{key}-fashion" for key in (*CLAIMS, "diloco")]
     for exp in fashion:
         assert exp.task == "fashion" and exp.title.endswith("(Fashion-MNIST CNN)")
         assert {p.config.task for p in exp.points} == {"fashion"}

@@ -126,7 +126,7 @@ def test_time_to_target_and_stop() -> None:
             task=MLP,
             steps=2000,
             eval_every=25,
-            target_accuracy=0.5,
+            target=0.5,
             stop_at_target=True,
         )
     )
