@@ -38,8 +38,8 @@ from rich.console import Console
 
 from benchmarks.harness.race import RaceSettings, RunResult, System, run_once
 from benchmarks.harness.report import prepare_output, run_header
-from benchmarks.tta_report import aggregate, plot_curves, print_tables, targets
-from psworker.tasks import load_task
+from benchmarks.tta_report import aggregate, at_budget, plot_curves, print_tables, targets
+from psworker.tasks import ACCURACY, Metric, Task, load_task
 
 SYSTEMS = {
     system.name: system
@@ -121,7 +121,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=float, default=None, help="wall seconds per run (default 60)")
     parser.add_argument("--step-time", type=float, default=None, help="seconds of a 1× step (default 0.05)")
     parser.add_argument("--snapshot-seconds", type=float, default=None, help="default 2 (0.5 for --smoke)")
-    parser.add_argument("--target", type=float, default=None, help="test accuracy to reach (default 0.88)")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="the task's metric to reach: test accuracy (default 0.88), or a loss for a loss task (required)",
+    )
     parser.add_argument(
         "--lrs", default=None, help="comma-separated sweep JSON files: each system takes its best run's rate over all"
     )
@@ -170,22 +175,25 @@ def _check(parser: argparse.ArgumentParser, mixes: Sequence[str], systems: Seque
             parser.error(str(error))
 
 
-def _sweep_order(run: dict[str, Any]) -> tuple[bool, float, float]:
-    """Soonest at the target first; among runs that never reached it, the best accuracy at the budget."""
+def _sweep_order(run: dict[str, Any], metric: Metric) -> tuple[bool, float, float]:
+    """Soonest at the target first; among runs that never reached it, the best metric at the budget."""
     reached = run["time_to_target"]
-    return (reached is None, reached or 0.0, -float(run["accuracy_at_budget"]))
+    value = metric.worst if run["diverged"] else metric.of(run["accuracy_at_budget"], run["loss_at_budget"])
+    return (reached is None, reached or 0.0, -value if metric.higher_is_better else value)
 
 
-def choose_lrs(sweeps: Sequence[dict[str, Any]]) -> dict[str, float]:
+def choose_lrs(sweeps: Sequence[dict[str, Any]], metric: Metric = ACCURACY) -> dict[str, float]:
     """Per system, the rate of its best run over every sweep given (a sweep may be run in parts)."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for sweep_results in sweeps:
         for run in sweep_results["runs"]:
             runs.setdefault(run["system"], []).append(run)
-    return {system: float(min(tried, key=_sweep_order)["lr"]) for system, tried in runs.items()}
+    return {
+        system: float(min(tried, key=lambda run: _sweep_order(run, metric))["lr"]) for system, tried in runs.items()
+    }
 
 
-def _learning_rates(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, float]:
+def _learning_rates(args: argparse.Namespace, parser: argparse.ArgumentParser, metric: Metric) -> dict[str, float]:
     if args.lrs is None:
         return {**UNSWEPT_LRS, **SWEPT_LRS}
     sweeps = []
@@ -195,14 +203,14 @@ def _learning_rates(args: argparse.Namespace, parser: argparse.ArgumentParser) -
             sweeps[-1]["runs"]
         except (OSError, ValueError, KeyError) as error:
             parser.error(f"--lrs {name}: not a sweep's results file ({error})")
-    return {**UNSWEPT_LRS, **SWEPT_LRS, **choose_lrs(sweeps)}
+    return {**UNSWEPT_LRS, **SWEPT_LRS, **choose_lrs(sweeps, metric)}
 
 
-def _line(console: Console, result: RunResult) -> None:
+def _line(console: Console, result: RunResult, metric: Metric) -> None:
     reached = f"{result.time_to_target:.1f} s" if result.time_to_target is not None else "not reached"
     console.print(
         f"  {result.system:>10} lr {result.lr:g} mix {':'.join(f'{s:g}' for s in result.slowdowns)} "
-        f"seed {result.seed}: target {reached}, accuracy at budget {result.accuracy_at_budget:.4f}, "
+        f"seed {result.seed}: target {reached}, {metric.name} at budget {at_budget(result, metric):.4f}, "
         f"{result.samples_per_second:.0f} samples/s ({result.run_seconds:.0f} s: "
         f"{result.setup_seconds:.0f} s start, {result.scoring_seconds:.0f} s scoring)"
     )
@@ -213,20 +221,20 @@ def sweep(
     mix: str,
     systems: Sequence[str],
     grid: Sequence[float] | None,
+    task: Task,
     log_dir: Path,
     console: Console,
 ) -> dict[str, Any]:
     """Every system at each rate of its grid (or of ``grid``) on ``mix``, seed :data:`SWEEP_SEED`."""
-    task = load_task(settings.task, settings.data_dir)
     runs: list[dict[str, Any]] = []
     for name in systems:
         system = SYSTEMS[name]
         for lr in grid or lr_grid(system):
             result = run_once(system, lr, parse_mix(mix), SWEEP_SEED, settings, task, log_dir / f"sweep-{name}-{lr:g}")
-            _line(console, result)
+            _line(console, result, task.metric)
             runs.append(asdict(result))
     results = {"mix": mix, "seed": SWEEP_SEED, "runs": runs}
-    return results | {"chosen_lrs": choose_lrs([results])}
+    return results | {"chosen_lrs": choose_lrs([results], task.metric)}
 
 
 def measure(
@@ -235,18 +243,18 @@ def measure(
     systems: Sequence[str],
     seeds: Sequence[int],
     lrs: dict[str, float],
+    task: Task,
     log_dir: Path,
     console: Console,
 ) -> list[RunResult]:
     """Every system on every mix and seed; seeds outermost, so slow drifts of the machine spread evenly."""
-    task = load_task(settings.task, settings.data_dir)
     runs = []
     for mix in mixes:
         for seed in seeds:
             for name in systems:
                 directory = log_dir / f"{mix.replace(':', '-')}-{name}-{seed}"
                 result = run_once(SYSTEMS[name], lrs[name], parse_mix(mix), seed, settings, task, directory)
-                _line(console, result)
+                _line(console, result, task.metric)
                 runs.append(result)
     return runs
 
@@ -256,6 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings, mixes, systems, seeds = _settings(args)
     _check(parser, mixes, systems)
+    task = load_task(settings.task, settings.data_dir)
+    metric = task.metric
+    if args.target is None and not metric.higher_is_better:
+        parser.error(f"task {settings.task} is judged by {metric.label}: give the value to reach with --target")
     default_name = "time_to_accuracy_sweep" if args.sweep else "time_to_accuracy"
     out: Path = args.out or Path(f"benchmarks/results/{default_name}.json")
     console, log_dir = prepare_output(out)
@@ -271,20 +283,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.sweep:
         grid = [float(rate) for rate in args.grid.split(",")] if args.grid else None
-        results |= sweep(settings, mixes[0], systems, grid, log_dir, console)
+        results |= sweep(settings, mixes[0], systems, grid, task, log_dir, console)
         console.print(f"chosen learning rates: {results['chosen_lrs']}")
     else:
-        lrs = _learning_rates(args, parser)
+        lrs = _learning_rates(args, parser, metric)
         results["lrs"] = {name: lrs[name] for name in systems}
         results["unswept"] = [name for name in systems if name in UNSWEPT_LRS and name not in SWEPT_LRS]
-        runs = measure(settings, mixes, systems, seeds, lrs, log_dir, console)
-        summary = aggregate(runs)
+        runs = measure(settings, mixes, systems, seeds, lrs, task, log_dir, console)
+        summary = aggregate(runs, metric)
+        results["metric"] = metric.name
         results["runs"] = [asdict(r) for r in runs]
         results["summary"] = summary
-        results["targets"] = targets(summary, "1:1:2:4")
-        print_tables(summary, results["targets"], settings, console)
+        results["targets"] = targets(summary, "1:1:2:4", metric)
+        print_tables(summary, results["targets"], settings, console, metric)
         plot = out.with_suffix(".png")
-        plot_curves(runs, settings, plot)
+        plot_curves(runs, settings, plot, metric)
         results["plot"] = str(plot)
     results["wall_seconds"] = time.monotonic() - began
     arguments = argv if argv is not None else sys.argv[1:]

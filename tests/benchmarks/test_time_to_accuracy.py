@@ -13,7 +13,7 @@ from benchmarks.harness.race import RunResult
 from benchmarks.harness.snapshots import score
 from benchmarks.time_to_accuracy import SWEPT_LRS, SYSTEMS, UNSWEPT_LRS, choose_lrs, main, parse_mix
 from benchmarks.tta_report import aggregate, targets
-from psworker.tasks import digits
+from psworker.tasks import LOSS, digits
 
 
 def test_smoke_races_ddp_against_a_hetps_rule_over_real_processes(tmp_path: Path) -> None:
@@ -106,13 +106,44 @@ def test_targets_take_the_best_rule_against_ddp_by_median_over_seeds() -> None:
 
 def test_the_chosen_rate_is_the_best_run_over_every_part_of_a_sweep() -> None:
     def run(system: str, lr: float, reached: float | None, accuracy: float) -> dict[str, object]:
-        return {"system": system, "lr": lr, "time_to_target": reached, "accuracy_at_budget": accuracy}
+        return {
+            "system": system,
+            "lr": lr,
+            "time_to_target": reached,
+            "accuracy_at_budget": accuracy,
+            "loss_at_budget": 1.0,
+            "diverged": False,
+        }
 
     first = {"runs": [run("ddp", 0.02, None, 0.85), run("ddp", 0.08, 25.0, 0.89), run("asgd", 0.08, None, 0.86)]}
     # A second part at a wider rate: DDP gets there sooner at 0.32; asgd's 0.32 never gets there.
     second = {"runs": [run("ddp", 0.32, 20.0, 0.88), run("asgd", 0.32, None, 0.80)]}
     assert choose_lrs([first, second]) == {"ddp": 0.32, "asgd": 0.08}
     assert choose_lrs([first]) == {"ddp": 0.08, "asgd": 0.08}
+
+
+def test_a_loss_task_chooses_the_rate_of_the_lowest_loss_and_a_diverged_run_never() -> None:
+    def run(lr: float, loss: float, diverged: bool = False) -> dict[str, object]:
+        return {
+            "system": "diloco",
+            "lr": lr,
+            "time_to_target": None,
+            "accuracy_at_budget": 0.5,
+            "loss_at_budget": loss,
+            "diverged": diverged,
+        }
+
+    sweep = {"runs": [run(0.35, 2.4), run(0.7, 2.1), run(1.0, 0.1, diverged=True)]}
+    assert choose_lrs([sweep], LOSS) == {"diloco": 0.7}
+    # Judged by accuracy the two live runs tie (the first is kept) and the diverged one scores 0.
+    assert choose_lrs([sweep]) == {"diloco": 0.35}
+
+
+def test_a_loss_task_without_a_target_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--smoke", "--task", "tinylm"])
+    assert exited.value.code == 2
+    assert "give the value to reach with --target" in capsys.readouterr().err
 
 
 def test_a_file_that_is_not_a_sweep_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
