@@ -16,6 +16,7 @@ import torch
 BLOCK = 4096
 # The largest |q|: the codec is symmetric, so -128 is never sent.
 LEVELS = 127
+_SMALLEST = torch.tensor(torch.finfo(torch.float32).smallest_normal * 2.0**-23)
 
 
 class ScalesError(ValueError):
@@ -49,11 +50,15 @@ def encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = torch.empty(block_count(x.numel()), dtype=torch.float32)
     for (blocks, values), (_, q_row) in zip(_rows(x), _rows(q), strict=True):
         s = scales[blocks]
-        torch.div(values.abs().amax(dim=1), LEVELS, out=s)
+        low, high = torch.aminmax(values, dim=1)  # max|x| without a block-sized |x| temporary
+        largest = torch.maximum(high, low.neg())
+        torch.div(largest, LEVELS, out=s)
+        # A block of tiny subnormals whose max|x| / 127 underflows to 0 keeps the smallest positive
+        # scale instead, so s = 0 still means an all-zero block and |x − x̂| ≤ s/2 still holds.
+        s.copy_(torch.where((s == 0) & (largest > 0), _SMALLEST, s))
         # An all-zero block has s = 0 and q = 0; dividing it by 1 keeps it zero without a NaN.
         divisor = torch.where(s > 0, s, torch.ones_like(s))
-        rounded = torch.round(values / divisor[:, None]).clamp_(-LEVELS, LEVELS)
-        q_row.copy_(rounded)
+        q_row.copy_(torch.div(values, divisor[:, None]).round_().clamp_(-LEVELS, LEVELS))
     return q, scales
 
 

@@ -215,9 +215,9 @@ class Assembler:
         if chunk.dtype == ps_pb2.DTYPE_INT8_BLOCK and self.accept_blocks:
             self._add_blocks(chunk)
             return
+        dtype = wire_dtype(chunk.dtype)
         if chunk.scales:
             raise CodecError("bad_scales", "only DTYPE_INT8_BLOCK chunks carry scales")
-        dtype = wire_dtype(chunk.dtype)
         width = _WIDTHS[dtype]
         if len(chunk.data) % width:
             raise CodecError(
