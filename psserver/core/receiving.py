@@ -134,7 +134,7 @@ class PendingPush:
     def add(self, chunk: codec.ChunkLike) -> None:
         """Decode one chunk into the receive buffer (taken at the first chunk); a replay ignores it."""
         self.receiver.refuse_if_ended(self)
-        self.bytes_received += len(chunk.data)
+        self.bytes_received += len(chunk.data) + len(chunk.scales)
         self.receiver.arrived(self)
         if self.replay is not None:
             return
