@@ -42,6 +42,7 @@ from benchmarks.harness.report import (
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.stats import scaled, speed_ratio, summarize
 from benchmarks.harness.steps import BareStep, HetpsStep, PeerStep, StepSystem, time_steps
+from psproto import codec
 from psproto.layout import Layout
 from psproto.tuning import apply_malloc_tuning
 
@@ -63,6 +64,8 @@ def step_systems() -> list[SystemSpec]:
         for shards in (1, 2):
             for dtype in ("fp32", "bf16"):
                 specs.append(SystemSpec(f"{kind}-{shards}shard-{dtype}", kind, shards, dtype))
+    # 8-bit pushes (error feedback on) with bf16 pulls, "PUSH/PULL": hetps only (no block codec elsewhere).
+    specs.append(SystemSpec("hetps-1shard-int8push-bf16pull", "hetps", 1, "int8/bf16"))
     specs.append(SystemSpec("peer-torch-rpc-fp32", "peer", 1, "fp32"))
     return specs
 
@@ -204,7 +207,9 @@ def step_results(
         systems: dict[str, Any] = {}
         for spec in specs:
             repeats = per_repeat[(model, spec.name)]
-            wire_bytes = length * (4 if spec.wire_dtype == "fp32" else 2)
+            # A "PUSH/PULL" system's two directions differ: their mean.
+            dtypes = [codec.PUSH_DTYPE_NAMES[name] for name in spec.wire_dtype.split("/")]
+            wire_bytes = sum(codec.wire_bytes(length, dtype) for dtype in dtypes) // len(dtypes)
             median_s = statistics.median(repeats)
             taken = samples[(model, spec.name)]
             server_cpu, client_cpu = (seconds / len(taken) for seconds in cpu[(model, spec.name)])
@@ -226,7 +231,9 @@ def step_results(
                 },
             }
         pairs = [(spec.name, "peer-torch-rpc-fp32") for spec in specs if spec.kind == "hetps"]
-        pairs += [(spec.name, spec.name.replace("hetps", "bare")) for spec in specs if spec.kind == "hetps"]
+        pairs += [
+            (s.name, s.name.replace("hetps", "bare")) for s in specs if s.kind == "hetps" and "/" not in s.wire_dtype
+        ]
         # The ceiling against the peer: the most any server on this gRPC stack could reach.
         pairs += [(spec.name, "peer-torch-rpc-fp32") for spec in specs if spec.kind == "bare" and spec.shards == 1]
         ratios = {

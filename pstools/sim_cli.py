@@ -10,6 +10,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from psproto import codec
 from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
 from psworker.cli import DataFileError, data_dir_option
 from psworker.idx import IdxError
@@ -49,6 +50,13 @@ from psworker.idx import IdxError
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--push-dtype",
+    default="fp32",
+    show_default=True,
+    type=click.Choice(sorted(codec.PUSH_DTYPE_NAMES)),
+    help="what pushes are encoded in, decoded by the shard as from the wire (int8: 8-bit, error feedback)",
+)
 def simulate_command(
     workers: int,
     speeds: str,
@@ -68,6 +76,7 @@ def simulate_command(
     seed: int,
     json_path: Path | None,
     torch_threads: int,
+    push_dtype: str,
 ) -> None:
     """Simulate WORKERS workers of different speeds in virtual time with the server's own rules."""
     from psserver.cli import parse_rule
@@ -90,6 +99,7 @@ def simulate_command(
             eval_every=eval_every,
             seed=seed,
             target_accuracy=target_accuracy,
+            push_dtype=push_dtype,
         )
         result = simulate(config)
     except SimulationError as error:
