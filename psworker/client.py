@@ -6,11 +6,10 @@ writes its own slice of the caller's flat buffer, so no model-sized temporary is
 A gradient's path from ``ParameterServerOptimizer.step``, never returning to a module it left:
 ``psworker.optim`` (step) -> ``psworker.procedures`` (the procedure gathers the gradients into
 the binding's one preallocated flat buffer and hands it over) -> ``psworker.client``
-(``PSClient.push``: a push id, one task per shard) -> ``psworker.push_encoding`` (the shard's
-slice as chunks of the push dtype, 8-bit with error feedback) -> ``psworker.transfer`` (``push_requests``:
-the chunks as wire messages) -> ``psproto.codec`` / ``psproto.wire`` (bytes written
-straight from the tensor) -> gRPC. The new parameters come back along ``transfer.receive_params``
-into the binding's flat parameter buffer.
+(``PSClient.push``: a push id, one task per shard) -> ``psworker.push_encoding`` (the slice in the
+push dtype) -> ``psworker.transfer`` -> ``psproto.codec`` / ``psproto.wire`` (bytes written straight
+from the tensor) -> gRPC. The new parameters come back along ``transfer.receive_params`` into the
+binding's flat parameter buffer.
 
 It rides through network failures and server restarts (``psworker.sessions`` decides how,
 from the refusal's reason). Every call has a deadline sized to its payload
@@ -46,7 +45,7 @@ from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2
 from psworker.channels import DEFAULT_KEEPALIVE_S, check_keepalive, open_channel
 from psworker.deadlines import DeadlinePolicy, payload_bytes
-from psworker.push_encoding import PushEncoder
+from psworker.push_encoding import OnePush, PushEncoder, wire_dtypes
 from psworker.service import PushResult
 from psworker.sessions import (
     LEAVE_TIMEOUT_S,
@@ -104,9 +103,8 @@ class PSClient:
         pull_dtype: str | None = None,
         error_feedback: bool = True,
     ) -> None:
-        """``wire_dtype``: what pushes and pulls travel in, unless ``push_dtype`` or ``pull_dtype``
-        says otherwise (``int8``, the 8-bit block codec, is for pushes only; ``error_feedback``
-        keeps its residual, ``psworker.push_encoding``).
+        """``wire_dtype``: pushes' and pulls' dtype unless ``push_dtype``/``pull_dtype`` says otherwise
+        (``int8`` pushes only; ``error_feedback``: its residual, ``psworker.push_encoding``).
         ``connect_timeout``: how long the first Join waits for each shard to come up.
         ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
         ``deadlines``: how long each call may take (``psworker.deadlines``)."""
@@ -119,12 +117,7 @@ class PSClient:
                 f"server address(es) {', '.join(repeated)} listed more than once; give each shard's address once, "
                 "in shard order"
             )
-        pull_name = pull_dtype or wire_dtype
-        push_name = push_dtype or wire_dtype
-        if pull_name not in codec.WIRE_DTYPE_NAMES:
-            raise ValueError(codec.pull_dtype_problem(pull_name))
-        if push_name not in codec.PUSH_DTYPE_NAMES:
-            raise ValueError(f"push dtype {push_name!r} is not one of {', '.join(codec.PUSH_DTYPE_NAMES)}")
+        push, pull = wire_dtypes(wire_dtype, push_dtype, pull_dtype)
         check_keepalive(keepalive_seconds)
         self.keepalive_seconds = keepalive_seconds
         self.deadlines = deadlines or DeadlinePolicy()
@@ -132,9 +125,8 @@ class PSClient:
         self.name = name or f"{socket.gethostname()}-{id(self):x}"
         self.device = device
         self.observer = observer
-        # What pulls (and PushPull's parameters) come back in.
-        self.wire_dtype = codec.WIRE_DTYPE_NAMES[pull_name]
-        self.push_encoder = PushEncoder(codec.PUSH_DTYPE_NAMES[push_name], error_feedback)
+        self.wire_dtype = pull  # what pulls (and PushPull's parameters) come back in
+        self.push_encoder = PushEncoder(push, error_feedback)
         self.connect_timeout = connect_timeout
         self.retry = retry or RetryPolicy()
         # Called for the current parameters when a shard came back empty (restarted without a checkpoint).
@@ -206,8 +198,7 @@ class PSClient:
                 return current  # another thread already re-joined
             session = self._join(index, current.address, current.channel, self.deadlines.short(), resume=True)
             self.stats.rejoins += 1
-            # The shard may have lost pushes this worker's residual assumed applied: start it again at 0.
-            self.push_encoder.reset(index)
+            self.push_encoder.reset(index)  # the shard may have lost pushes the 8-bit residual assumed applied
             _LOGGER.warning(
                 "%s: re-joined shard %d at %s as worker %d (clock %d)",
                 self.name,
@@ -372,25 +363,20 @@ class PSClient:
         with self._push_id_lock:
             push_id = self._next_push_id
             self._next_push_id += 1
-        # Each shard's chunks, encoded at its first attempt and resent as they are by its retries.
-        encoded: dict[int, Iterable[codec.ChunkPayload]] = {}
-        results = self._fan_out(self._push_shard, flat, push_id, kind, dict(metadata or {}), pull_into, encoded)
+        encoding = self.push_encoder.one_push(flat)  # each shard's chunks encoded once, whatever the retries
+        results = self._fan_out(self._push_shard, encoding, push_id, kind, dict(metadata or {}), pull_into)
         return [r for r in results if isinstance(r, PushResult)]
 
     def _push_shard(
         self,
         session: ShardSession,
-        flat: torch.Tensor,
+        encoding: OnePush,
         push_id: int,
         kind: ps_pb2.PayloadKind.ValueType,
         metadata: dict[str, float],
         pull_into: torch.Tensor | None,
-        encoded: dict[int, Iterable[codec.ChunkPayload]],
     ) -> PushResult:
         index = session.range.index
-        part = flat[session.range.offset : session.range.end]
-        if index not in encoded:
-            encoded[index] = self.push_encoder.chunks(index, part)
         base_clock = self.pulled_clocks[index]
         header = ps_pb2.PushHeader(
             worker_id=session.worker_id,
@@ -402,7 +388,7 @@ class PSClient:
             pull_dtype=self.wire_dtype,
         )
         try:
-            result = self._send_push(session, header, self._push_chunks(index, part, encoded), pull_into)
+            result = self._send_push(session, header, encoding.chunks(session.range), pull_into)
         except grpc.RpcError as error:
             if not is_future_clock(error):
                 raise
@@ -415,20 +401,13 @@ class PSClient:
             ).clock
             self._observe_clock(index, clock)
             header.base_clock = min(base_clock, clock)
-            result = self._send_push(session, header, self._push_chunks(index, part, encoded), pull_into)
+            result = self._send_push(session, header, encoding.chunks(session.range), pull_into)
         if result.duplicate:
             self.stats.duplicate_acks += 1
         # An acknowledgement only raises the clock seen: with PushPull the parameters that came back
         # may already be newer, and a rollback shows in the next pull (or heartbeat) anyway.
         self.seen_clocks[index] = max(self.seen_clocks[index], result.clock)
         return result
-
-    def _push_chunks(
-        self, index: int, part: torch.Tensor, encoded: dict[int, Iterable[codec.ChunkPayload]]
-    ) -> Iterable[codec.ChunkPayload]:
-        """The chunks to send (again): a float dtype's lazy iterator is made anew, encoded bytes are reused."""
-        chunks = encoded[index]
-        return chunks if isinstance(chunks, list) else self.push_encoder.chunks(index, part)
 
     def _send_push(
         self,
@@ -438,12 +417,11 @@ class PSClient:
         pull_into: torch.Tensor | None,
     ) -> PushResult:
         requests = push_requests(header, chunks)
-        push_dtype = self.push_encoder.dtype
         if pull_into is None:
-            timeout = self._held_deadline(session, push_dtype)
+            timeout = self._held_deadline(session, self.push_encoder.dtype)
             reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)
             return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry), reply.local_steps)
-        timeout = self._held_deadline(session, push_dtype, self.wire_dtype)
+        timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
         replies = iter(session.data.push_pull(requests, timeout=timeout, metadata=self._metadata))
         first = next(replies)
         if not isinstance(first, ps_pb2.PushResponse):

@@ -19,6 +19,37 @@ from collections.abc import Iterable
 import torch
 
 from psproto import blocks, codec
+from psproto.layout import ShardRange
+
+
+def wire_dtypes(
+    wire_dtype: str, push_dtype: str | None, pull_dtype: str | None
+) -> tuple[codec.DTypeValue, codec.DTypeValue]:
+    """(push, pull) wire dtypes from their names; ``wire_dtype`` is both unless the other says
+    otherwise. A ValueError says what is wrong (int8 is for pushes only)."""
+    push_name, pull_name = push_dtype or wire_dtype, pull_dtype or wire_dtype
+    if pull_name not in codec.WIRE_DTYPE_NAMES:
+        raise ValueError(codec.pull_dtype_problem(pull_name))
+    if push_name not in codec.PUSH_DTYPE_NAMES:
+        raise ValueError(f"push dtype {push_name!r} is not one of {', '.join(codec.PUSH_DTYPE_NAMES)}")
+    return codec.PUSH_DTYPE_NAMES[push_name], codec.WIRE_DTYPE_NAMES[pull_name]
+
+
+class OnePush:
+    """One push of ``flat``: each shard's chunks, encoded at its first attempt, the same bytes for its retries."""
+
+    def __init__(self, encoder: PushEncoder, flat: torch.Tensor) -> None:
+        self._encoder = encoder
+        self._flat = flat
+        self._encoded: dict[int, list[codec.ChunkPayload]] = {}
+
+    def chunks(self, shard: ShardRange) -> Iterable[codec.ChunkPayload]:
+        part = self._flat[shard.offset : shard.end]
+        if self._encoder.dtype != codec.INT8_BLOCK:
+            return self._encoder.chunks(shard.index, part)  # lazy, and exact to make again
+        if shard.index not in self._encoded:
+            self._encoded[shard.index] = list(self._encoder.chunks(shard.index, part))
+        return self._encoded[shard.index]
 
 
 class PushEncoder:
@@ -33,6 +64,10 @@ class PushEncoder:
     def residual(self, shard: int) -> torch.Tensor | None:
         """Shard ``shard``'s residual ``e`` (None: zero, nothing pushed since the last reset)."""
         return self._residuals.get(shard)
+
+    def one_push(self, flat: torch.Tensor) -> OnePush:
+        """What one push of ``flat`` (all its shards, all its attempts) sends."""
+        return OnePush(self, flat)
 
     def reset(self, shard: int) -> None:
         """Drop shard ``shard``'s residual (the worker joined it again)."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
 import torch
 
 from psproto import codec
 from psproto.blocks import BLOCK
-from psworker.push_encoding import PushEncoder
+from psproto.layout import Layout
+from psworker.push_encoding import PushEncoder, wire_dtypes
 
 
 def _decoded(chunks: Iterable[codec.ChunkPayload], length: int) -> torch.Tensor:
@@ -85,3 +87,25 @@ def test_float_dtypes_are_encoded_lazily_and_keep_no_residual() -> None:
     assert not isinstance(chunks, list)
     assert torch.equal(_decoded(chunks, 10), torch.ones(10))
     assert encoder.residual(0) is None and not encoder.error_feedback
+
+
+def test_one_push_encodes_each_shard_once_for_all_its_attempts() -> None:
+    layout = Layout.from_named_shapes([("a", (3,)), ("b", (5,))], 2)
+    encoder = PushEncoder(codec.INT8_BLOCK)
+    push = encoder.one_push(torch.tensor([1.0, 0.003, -0.002, 0.5, 0.25, 0.001, 0.0, -1.0]))
+    first = [list(push.chunks(shard)) for shard in layout.shards]
+    again = [list(push.chunks(shard)) for shard in layout.shards]
+    assert first == again and [len(c[0].data) for c in first] == [3, 5]
+    moved = encoder.residual(0)
+    assert moved is not None
+    list(push.chunks(layout.shards[0]))
+    assert torch.equal(encoder.residual(0), moved)  # type: ignore[arg-type]
+
+
+def test_dtype_names_resolve_and_int8_pulls_are_refused() -> None:
+    assert wire_dtypes("bf16", None, None) == (codec.BFLOAT16, codec.BFLOAT16)
+    assert wire_dtypes("fp32", "int8", "bf16") == (codec.INT8_BLOCK, codec.BFLOAT16)
+    with pytest.raises(ValueError, match="for pushes only"):
+        wire_dtypes("fp32", "int8", "int8")
+    with pytest.raises(ValueError, match="push dtype 'int4'"):
+        wire_dtypes("fp32", "int4", None)
