@@ -88,6 +88,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for dtype in DTYPES:
                 with console.status(f"{rule} lr {lr}, {dtype} pushes, seed {seed}"):
                     runs.append(run_one(rule, lr, dtype, seed, args.steps, args.task))
+                # One line per run as it ends: a long run shows its progress in a log file too.
+                console.print(
+                    f"{rule} lr {lr}, {dtype} pushes, seed {seed}: accuracy {runs[-1]['test_accuracy']:.4f} "
+                    f"after {runs[-1]['updates']} updates ({runs[-1]['wall_s']:.0f} s)"
+                )
     results: dict[str, Any] = {"task": args.task, "steps": args.steps, "seeds": seeds, "runs": runs}
     results["targets"] = _targets(runs, args.rules)
     _print_table(runs, args.rules, console)
