@@ -58,6 +58,7 @@ from benchmarks.harness.validity import (
     settings_check,
     summarize_checks,
 )
+from psproto import codec
 from psproto.layout import Layout
 from psproto.tuning import apply_malloc_tuning
 
@@ -82,6 +83,8 @@ def step_systems() -> list[SystemSpec]:
         for shards in (1, 2):
             for dtype in ("fp32", "bf16"):
                 specs.append(SystemSpec(f"{kind}-{shards}shard-{dtype}", kind, shards, dtype))
+    # 8-bit pushes (error feedback on) with bf16 pulls, "PUSH/PULL": hetps only (no block codec elsewhere).
+    specs.append(SystemSpec("hetps-1shard-int8push-bf16pull", "hetps", 1, "int8/bf16"))
     specs.append(SystemSpec(PEER, "peer", 1, "fp32"))
     specs.append(SystemSpec(PEER_DEFAULT, "peer-default", 1, "fp32"))
     return specs
@@ -264,7 +267,9 @@ def step_results(
         systems: dict[str, Any] = {}
         for spec in specs:
             repeats = per_repeat[(model, spec.name)]
-            wire_bytes = length * (4 if spec.wire_dtype == "fp32" else 2)
+            # A "PUSH/PULL" system's two directions differ: their mean.
+            dtypes = [codec.PUSH_DTYPE_NAMES[name] for name in spec.wire_dtype.split("/")]
+            wire_bytes = sum(codec.wire_bytes(length, dtype) for dtype in dtypes) // len(dtypes)
             median_s = statistics.median(repeats)
             taken = samples[(model, spec.name)]
             server_cpu, client_cpu = (seconds / len(taken) for seconds in cpu[(model, spec.name)])
@@ -287,7 +292,9 @@ def step_results(
                 },
             }
         pairs = [(spec.name, PEER) for spec in specs if spec.kind == "hetps"]
-        pairs += [(spec.name, spec.name.replace("hetps", "bare")) for spec in specs if spec.kind == "hetps"]
+        pairs += [
+            (s.name, s.name.replace("hetps", "bare")) for s in specs if s.kind == "hetps" and "/" not in s.wire_dtype
+        ]
         # The ceiling against the peer: the most any server on this gRPC stack could reach.
         pairs += [(spec.name, PEER) for spec in specs if spec.kind == "bare" and spec.shards == 1]
         if any(spec.name == PEER_DEFAULT for spec in specs):

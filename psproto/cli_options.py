@@ -1,4 +1,5 @@
-"""Command-line options shared by the ``psserver`` and ``psworker`` commands that call a server.
+"""Command-line options shared by the ``psserver`` and ``psworker`` commands that call a server,
+and the wire dtype options of the commands that run workers.
 
 They live beside the wire contract so that both sides can use them without the worker
 importing the server (or the other way round).
@@ -12,6 +13,7 @@ from typing import Any
 
 import click
 
+from psproto import codec
 from psproto.security import ClientTls, SecurityConfigError, client_security
 
 
@@ -44,3 +46,50 @@ def client_security_from_flags(
         return client_security(tls_ca, tls_cert, tls_key, auth_token_file)
     except SecurityConfigError as error:
         raise click.UsageError(str(error)) from None
+
+
+def _pull_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and value not in codec.WIRE_DTYPE_NAMES:
+        raise click.BadParameter(codec.pull_dtype_problem(value))
+    return value
+
+
+def wire_dtype_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--wire-dtype (pushes and pulls), --push-dtype, --pull-dtype, --error-feedback/--no-error-feedback.
+
+    ``int8`` (the 8-bit block codec) is a push dtype only; asked for pulls (through --wire-dtype
+    or --pull-dtype) it is a usage error saying so."""
+    names = click.Choice(sorted(codec.PUSH_DTYPE_NAMES))
+    for option in reversed(
+        (
+            click.option(
+                "--wire-dtype",
+                default="fp32",
+                show_default=True,
+                type=names,
+                callback=_pull_dtype,
+                help="what pushes and pulls travel in, unless --push-dtype or --pull-dtype says otherwise",
+            ),
+            click.option(
+                "--push-dtype",
+                default=None,
+                type=names,
+                help="what pushes travel in (default: --wire-dtype); int8 is the 8-bit block codec",
+            ),
+            click.option(
+                "--pull-dtype",
+                default=None,
+                type=names,
+                callback=_pull_dtype,
+                help="what pulled parameters travel in (default: --wire-dtype); never int8",
+            ),
+            click.option(
+                "--error-feedback/--no-error-feedback",
+                default=True,
+                show_default=True,
+                help="with --push-dtype int8, carry each push's quantisation error into the next push",
+            ),
+        )
+    ):
+        command = option(command)
+    return command

@@ -3,6 +3,10 @@
 This is the only place that knows how elements become bytes. Chunks are slices of a
 flat vector, little-endian, at most ``DEFAULT_CHUNK_BYTES`` each, so no message nears
 gRPC's size limits. Decoding writes straight into a caller-owned buffer.
+
+Pushes may also travel as ``INT8_BLOCK`` (psproto.blocks: int8 values and one fp32 scale per
+block of ``BLOCK`` values from the chunk's offset); Init and pulls never do, as the
+authoritative parameters are never sent below 16 bits.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Protocol, TypeAlias
 
 import torch
 
+from psproto import blocks
 from psproto.v1 import ps_pb2
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
@@ -27,6 +32,7 @@ UNSPECIFIED: DTypeValue = ps_pb2.DTYPE_UNSPECIFIED
 FLOAT32: DTypeValue = ps_pb2.DTYPE_FLOAT32
 BFLOAT16: DTypeValue = ps_pb2.DTYPE_BFLOAT16
 FLOAT16: DTypeValue = ps_pb2.DTYPE_FLOAT16
+INT8_BLOCK: DTypeValue = ps_pb2.DTYPE_INT8_BLOCK
 
 WIRE_DTYPES: dict[DTypeValue, torch.dtype] = {
     ps_pb2.DTYPE_FLOAT32: torch.float32,
@@ -38,6 +44,8 @@ WIRE_DTYPE_NAMES: dict[str, DTypeValue] = {
     "bf16": ps_pb2.DTYPE_BFLOAT16,
     "fp16": ps_pb2.DTYPE_FLOAT16,
 }
+# What a push may be sent in: the pull dtypes and the 8-bit block codec.
+PUSH_DTYPE_NAMES: dict[str, DTypeValue] = {**WIRE_DTYPE_NAMES, "int8": ps_pb2.DTYPE_INT8_BLOCK}
 
 # Decoding only reads from the message's immutable bytes, so torch's warning about
 # non-writable buffers does not apply.
@@ -55,10 +63,25 @@ class CodecError(ValueError):
         self.reason = reason
 
 
+def pull_dtype_problem(name: str) -> str:
+    """Why ``name`` cannot be a pull (or Init) dtype, for a user's error message."""
+    if name in PUSH_DTYPE_NAMES:
+        return (
+            f"{name} (the 8-bit block codec) is for pushes only: the parameters are never sent below 16 bits; "
+            f"pull in {', '.join(WIRE_DTYPE_NAMES)} (e.g. --push-dtype {name} --pull-dtype bf16)"
+        )
+    return f"pull dtype {name!r} is not one of {', '.join(WIRE_DTYPE_NAMES)}"
+
+
 def wire_dtype(dtype: int) -> torch.dtype:
     """The torch dtype of a wire dtype enum; unspecified means float32."""
     if dtype == ps_pb2.DTYPE_UNSPECIFIED:
         return torch.float32
+    if dtype == ps_pb2.DTYPE_INT8_BLOCK:
+        raise CodecError(
+            "push_only_dtype",
+            "DTYPE_INT8_BLOCK is for pushes only; Init and pulls are DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16",
+        )
     try:
         return WIRE_DTYPES[DTypeValue(dtype)]
     except KeyError:
@@ -68,6 +91,13 @@ def wire_dtype(dtype: int) -> torch.dtype:
 
 def element_size(dtype: int) -> int:
     return _WIDTHS[wire_dtype(dtype)]
+
+
+def wire_bytes(length: int, dtype: int) -> int:
+    """The bytes of ``length`` elements in ``dtype`` on the wire (int8 values and their scales), framing aside."""
+    if dtype == ps_pb2.DTYPE_INT8_BLOCK:
+        return length + 4 * blocks.block_count(length)
+    return length * element_size(dtype)
 
 
 _WIDTHS = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in WIRE_DTYPES.values()}
@@ -85,6 +115,9 @@ class ChunkLike(Protocol):
     @property
     def data(self) -> bytes | memoryview: ...
 
+    @property
+    def scales(self) -> bytes | memoryview: ...
+
 
 @dataclass(frozen=True)
 class ChunkPayload:
@@ -94,26 +127,44 @@ class ChunkPayload:
     dtype: DTypeValue
     # A view of the (converted) tensor's memory: valid while that tensor is unchanged.
     data: memoryview
+    # INT8_BLOCK only: the blocks' fp32 scales, little-endian.
+    scales: memoryview | bytes = b""
 
     def fill(self, chunk: ps_pb2.Chunk) -> None:
         # Assigning fields in place avoids the extra copy a constructor or CopyFrom makes.
         chunk.offset = self.offset
         chunk.dtype = self.dtype
         chunk.data = bytes(self.data)
+        if self.scales:
+            chunk.scales = bytes(self.scales)
 
 
 def chunk_spans(length: int, dtype: int = ps_pb2.DTYPE_FLOAT32, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[range]:
-    """The element ranges ``payloads`` cuts a ``length``-element vector into for ``dtype``."""
-    per_chunk = max(1, chunk_bytes // _WIDTHS[wire_dtype(dtype)])
+    """The element ranges ``payloads`` cuts a ``length``-element vector into for ``dtype``.
+
+    INT8_BLOCK chunks hold whole blocks (values and scales within ``chunk_bytes``) except the last."""
+    if dtype == ps_pb2.DTYPE_INT8_BLOCK:
+        per_chunk = max(1, chunk_bytes // (blocks.BLOCK + 4)) * blocks.BLOCK
+    else:
+        per_chunk = max(1, chunk_bytes // _WIDTHS[wire_dtype(dtype)])
     return [range(start, min(start + per_chunk, length)) for start in range(0, length, per_chunk)]
 
 
 def payload(flat: torch.Tensor, span: range, dtype: int = ps_pb2.DTYPE_FLOAT32) -> ChunkPayload:
     """One chunk of a contiguous 1-D CPU tensor, converted to ``dtype`` (a view when no conversion is needed)."""
-    target = wire_dtype(dtype)
     piece = flat[span.start : span.stop]
+    if dtype == ps_pb2.DTYPE_INT8_BLOCK:
+        return block_payload(span.start, *blocks.encode(piece))
+    target = wire_dtype(dtype)
     wire = piece if piece.dtype == target else piece.to(target)
     return ChunkPayload(span.start, DTypeValue(dtype or ps_pb2.DTYPE_FLOAT32), wire.view(torch.uint8).numpy().data)
+
+
+def block_payload(offset: int, values: torch.Tensor, scales: torch.Tensor) -> ChunkPayload:
+    """An INT8_BLOCK chunk of already encoded values (``blocks.encode``) starting at ``offset``."""
+    return ChunkPayload(
+        offset, ps_pb2.DTYPE_INT8_BLOCK, values.view(torch.uint8).numpy().data, scales.view(torch.uint8).numpy().data
+    )
 
 
 def payloads(
@@ -148,18 +199,25 @@ class Assembler:
     overlap and covered the whole buffer. The buffer is scratch: nothing in it is trusted
     until ``finish`` returns. With ``track_finite`` (the server's side: gradients are refused
     when any element is NaN or Inf) each chunk is also summed while it is in cache, for
-    ``all_finite``; a worker receiving parameters skips that pass.
+    ``all_finite``; a worker receiving parameters skips that pass. ``accept_blocks`` (the
+    server's push path) decodes INT8_BLOCK chunks; elsewhere they are refused (``push_only_dtype``).
     """
 
     out: torch.Tensor
     track_finite: bool = True
+    accept_blocks: bool = False
 
     def __post_init__(self) -> None:
         self._spans: list[tuple[int, int]] = []
         self._sum = 0.0
 
     def add(self, chunk: ChunkLike) -> None:
+        if chunk.dtype == ps_pb2.DTYPE_INT8_BLOCK and self.accept_blocks:
+            self._add_blocks(chunk)
+            return
         dtype = wire_dtype(chunk.dtype)
+        if chunk.scales:
+            raise CodecError("bad_scales", "only DTYPE_INT8_BLOCK chunks carry scales")
         width = _WIDTHS[dtype]
         if len(chunk.data) % width:
             raise CodecError(
@@ -168,22 +226,49 @@ class Assembler:
                 f"{width} ({ps_pb2.DType.Name(DTypeValue(chunk.dtype or ps_pb2.DTYPE_FLOAT32))})",
             )
         count = len(chunk.data) // width
-        length = self.out.numel()
-        if chunk.offset + count > length:
-            raise CodecError(
-                "chunk_out_of_range",
-                f"chunk [{chunk.offset}, {chunk.offset + count}) lies outside the shard's "
-                f"{length} elements; offsets count elements from the start of the shard",
-            )
+        self._check_range(chunk.offset, count)
         if count == 0:
             return
         values = torch.frombuffer(chunk.data, dtype=dtype)
         destination = self.out[chunk.offset : chunk.offset + count]
         destination.copy_(values)
+        self._added(chunk.offset, destination)
+
+    def _add_blocks(self, chunk: ChunkLike) -> None:
+        count = len(chunk.data)
+        self._check_range(chunk.offset, count)
+        if len(chunk.scales) % 4:
+            raise CodecError(
+                "bad_scales",
+                f"chunk at offset {chunk.offset} has scales of {len(chunk.scales)} bytes, "
+                "not a multiple of 4 (float32)",
+            )
+        scales = torch.frombuffer(chunk.scales, dtype=torch.float32) if chunk.scales else torch.empty(0)
+        try:
+            blocks.check_scales(scales, count)
+        except blocks.ScalesError as error:
+            reason = "non_finite_scale" if error.non_finite else "bad_scales"
+            raise CodecError(reason, f"chunk at offset {chunk.offset}: {error}") from None
+        if count == 0:
+            return
+        destination = self.out[chunk.offset : chunk.offset + count]
+        blocks.decode(torch.frombuffer(chunk.data, dtype=torch.int8), scales, destination)
+        self._added(chunk.offset, destination)
+
+    def _check_range(self, offset: int, count: int) -> None:
+        length = self.out.numel()
+        if offset + count > length:
+            raise CodecError(
+                "chunk_out_of_range",
+                f"chunk [{offset}, {offset + count}) lies outside the shard's "
+                f"{length} elements; offsets count elements from the start of the shard",
+            )
+
+    def _added(self, offset: int, destination: torch.Tensor) -> None:
         if self.track_finite:
             # Summed while the chunk is still in cache: any NaN or Inf makes the sum non-finite.
             self._sum += float(destination.sum())
-        self._spans.append((chunk.offset, chunk.offset + count))
+        self._spans.append((offset, offset + destination.numel()))
 
     def finish(self) -> None:
         covered = 0

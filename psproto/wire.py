@@ -7,7 +7,7 @@ a short header plus the chunk's bytes, joined with one copy straight from tensor
 parsing returns a view of the received buffer. Tests check every shape against the generated
 code, byte for byte.
 
-Field numbers (protos/psproto/v1/ps.proto): Chunk{offset=1, dtype=2, data=3};
+Field numbers (protos/psproto/v1/ps.proto): Chunk{offset=1, dtype=2, data=3, scales=4};
 PullResponse{clock=1, total_length=2, chunk=3}; PushRequest{header=1, chunk=2};
 InitRequest{header=1, chunk=2}; PushPullResponse{ack=1, params=2}.
 """
@@ -55,10 +55,13 @@ def _nest(field: int, head: bytes, size: int) -> bytes:
     return _key(field, _LEN) + _varint(len(head) + size) + head
 
 
-def chunk_in(field: int, offset: int, dtype: int, data: memoryview | bytes) -> bytes:
-    """A message whose only field ``field`` is a Chunk (PushRequest.chunk or InitRequest.chunk: 2)."""
+def chunk_in(field: int, offset: int, dtype: int, data: memoryview | bytes, scales: memoryview | bytes = b"") -> bytes:
+    """A message whose only field ``field`` is a Chunk (PushRequest.chunk or InitRequest.chunk: 2).
+
+    ``scales`` (DTYPE_INT8_BLOCK only) follow the data, as field 4."""
     head = _chunk_header(offset, dtype, len(data))
-    return b"".join((_nest(field, head, len(data)), data))
+    tail = _key(4, _LEN) + _varint(len(scales)) if scales else b""
+    return b"".join((_nest(field, head, len(data) + len(tail) + len(scales)), data, tail, scales))
 
 
 def _pull_response_head(clock: int, total_length: int, offset: int, dtype: int, size: int) -> bytes:
@@ -88,6 +91,7 @@ class ChunkView:
     offset: int
     dtype: int
     data: memoryview
+    scales: memoryview | bytes = b""
 
 
 class WireError(ValueError):
@@ -128,7 +132,7 @@ def _skip(buffer: memoryview, position: int, wire_type: int) -> int:
 def parse_chunk(buffer: memoryview) -> ChunkView:
     """Parse a Chunk message's bytes; unknown fields are skipped as protobuf requires."""
     offset = dtype = 0
-    data = buffer[0:0]
+    data = scales = buffer[0:0]
     position = 0
     while position < len(buffer):
         key, position = _read_varint(buffer, position)
@@ -143,11 +147,17 @@ def parse_chunk(buffer: memoryview) -> ChunkView:
                 raise WireError("truncated chunk data")
             data = buffer[position : position + size]
             position += size
+        elif field == 4 and wire_type == _LEN:
+            size, position = _read_varint(buffer, position)
+            if position + size > len(buffer):
+                raise WireError("truncated chunk scales")
+            scales = buffer[position : position + size]
+            position += size
         else:
             position = _skip(buffer, position, wire_type)
     if position != len(buffer):
         raise WireError("a field runs past the end of the chunk")
-    return ChunkView(offset, dtype, data)
+    return ChunkView(offset, dtype, data, scales)
 
 
 @dataclass(frozen=True)

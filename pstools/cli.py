@@ -17,12 +17,12 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from psproto.cli_options import client_security_from_flags, client_security_options
+from psproto.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
 from pstools.export import ExportError, named_tensors, save_state_dict, state_dict_from_checkpoints
 from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
-from psworker.cli import WIRE_DTYPES, DataFileError, data_dir_option, main, server_failure
+from psworker.cli import DataFileError, data_dir_option, main, server_failure
 from psworker.client import PSClient, ServerMismatchError
 from psworker.idx import IdxError
 from psworker.tasks import TaskError, load_task
@@ -40,6 +40,16 @@ def _parse_slowdowns(text: str) -> list[float]:
     if not values or any(v < 1.0 for v in values):
         raise click.BadParameter("every slowdown must be >= 1 (1 = full speed)", param_hint="--slowdowns")
     return values
+
+
+def _dtype_args(push_dtype: str | None, pull_dtype: str | None, error_feedback: bool) -> tuple[str, ...]:
+    """The `psworker train` options that carry the cluster's push and pull dtypes to its workers."""
+    args: tuple[str, ...] = () if error_feedback else ("--no-error-feedback",)
+    if push_dtype is not None:
+        args += ("--push-dtype", push_dtype)
+    if pull_dtype is not None:
+        args += ("--pull-dtype", pull_dtype)
+    return args
 
 
 @main.command()
@@ -82,7 +92,7 @@ def _parse_slowdowns(text: str) -> list[float]:
     help="consistency model in front of the rule",
 )
 @click.option("--ssp-bound", default=3, show_default=True, type=click.IntRange(min=0), help="SSP's bound s")
-@click.option("--wire-dtype", default="fp32", show_default=True, type=WIRE_DTYPES)
+@wire_dtype_options
 @click.option("--device", default="auto", show_default=True)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--log-dir", default=Path("runs/latest"), show_default=True, type=click.Path(path_type=Path))
@@ -101,6 +111,9 @@ def cluster(
     consistency: str,
     ssp_bound: int,
     wire_dtype: str,
+    push_dtype: str | None,
+    pull_dtype: str | None,
+    error_feedback: bool,
     device: str,
     seed: int,
     log_dir: Path,
@@ -132,6 +145,7 @@ def cluster(
         server_args=("--consistency", consistency, "--ssp-bound", str(ssp_bound)),
         data_dir=data_dir,
         shard_data=shard_data,
+        worker_args=_dtype_args(push_dtype, pull_dtype, error_feedback),
     )
     console = Console()
     console.print(

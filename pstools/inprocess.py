@@ -6,6 +6,9 @@ Joins, uploads, pulls and pushes go through the shard's own API (``join``; ``beg
 application are the server's. No network and no threads: the simulator runs its workers
 through it in virtual time, and tests run the real worker procedures against a real shard.
 
+``push_dtype`` sends pushes through psworker.push_encoding as PSClient does (``codec.INT8_BLOCK``:
+the 8-bit codec with error feedback), so the shard decodes exactly what the wire would carry.
+
 ``hold_pull`` (the simulator's SSP) is consulted before every pull: when it says the shard
 would make this worker wait, the pull is skipped and the service is marked ``parked``.
 A refusal is the shard's own :class:`psserver.core.errors.ShardError`.
@@ -13,7 +16,7 @@ A refusal is the shard's own :class:`psserver.core.errors.ShardError`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
@@ -21,6 +24,7 @@ from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core.shard import Shard
+from psworker.push_encoding import PushEncoder
 from psworker.service import PushResult
 
 
@@ -37,6 +41,7 @@ class InProcessService:
         observer: bool = False,
         hold_pull: Callable[[int], bool] | None = None,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+        push_dtype: codec.DTypeValue = codec.FLOAT32,
     ) -> None:
         self.shard = shard
         self.layout = layout
@@ -45,6 +50,7 @@ class InProcessService:
         self._hold_pull = hold_pull
         self._chunk_bytes = chunk_bytes
         self._push_ids = 0
+        self._push_encoder = PushEncoder(push_dtype) if push_dtype != codec.FLOAT32 else None
         # Set when ``hold_pull`` skipped a pull; the simulator clears it when it releases the worker.
         self.parked = False
         rule = shard.rule
@@ -99,7 +105,12 @@ class InProcessService:
             self.worker_id, self._push_ids, self.clock, int(kind), self.layout.hash, dict(metadata or {})
         )
         try:
-            for chunk in codec.encode(flat, chunk_bytes=self._chunk_bytes):
+            chunks: Iterable[codec.ChunkLike] = (
+                codec.encode(flat, chunk_bytes=self._chunk_bytes)
+                if self._push_encoder is None
+                else self._push_encoder.chunks(0, flat)
+            )
+            for chunk in chunks:
                 self.shard.add_chunk(pending, chunk)
             outcome = self.shard.commit_push(pending)
         finally:

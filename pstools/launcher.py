@@ -57,6 +57,8 @@ class ClusterConfig:
     # Whether worker r trains on part r of `workers` disjoint parts of the training set; None: as
     # the task says (the Fashion-MNIST tasks shard, digits does not).
     shard_data: bool | None = None
+    # More `psworker train` options for every worker (e.g. --push-dtype int8).
+    worker_args: Sequence[str] = ()
 
 
 @dataclass
@@ -219,6 +221,7 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
                 command += ["--data-dir", str(config.data_dir)]
             if shard_data:
                 command += ["--shard-data", f"{rank}/{config.workers}"]
+            command += list(config.worker_args)
             for address in addresses:
                 command += ["--server", address]
             output = (config.log_dir / f"worker-{rank}.log").open("w")

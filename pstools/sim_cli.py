@@ -10,6 +10,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from psproto import codec
 from pstools.sim_tasks import sim_task
 from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
 from psworker.cli import DataFileError, data_dir_option
@@ -59,6 +60,13 @@ from psworker.tasks import TaskError
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--push-dtype",
+    default="fp32",
+    show_default=True,
+    type=click.Choice(sorted(codec.PUSH_DTYPE_NAMES)),
+    help="what pushes are encoded in, decoded by the shard as from the wire (int8: 8-bit, error feedback)",
+)
 def simulate_command(
     workers: int,
     speeds: str,
@@ -79,6 +87,7 @@ def simulate_command(
     seed: int,
     json_path: Path | None,
     torch_threads: int,
+    push_dtype: str,
 ) -> None:
     """Simulate WORKERS workers of different speeds in virtual time with the server's own rules."""
     from psserver.cli import parse_rule
@@ -116,6 +125,7 @@ def simulate_command(
             eval_every=eval_every,
             seed=seed,
             target=target,
+            push_dtype=push_dtype,
         )
         result = simulate(config, loaded)
     except SimulationError as error:

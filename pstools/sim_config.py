@@ -128,6 +128,7 @@ class SimConfig:
     target: float | None = None
     stop_at_target: bool = False
     record_pushes: bool = True
+    push_dtype: str = "fp32"  # what pushes are encoded in (psproto.codec.PUSH_DTYPE_NAMES): int8 runs the 8-bit codec
 
     def describe(self) -> dict[str, Any]:
         data = asdict(self)

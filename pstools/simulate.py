@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from psproto import codec
 from psserver.core.consistency import Consistency, ConsistencyModel, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.local_steps import dylu_refusal
@@ -151,13 +152,18 @@ class Simulation:
             raise SimulationError(f"consistency {c.consistency!r} is not async, ssp or bsp")
         if c.workers < 1 or c.steps < 1 or c.eval_every < 1:
             raise SimulationError("workers, steps and eval_every must be >= 1")
+        if c.push_dtype not in codec.PUSH_DTYPE_NAMES:
+            raise SimulationError(f"push dtype {c.push_dtype!r} is not one of {', '.join(codec.PUSH_DTYPE_NAMES)}")
         if c.delay is not None and (c.delay < 0 or c.consistency != "async"):
             raise SimulationError("the constant delay must be >= 0 and runs asynchronously")
 
     def _make_worker(self, rank: int, speeds: SpeedModel) -> _Worker:
         model = self.task.build_model()
         binding = ModelBinding(model)
-        client = InProcessService(self.shard, binding.layout, f"sim-{rank}", device="sim", hold_pull=self._hold_pull)
+        push_dtype = codec.PUSH_DTYPE_NAMES[self.config.push_dtype]
+        client = InProcessService(
+            self.shard, binding.layout, f"sim-{rank}", device="sim", hold_pull=self._hold_pull, push_dtype=push_dtype
+        )
         procedure = start_worker(client, binding, build_optimizer=self.task.build_optimizer)
         batches = torch.Generator().manual_seed(self.config.seed * 1000 + rank)
         duration = speeds.sampler(rank, random.Random(self.rng.getrandbits(64)))

@@ -16,16 +16,13 @@ import click
 import grpc
 import torch
 
-from psproto import codec
-from psproto.cli_options import client_security_from_flags, client_security_options
+from psproto.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
 from psworker.channels import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S
 from psworker.client import DeadlinePolicy, ServerMismatchError
 from psworker.idx import IdxError
 from psworker.procedures import ProcedureError
 from psworker.tasks import TaskError, load_task
 from psworker.train import TrainConfig, train
-
-WIRE_DTYPES = click.Choice(sorted(codec.WIRE_DTYPE_NAMES))
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> NoReturn:
@@ -131,7 +128,7 @@ def main() -> None:
 )
 @click.option("--eval-every", default=200, show_default=True, type=click.IntRange(min=0), help="0 disables")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--wire-dtype", default="fp32", show_default=True, type=WIRE_DTYPES)
+@wire_dtype_options
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSON-lines log")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
@@ -172,6 +169,9 @@ def train_command(
     eval_every: int,
     seed: int,
     wire_dtype: str,
+    push_dtype: str | None,
+    pull_dtype: str | None,
+    error_feedback: bool,
     log_file: Path | None,
     progress: bool,
     torch_threads: int,
@@ -224,6 +224,9 @@ def train_command(
         shard_data=shard,
         max_seconds=max_seconds,
         step_seconds=step_time,
+        push_dtype=push_dtype,
+        pull_dtype=pull_dtype,
+        error_feedback=error_feedback,
     )
     try:
         summary = train(config, loaded)

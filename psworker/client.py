@@ -6,10 +6,10 @@ writes its own slice of the caller's flat buffer, so no model-sized temporary is
 A gradient's path from ``ParameterServerOptimizer.step``, never returning to a module it left:
 ``psworker.optim`` (step) -> ``psworker.procedures`` (the procedure gathers the gradients into
 the binding's one preallocated flat buffer and hands it over) -> ``psworker.client``
-(``PSClient.push``: a push id, one task per shard) -> ``psworker.transfer`` (``push_requests``:
-the shard's slice as wire chunks) -> ``psproto.codec`` / ``psproto.wire`` (bytes written
-straight from the tensor) -> gRPC. The new parameters come back along ``transfer.receive_params``
-into the binding's flat parameter buffer.
+(``PSClient.push``: a push id, one task per shard) -> ``psworker.push_encoding`` (the slice in the
+push dtype) -> ``psworker.transfer`` -> ``psproto.codec`` / ``psproto.wire`` (bytes written straight
+from the tensor) -> gRPC. The new parameters come back along ``transfer.receive_params`` into the
+binding's flat parameter buffer.
 
 It rides through network failures and server restarts (``psworker.sessions`` decides how,
 from the refusal's reason). Every call has a deadline sized to its payload
@@ -32,7 +32,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -45,6 +45,7 @@ from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2
 from psworker.channels import DEFAULT_KEEPALIVE_S, check_keepalive, open_channel
 from psworker.deadlines import DeadlinePolicy, payload_bytes
+from psworker.push_encoding import OnePush, PushEncoder, wire_dtypes
 from psworker.service import PushResult
 from psworker.sessions import (
     LEAVE_TIMEOUT_S,
@@ -98,8 +99,13 @@ class PSClient:
         reinit: Callable[[], torch.Tensor] | None = None,
         keepalive_seconds: float = DEFAULT_KEEPALIVE_S,
         deadlines: DeadlinePolicy | None = None,
+        push_dtype: str | None = None,
+        pull_dtype: str | None = None,
+        error_feedback: bool = True,
     ) -> None:
-        """``connect_timeout``: how long the first Join waits for each shard to come up.
+        """``wire_dtype``: pushes' and pulls' dtype unless ``push_dtype``/``pull_dtype`` says otherwise
+        (``int8`` pushes only; ``error_feedback``: its residual, ``psworker.push_encoding``).
+        ``connect_timeout``: how long the first Join waits for each shard to come up.
         ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
         ``deadlines``: how long each call may take (``psworker.deadlines``)."""
         addresses = [servers] if isinstance(servers, str) else list(servers)
@@ -111,8 +117,7 @@ class PSClient:
                 f"server address(es) {', '.join(repeated)} listed more than once; give each shard's address once, "
                 "in shard order"
             )
-        if wire_dtype not in codec.WIRE_DTYPE_NAMES:
-            raise ValueError(f"wire dtype {wire_dtype!r} is not one of {', '.join(codec.WIRE_DTYPE_NAMES)}")
+        push, pull = wire_dtypes(wire_dtype, push_dtype, pull_dtype)
         check_keepalive(keepalive_seconds)
         self.keepalive_seconds = keepalive_seconds
         self.deadlines = deadlines or DeadlinePolicy()
@@ -120,7 +125,8 @@ class PSClient:
         self.name = name or f"{socket.gethostname()}-{id(self):x}"
         self.device = device
         self.observer = observer
-        self.wire_dtype = codec.WIRE_DTYPE_NAMES[wire_dtype]
+        self.wire_dtype = pull  # what pulls (and PushPull's parameters) come back in
+        self.push_encoder = PushEncoder(push, error_feedback)
         self.connect_timeout = connect_timeout
         self.retry = retry or RetryPolicy()
         # Called for the current parameters when a shard came back empty (restarted without a checkpoint).
@@ -192,6 +198,7 @@ class PSClient:
                 return current  # another thread already re-joined
             session = self._join(index, current.address, current.channel, self.deadlines.short(), resume=True)
             self.stats.rejoins += 1
+            self.push_encoder.reset(index)  # the shard may have lost pushes the 8-bit residual assumed applied
             _LOGGER.warning(
                 "%s: re-joined shard %d at %s as worker %d (clock %d)",
                 self.name,
@@ -356,13 +363,14 @@ class PSClient:
         with self._push_id_lock:
             push_id = self._next_push_id
             self._next_push_id += 1
-        results = self._fan_out(self._push_shard, flat, push_id, kind, dict(metadata or {}), pull_into)
+        encoding = self.push_encoder.one_push(flat)  # each shard's chunks encoded once, whatever the retries
+        results = self._fan_out(self._push_shard, encoding, push_id, kind, dict(metadata or {}), pull_into)
         return [r for r in results if isinstance(r, PushResult)]
 
     def _push_shard(
         self,
         session: ShardSession,
-        flat: torch.Tensor,
+        encoding: OnePush,
         push_id: int,
         kind: ps_pb2.PayloadKind.ValueType,
         metadata: dict[str, float],
@@ -380,7 +388,7 @@ class PSClient:
             pull_dtype=self.wire_dtype,
         )
         try:
-            result = self._send_push(session, header, flat, pull_into)
+            result = self._send_push(session, header, encoding.chunks(session.range), pull_into)
         except grpc.RpcError as error:
             if not is_future_clock(error):
                 raise
@@ -393,7 +401,7 @@ class PSClient:
             ).clock
             self._observe_clock(index, clock)
             header.base_clock = min(base_clock, clock)
-            result = self._send_push(session, header, flat, pull_into)
+            result = self._send_push(session, header, encoding.chunks(session.range), pull_into)
         if result.duplicate:
             self.stats.duplicate_acks += 1
         # An acknowledgement only raises the clock seen: with PushPull the parameters that came back
@@ -405,15 +413,15 @@ class PSClient:
         self,
         session: ShardSession,
         header: ps_pb2.PushHeader,
-        flat: torch.Tensor,
+        chunks: Iterable[codec.ChunkPayload],
         pull_into: torch.Tensor | None,
     ) -> PushResult:
-        requests = push_requests(header, flat[session.range.offset : session.range.end], self.wire_dtype)
+        requests = push_requests(header, chunks)
         if pull_into is None:
-            timeout = self._held_deadline(session, self.wire_dtype)
+            timeout = self._held_deadline(session, self.push_encoder.dtype)
             reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)
             return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry), reply.local_steps)
-        timeout = self._held_deadline(session, self.wire_dtype, self.wire_dtype)
+        timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
         replies = iter(session.data.push_pull(requests, timeout=timeout, metadata=self._metadata))
         first = next(replies)
         if not isinstance(first, ps_pb2.PushResponse):

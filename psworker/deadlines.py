@@ -54,5 +54,6 @@ class DeadlinePolicy:
 
 
 def payload_bytes(length: int, wire_dtype: int) -> int:
-    """The bytes of ``length`` elements in ``wire_dtype`` (0: fp32) on the wire, chunk framing aside."""
-    return length * codec.element_size(wire_dtype)
+    """The bytes of ``length`` elements in ``wire_dtype`` (0: fp32; int8 with its block scales) on the
+    wire, chunk framing aside."""
+    return codec.wire_bytes(length, wire_dtype)

@@ -57,6 +57,10 @@ class TrainConfig:
     step_seconds: float | None = None
     # Whether to pull the final model and evaluate it on the test set (NaN in the summary when not).
     evaluate_at_end: bool = True
+    # What pushes and pulls travel in when not wire_dtype (PSClient); error feedback for int8 pushes.
+    push_dtype: str | None = None
+    pull_dtype: str | None = None
+    error_feedback: bool = True
 
 
 @dataclass
@@ -154,6 +158,9 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             name=config.name,
             device=str(device),
             wire_dtype=config.wire_dtype,
+            push_dtype=config.push_dtype,
+            pull_dtype=config.pull_dtype,
+            error_feedback=config.error_feedback,
             tls=config.tls,
             auth_token=config.auth_token,
             retry=RetryPolicy(give_up_seconds=config.retry_seconds),

@@ -58,12 +58,12 @@ def init_requests(header: ps_pb2.InitHeader, part: torch.Tensor) -> Iterator[ps_
 
 
 def push_requests(
-    header: ps_pb2.PushHeader, part: torch.Tensor, wire_dtype: int
+    header: ps_pb2.PushHeader, chunks: Iterable[codec.ChunkPayload]
 ) -> Iterator[ps_pb2.PushRequest | bytes]:
-    """A Push stream: the header, then ``part`` (one shard's slice) as chunks of ``wire_dtype``."""
+    """A Push stream: the header, then one shard's slice as ``chunks`` (``psworker.push_encoding``)."""
     yield ps_pb2.PushRequest(header=header)
-    for payload in codec.payloads(part, wire_dtype):
-        yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data)
+    for payload in chunks:
+        yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
 
 
 def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor) -> int:

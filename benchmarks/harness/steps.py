@@ -36,7 +36,8 @@ class HetpsStep:
     client_pids: tuple[int, ...] = ()
 
     def __init__(self, addresses: list[str], layout: Layout, name: str, wire_dtype: str, flat: torch.Tensor) -> None:
-        self.client = PSClient(addresses, layout, name=name, wire_dtype=wire_dtype)
+        push, _, pull = wire_dtype.partition("/")  # "int8/bf16": 8-bit pushes, bf16 pulls
+        self.client = PSClient(addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push)
         if not self.client.initialized:
             self.client.init(flat)
         self.client.pull(torch.empty_like(flat))

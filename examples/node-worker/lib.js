@@ -41,6 +41,63 @@ function chunksOf(flat, offset, length) {
   return chunks;
 }
 
+// ---- 8-bit pushes (DTYPE_INT8_BLOCK, docs/protocol.md "8-bit pushes") ---------------------
+// Blocks of BLOCK values from each chunk's offset; per block s = max|x| / 127 and
+// q = clamp(round_half_even(x / s), -127, 127), all in float32 (Math.fround), as psproto.blocks.
+
+const BLOCK = 4096;
+// Whole blocks and their scales in at most 1 MiB per message.
+const MAX_INT8_CHUNK_ELEMENTS = Math.floor((1 << 20) / (BLOCK + 4)) * BLOCK;
+const SMALLEST_FLOAT32 = 2 ** -149;
+
+function roundHalfEven(v) {
+  const floor = Math.floor(v);
+  const rest = v - floor;
+  if (rest < 0.5) return floor;
+  if (rest > 0.5) return floor + 1;
+  return floor % 2 === 0 ? floor : floor + 1;
+}
+
+// Encode float32 values x[0, n) as one chunk's {data, scales} and write x̂ = q·s into `decoded`.
+function encodeBlocks(x, decoded) {
+  const n = x.length;
+  const data = Buffer.allocUnsafe(n);
+  const scales = Buffer.allocUnsafe(Math.ceil(n / BLOCK) * 4);
+  for (let start = 0, block = 0; start < n; start += BLOCK, block += 1) {
+    const end = Math.min(n, start + BLOCK);
+    let largest = 0;
+    for (let i = start; i < end; i += 1) largest = Math.max(largest, Math.abs(x[i])); // NaN stays NaN
+    let s = Math.fround(largest / 127);
+    if (s === 0 && largest > 0) s = SMALLEST_FLOAT32; // max|x| / 127 underflowed: keep a positive step
+    scales.writeFloatLE(s, block * 4);
+    for (let i = start; i < end; i += 1) {
+      const q = s > 0 ? Math.min(127, Math.max(-127, roundHalfEven(Math.fround(x[i] / s)))) : 0;
+      data.writeInt8(Number.isNaN(q) ? 0 : q, i);
+      decoded[i] = Math.fround(q * s);
+    }
+  }
+  return { data, scales };
+}
+
+// The DTYPE_INT8_BLOCK chunks of flat[offset, offset + length). With a `residual` (a Float32Array
+// of `length`, the shard's error feedback, starting at 0) it sends Q(p + e) and sets e ← (p + e) − x̂;
+// the residual is left as it was when a scale is not finite (the server refuses that push).
+function int8ChunksOf(flat, offset, length, residual) {
+  const target = new Float32Array(length);
+  for (let i = 0; i < length; i += 1) target[i] = flat[offset + i] + (residual ? residual[i] : 0);
+  const decoded = new Float32Array(length);
+  const chunks = [];
+  let finite = true;
+  for (let start = 0; start < length; start += MAX_INT8_CHUNK_ELEMENTS) {
+    const end = Math.min(length, start + MAX_INT8_CHUNK_ELEMENTS);
+    const { data, scales } = encodeBlocks(target.subarray(start, end), decoded.subarray(start, end));
+    for (let k = 0; k < scales.length; k += 4) finite = finite && Number.isFinite(scales.readFloatLE(k));
+    chunks.push({ offset: start, dtype: 'DTYPE_INT8_BLOCK', data, scales });
+  }
+  if (residual && finite) for (let i = 0; i < length; i += 1) residual[i] = target[i] - decoded[i];
+  return chunks;
+}
+
 function bf16ToFloat(bits) {
   const view = new DataView(new ArrayBuffer(4));
   view.setUint32(0, bits << 16, true);
@@ -162,6 +219,11 @@ module.exports = {
   numel,
   totalLength,
   chunksOf,
+  int8ChunksOf,
+  encodeBlocks,
+  roundHalfEven,
+  BLOCK,
+  MAX_INT8_CHUNK_ELEMENTS,
   decodeChunk,
   encodeFloat32,
   bf16ToFloat,

@@ -20,6 +20,8 @@
 //   --log-every K        print the evaluation loss every K steps (default 10)
 //   --heartbeat-seconds  seconds between heartbeats (default 5)
 //   --keepalive-seconds  HTTP/2 ping interval, at least 1: a silent link fails calls within 1.5x (default 10)
+//   --push-dtype D       fp32 (default) or int8: 8-bit block pushes (docs/protocol.md); pulls stay fp32
+//   --error-feedback 0|1 with int8 pushes, carry each push's quantisation error into the next (default 1)
 //   --proto PATH         ps.proto (default ../../protos/psproto/v1/ps.proto next to this file)
 //   --auth-token-file P  send `authorization: Bearer <token>` with every RPC
 //   --tls-ca P           connect with TLS, trusting this CA (--tls-cert/--tls-key for mTLS)
@@ -58,12 +60,24 @@ function parseArgs(argv) {
     tlsCa: '',
     tlsCert: '',
     tlsKey: '',
+    pushDtype: 'fp32',
+    errorFeedback: 1,
   };
-  const numeric = new Set(['features', 'steps', 'untilClock', 'batch', 'seed', 'logEvery', 'heartbeatSeconds', 'keepaliveSeconds']);
+  const numeric = new Set([
+    'features',
+    'steps',
+    'untilClock',
+    'batch',
+    'seed',
+    'logEvery',
+    'heartbeatSeconds',
+    'keepaliveSeconds',
+    'errorFeedback',
+  ]);
   for (let i = 0; i < argv.length; i += 1) {
     const flag = argv[i];
     if (flag === '--help' || flag === '-h') {
-      process.stdout.write(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 26).join('\n').replace(/^\/\/ ?/gm, '') + '\n');
+      process.stdout.write(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 28).join('\n').replace(/^\/\/ ?/gm, '') + '\n');
       process.exit(0);
     }
     if (!flag.startsWith('--') || i + 1 >= argv.length) throw new Error(`unexpected argument ${flag}`);
@@ -79,6 +93,7 @@ function parseArgs(argv) {
   if (options.server.length === 0) throw new Error('give at least one --server HOST:PORT');
   // The server accepts a ping every 0.5 s at most; faster ones earn GOAWAY too_many_pings.
   if (options.keepaliveSeconds < 1) throw new Error('--keepalive-seconds needs a number >= 1');
+  if (!['fp32', 'int8'].includes(options.pushDtype)) throw new Error('--push-dtype is fp32 or int8');
   return options;
 }
 
@@ -215,6 +230,8 @@ class Worker {
     };
     const reply = await unary(shard.client, 'Join', request, this.metadata);
     shard.workerId = reply.worker_id;
+    // The shard may have lost updates the error-feedback residual assumed applied: start it again at 0.
+    shard.residual = null;
     if (resume) this.log('rejoined', { shard: this.shards.indexOf(shard), worker_id: reply.worker_id, clock: reply.clock });
     return reply;
   }
@@ -286,7 +303,7 @@ class Worker {
     const pushId = this.pushId;
     return Promise.all(
       this.shards.map((shard) => {
-        const chunks = lib.chunksOf(this.grad, shard.offset, shard.length);
+        const chunks = this.pushChunks(shard); // encoded once: a retry resends the same bytes
         // Built at each attempt: a re-join changes the worker id, a rebase the base clock.
         const send = () => {
           const header = {
@@ -301,6 +318,12 @@ class Worker {
         return this.recovering(shard, send);
       }),
     );
+  }
+
+  pushChunks(shard) {
+    if (this.options.pushDtype !== 'int8') return lib.chunksOf(this.grad, shard.offset, shard.length);
+    if (this.options.errorFeedback && !shard.residual) shard.residual = new Float32Array(shard.length);
+    return lib.int8ChunksOf(this.grad, shard.offset, shard.length, this.options.errorFeedback ? shard.residual : null);
   }
 
   async heartbeat(stats) {

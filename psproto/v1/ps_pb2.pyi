@@ -43,6 +43,12 @@ class _DTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DType.ValueType
     DTYPE_FLOAT32: _DType.ValueType  # 1
     DTYPE_BFLOAT16: _DType.ValueType  # 2
     DTYPE_FLOAT16: _DType.ValueType  # 3
+    DTYPE_INT8_BLOCK: _DType.ValueType  # 4
+    """Pushes only (never Init or pulls): the 8-bit block codec. `data` holds one int8 per
+    element; the elements are cut into blocks of 4096 from the chunk's offset, and `scales`
+    holds one little-endian float32 scale s >= 0 per block; element i decodes to
+    data[i] * scales[i / 4096]. See docs/protocol.md ("8-bit pushes").
+    """
 
 class DType(_DType, metaclass=_DTypeEnumTypeWrapper):
     """Element type of a chunk on the wire. The server always keeps float32."""
@@ -51,6 +57,12 @@ DTYPE_UNSPECIFIED: DType.ValueType  # 0
 DTYPE_FLOAT32: DType.ValueType  # 1
 DTYPE_BFLOAT16: DType.ValueType  # 2
 DTYPE_FLOAT16: DType.ValueType  # 3
+DTYPE_INT8_BLOCK: DType.ValueType  # 4
+"""Pushes only (never Init or pulls): the 8-bit block codec. `data` holds one int8 per
+element; the elements are cut into blocks of 4096 from the chunk's offset, and `scales`
+holds one little-endian float32 scale s >= 0 per block; element i decodes to
+data[i] * scales[i / 4096]. See docs/protocol.md ("8-bit pushes").
+"""
 Global___DType: _TypeAlias = DType  # noqa: Y015
 
 class _PayloadKind:
@@ -155,21 +167,27 @@ class Chunk(_message.Message):
     OFFSET_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    SCALES_FIELD_NUMBER: _builtins.int
     offset: _builtins.int
     """First element of this chunk, counted from the start of the shard's slice."""
     dtype: Global___DType.ValueType
     data: _builtins.bytes
     """Little-endian elements of `dtype`; a few MiB at most."""
+    scales: _builtins.bytes
+    """DTYPE_INT8_BLOCK only: one little-endian float32 scale per block of 4096 elements
+    (the last block may be shorter). Empty for every other dtype.
+    """
     def __init__(
         self,
         *,
         offset: _builtins.int = ...,
         dtype: Global___DType.ValueType = ...,
         data: _builtins.bytes = ...,
+        scales: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dtype", b"dtype", "offset", b"offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dtype", b"dtype", "offset", b"offset", "scales", b"scales"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -55,6 +55,11 @@ _CODEC_REFUSALS = {
     "unknown_dtype": ErrorKind.UNKNOWN_DTYPE,
     "chunk_out_of_range": ErrorKind.CHUNK_OUT_OF_RANGE,
     "bad_chunk_size": ErrorKind.BAD_REQUEST,
+    # The 8-bit block codec: a scale count that does not fit the values or a negative scale, a
+    # NaN or Inf scale (what a diverged worker's push carries), or int8 where only floats go (Init).
+    "bad_scales": ErrorKind.BAD_REQUEST,
+    "non_finite_scale": ErrorKind.NON_FINITE,
+    "push_only_dtype": ErrorKind.BAD_REQUEST,
 }
 
 
@@ -129,7 +134,7 @@ class PendingPush:
     def add(self, chunk: codec.ChunkLike) -> None:
         """Decode one chunk into the receive buffer (taken at the first chunk); a replay ignores it."""
         self.receiver.refuse_if_ended(self)
-        self.bytes_received += len(chunk.data)
+        self.bytes_received += len(chunk.data) + len(chunk.scales)
         self.receiver.arrived(self)
         if self.replay is not None:
             return
@@ -246,7 +251,7 @@ class PushReceiver:
                 pending.waiting = False
                 pending.last_chunk_at = self.now()
         with pending.lock:
-            pending.assembler = codec.Assembler(buffer)
+            pending.assembler = codec.Assembler(buffer, accept_blocks=True)
         with self._lock:
             pending.receiving_since = pending.last_chunk_at
 

@@ -30,11 +30,12 @@ class Refusal:
 
 
 def dtype_refusal(dtype: int) -> Refusal | None:
-    """A wire dtype this server does not know."""
+    """A pull's wire dtype this server does not know, or one that is for pushes only."""
     try:
         codec.wire_dtype(dtype)
     except codec.CodecError as error:
-        return Refusal(ErrorKind.UNKNOWN_DTYPE, str(error))
+        kind = ErrorKind.BAD_REQUEST if error.reason == "push_only_dtype" else ErrorKind.UNKNOWN_DTYPE
+        return Refusal(kind, str(error))
     return None
 
 

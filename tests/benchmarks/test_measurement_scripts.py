@@ -15,7 +15,15 @@ import pytest
 from benchmarks.rule_apply import main as rule_apply
 from psserver.core.rules import RULES
 
-SCRIPTS = ["step_round_trip", "worker_scaling", "rule_apply", "server_memory", "throughput", "receive_window"]
+SCRIPTS = [
+    "step_round_trip",
+    "worker_scaling",
+    "rule_apply",
+    "server_memory",
+    "throughput",
+    "receive_window",
+    "push_codec_accuracy",
+]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -184,3 +184,34 @@ def test_node_worker_rejoins_when_the_shard_forgets_it(
     assert rejoined and rejoined[0]["worker_id"] != joined[0].worker_id
     done = next(e for e in events if e["event"] == "done")
     assert done["clock"] >= until_clock
+
+
+@needs_node
+def test_node_worker_pushes_8_bit_blocks(
+    start_psserver: Callable[..., str], stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub]
+) -> None:
+    require_node_modules()
+    addresses = [start_psserver("asgd", 0.5, shard_index=index, num_shards=2) for index in range(2)]
+    steps = 60
+    command = [
+        NODE,
+        "worker.js",
+        "--name",
+        "node-int8",
+        "--steps",
+        str(steps),
+        "--log-every",
+        "20",
+        "--push-dtype",
+        "int8",
+    ]
+    for address in addresses:
+        command += ["--server", address]
+    result = subprocess.run(command, cwd=NODE_WORKER, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"node worker failed:\n{result.stderr}\n{result.stdout}"
+    done = next(json.loads(line) for line in result.stdout.splitlines() if '"event":"done"' in line)
+    assert done["pushes"] == steps and done["final_loss"] < INITIAL_LOSS * 0.5, done
+    for address in addresses:
+        status = stub_for(address).Status(ps_pb2.StatusRequest(), timeout=10)
+        # Every 8-bit push was decoded and applied; none refused.
+        assert status.applied_pushes == steps and sum(status.rejected.values()) == 0, address

@@ -32,6 +32,30 @@ def test_push_and_init_chunks_match_the_generated_code(offset: int, dtype: int, 
     assert wire.chunk_in(2, offset, dtype, data) == init.SerializeToString()
 
 
+@given(offsets, payloads, st.binary(max_size=40))
+def test_int8_block_chunks_with_scales_match_the_generated_code(offset: int, data: bytes, scales: bytes) -> None:
+    push = ps_pb2.PushRequest()
+    push.chunk.CopyFrom(_chunk(offset, ps_pb2.DTYPE_INT8_BLOCK, data))
+    push.chunk.scales = scales
+    encoded = wire.chunk_in(2, offset, ps_pb2.DTYPE_INT8_BLOCK, memoryview(data), memoryview(scales))
+    assert encoded == push.SerializeToString()
+    view = wire.parse_chunk_request(encoded)
+    assert isinstance(view, wire.ChunkView)
+    assert (view.offset, view.dtype, bytes(view.data), bytes(view.scales)) == (
+        offset,
+        ps_pb2.DTYPE_INT8_BLOCK,
+        data,
+        scales,
+    )
+
+
+def test_truncated_scales_are_refused() -> None:
+    chunk = _chunk(0, ps_pb2.DTYPE_INT8_BLOCK, b"ab")
+    chunk.scales = b"\x00\x00\x80\x3f"
+    with pytest.raises(wire.WireError, match="scales"):
+        wire.parse_chunk(memoryview(chunk.SerializeToString()[:-1]))
+
+
 @given(st.integers(0, 2**40), st.integers(0, 2**40), offsets, dtypes, payloads)
 def test_pull_replies_match_the_generated_code(clock: int, total: int, offset: int, dtype: int, data: bytes) -> None:
     reply = ps_pb2.PullResponse(clock=clock, total_length=total)
@@ -50,7 +74,7 @@ def test_parse_chunk_reads_what_the_generated_code_writes(offset: int, dtype: in
 
 
 def test_parse_chunk_skips_unknown_fields_and_refuses_truncation() -> None:
-    encoded = _chunk(5, 1, b"abcd").SerializeToString() + b"\x20\x07"  # field 4, varint 7
+    encoded = _chunk(5, 1, b"abcd").SerializeToString() + b"\x28\x07"  # field 5, varint 7
     assert bytes(wire.parse_chunk(memoryview(encoded)).data) == b"abcd"
     with pytest.raises(wire.WireError):
         wire.parse_chunk(memoryview(_chunk(5, 1, b"abcd").SerializeToString()[:-1]))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
+from pstools import cli
 from pstools.cli import main
+from pstools.launcher import ClusterConfig, ClusterError
 from psworker.cli import main as worker_main
 
 
@@ -26,3 +29,19 @@ def test_the_tools_commands_keep_their_flags() -> None:
 def test_cluster_checks_the_slowdowns_before_starting_anything() -> None:
     result = CliRunner().invoke(main, ["cluster", "--workers", "2", "--slowdowns", "1,2,4"])
     assert result.exit_code == 2 and "3 slowdown(s) for 2 worker(s)" in result.output
+
+
+def test_cluster_passes_the_push_and_pull_dtypes_to_its_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    configs: list[ClusterConfig] = []
+
+    def stop_at_the_config(config: ClusterConfig) -> None:
+        configs.append(config)
+        raise ClusterError("stopped before anything started")
+
+    monkeypatch.setattr(cli, "run_cluster", stop_at_the_config)
+    flags = ["--push-dtype", "int8", "--pull-dtype", "bf16", "--no-error-feedback"]
+    result = CliRunner().invoke(main, ["cluster", "--workers", "1", "--slowdowns", "1", *flags])
+    assert result.exit_code != 0 and len(configs) == 1
+    assert configs[0].worker_args == ("--no-error-feedback", "--push-dtype", "int8", "--pull-dtype", "bf16")
+    refused = CliRunner().invoke(main, ["cluster", "--pull-dtype", "int8"])
+    assert refused.exit_code == 2 and "is for pushes only" in refused.output

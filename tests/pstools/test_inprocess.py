@@ -6,12 +6,14 @@ import pytest
 import torch
 from torch import nn
 
+from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from pstools.inprocess import InProcessService
+from pstools.simulate import SimConfig, SimulationError, simulate
 from psworker.binding import ModelBinding
 from psworker.procedures import GemProcedure, GradientProcedure
 from psworker.service import ParameterService
@@ -93,3 +95,23 @@ def test_gem_runs_atomically_over_the_service() -> None:
     outcome = procedure.step(0.0)
     assert outcome.pushed and shard.clock == 1
     torch.testing.assert_close(shard.params, torch.full((4,), 2.0 * -0.05))
+
+
+def test_int8_pushes_are_decoded_by_the_shard_as_from_the_wire() -> None:
+    service = InProcessService(_shard(), LAYOUT, "int8", push_dtype=codec.INT8_BLOCK)
+    assert service.init(torch.zeros(4))
+    out = torch.empty(4)
+    gradient = torch.tensor([1.0, 0.003, -0.5, 0.0])
+    for step in range(1, 4):
+        service.pull(out)
+        service.push(gradient)
+        # The shard applied Σx̂ = Σp − e (error feedback): θ = −lr · (step · p − e).
+        residual = service._push_encoder.residual(0) if service._push_encoder else None
+        assert residual is not None and bool(residual.abs().max() > 0)
+        service.pull(out)
+        torch.testing.assert_close(out, -0.5 * (step * gradient - residual), atol=1e-6, rtol=0)
+
+
+def test_the_simulator_refuses_an_unknown_push_dtype() -> None:
+    with pytest.raises(SimulationError, match="push dtype 'int4'"):
+        simulate(SimConfig(push_dtype="int4", steps=1))

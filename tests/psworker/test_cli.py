@@ -30,3 +30,17 @@ def test_the_connection_flags_are_documented() -> None:
     text = " ".join(result.output.split())
     assert "--keepalive-seconds" in text and "noticed within 1.5 times this" in text
     assert "--min-transfer-rate" in text and "MiB/s a call's payload is given in its deadline" in text
+
+
+@pytest.mark.parametrize("flags", [["--pull-dtype", "int8"], ["--wire-dtype", "int8"]])
+def test_int8_pulls_are_a_usage_error(flags: list[str]) -> None:
+    result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", *flags])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert flags[0] in text and "is for pushes only" in text and "--push-dtype int8 --pull-dtype bf16" in text, text
+
+
+def test_the_dtype_flags_are_documented() -> None:
+    text = " ".join(CliRunner().invoke(main, ["train", "--help"]).output.split())
+    for flag in ("--wire-dtype", "--push-dtype", "--pull-dtype", "--error-feedback / --no-error-feedback"):
+        assert flag in text

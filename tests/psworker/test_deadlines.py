@@ -44,6 +44,9 @@ def test_payload_bytes_follow_the_wire_dtype() -> None:
     assert payload_bytes(1000, codec.FLOAT32) == 4000
     assert payload_bytes(1000, codec.UNSPECIFIED) == 4000
     assert payload_bytes(1000, codec.BFLOAT16) == payload_bytes(1000, codec.FLOAT16) == 2000
+    # 8-bit pushes: a byte per value and a float32 scale per block of 4096.
+    assert payload_bytes(1000, codec.INT8_BLOCK) == 1004
+    assert payload_bytes(10_000, codec.INT8_BLOCK) == 10_012
 
 
 @pytest.mark.parametrize(("base", "rate"), [(0.0, 1.0), (1.0, 0.0), (-1.0, 1.0), (float("nan"), 1.0)])

@@ -80,3 +80,58 @@ test('options', () => {
   assert.throws(() => parseArgs(['--steps', '5']), /--server/);
   assert.throws(() => parseArgs(['--server', 'a:1', '--bogus', '1']), /unknown option/);
 });
+
+test('8-bit blocks encode as psproto.blocks does', () => {
+  // Python: psproto.blocks.encode(torch.tensor([...])) gives these values and float32 scales.
+  const cases = [
+    [[0.25, -2.54, 1.0, 0.0, 0.01, 1.27], [12, -127, 50, 0, 0, 64], '0ad7a33c'],
+    [[127, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5], [127, 0, 2, 2, 0, -2, -2], '0000803f'], // ties go to even
+  ];
+  for (const [values, q, scales] of cases) {
+    const decoded = new Float32Array(values.length);
+    const encoded = lib.encodeBlocks(Float32Array.from(values), decoded);
+    assert.deepEqual([...new Int8Array(encoded.data.buffer, encoded.data.byteOffset, values.length)], q);
+    assert.equal(encoded.scales.toString('hex'), scales);
+    const s = encoded.scales.readFloatLE(0);
+    values.forEach((x, i) => assert.ok(Math.abs(Math.fround(x) - decoded[i]) <= s / 2 + 1e-7, `${x} vs ${decoded[i]}`));
+  }
+  const zeros = lib.encodeBlocks(new Float32Array(5), new Float32Array(5));
+  assert.equal(zeros.scales.readFloatLE(0), 0);
+  assert.deepEqual([...zeros.data], [0, 0, 0, 0, 0]);
+});
+
+test('8-bit chunks hold whole blocks, one scale per block, and error feedback keeps the sums together', () => {
+  const length = lib.MAX_INT8_CHUNK_ELEMENTS + lib.BLOCK + 7;
+  const flat = new Float64Array(length + 3);
+  const random = lib.rng(5);
+  const residual = new Float32Array(length);
+  const trueSum = new Float64Array(length);
+  const sentSum = new Float64Array(length);
+  for (let push = 0; push < 3; push += 1) {
+    for (let i = 0; i < flat.length; i += 1) flat[i] = Math.fround(random() - 0.5);
+    const chunks = lib.int8ChunksOf(flat, 3, length, residual);
+    assert.deepEqual(chunks.map((c) => c.offset), [0, lib.MAX_INT8_CHUNK_ELEMENTS]);
+    assert.deepEqual(chunks.map((c) => c.scales.length / 4), [lib.MAX_INT8_CHUNK_ELEMENTS / lib.BLOCK, 2]);
+    assert.ok(chunks.every((c) => c.dtype === 'DTYPE_INT8_BLOCK' && c.data.length + c.scales.length <= 1 << 20));
+    for (const chunk of chunks) {
+      for (let i = 0; i < chunk.data.length; i += 1) {
+        const scale = chunk.scales.readFloatLE(Math.floor(i / lib.BLOCK) * 4);
+        sentSum[chunk.offset + i] += chunk.data.readInt8(i) * scale;
+      }
+    }
+    for (let i = 0; i < length; i += 1) trueSum[i] += flat[3 + i];
+  }
+  // Σp − Σx̂ is the residual alone, and the residual is within half a step (max|p + e| is about 0.5 here).
+  for (let i = 0; i < length; i += 1) {
+    assert.ok(Math.abs(trueSum[i] - sentSum[i] - residual[i]) < 1e-5, `element ${i}`);
+    assert.ok(Math.abs(residual[i]) <= 0.51 / 127 / 2, `element ${i}: ${residual[i]}`);
+  }
+});
+
+test('push dtype option', () => {
+  assert.equal(parseArgs(['--server', 'a:1']).pushDtype, 'fp32');
+  const options = parseArgs(['--server', 'a:1', '--push-dtype', 'int8', '--error-feedback', '0']);
+  assert.equal(options.pushDtype, 'int8');
+  assert.equal(options.errorFeedback, 0);
+  assert.throws(() => parseArgs(['--server', 'a:1', '--push-dtype', 'bf16']), /--push-dtype is fp32 or int8/);
+});

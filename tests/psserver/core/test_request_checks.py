@@ -75,6 +75,8 @@ def test_numbers_and_dtypes() -> None:
     assert kind_of(stats_refusal({f"k{i}": 0.0 for i in range(100)})) is ErrorKind.BAD_REQUEST
     assert dtype_refusal(codec.BFLOAT16) is None and dtype_refusal(codec.UNSPECIFIED) is None
     assert kind_of(dtype_refusal(99)) is ErrorKind.UNKNOWN_DTYPE
+    # A dtype this server decodes for pushes only: the request, not the server, is wrong.
+    assert kind_of(dtype_refusal(codec.INT8_BLOCK)) is ErrorKind.BAD_REQUEST
 
 
 def test_push_headers_are_checked_in_the_order_a_client_fixes_them() -> None:

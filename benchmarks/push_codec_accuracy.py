@@ -1,0 +1,155 @@
+"""Accuracy with 8-bit pushes: the Fashion-MNIST CNN trained with fp32 pushes and with int8 pushes.
+
+    python -m benchmarks.push_codec_accuracy [--steps 2500] [--seeds 0,1] [--rules asgd:0.08,...]
+        [--out benchmarks/results/push_codec_accuracy.json]
+
+Each run is ``psworker simulate`` (pstools.simulate): 4 workers of speeds 1:1:2:4 in virtual time
+against the server's own shard and rule, every push going through psworker.push_encoding and the
+shard's chunk decoding exactly as over the wire (``--push-dtype int8``: the 8-bit block codec with
+the worker's error feedback). The virtual time makes fp32 and int8 runs of one seed see the same
+batches in the same order and the same number of updates, so their accuracies pair up. The
+learning rates are the Fashion-MNIST sweep's (docs/benchmarks.md). Target (issue 22): with 8-bit
+pushes, the final test accuracy within 0.3 points of fp32's for asgd, momentum and gap-aware.
+Prints one table and the targets; writes every run as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.harness.report import prepare_output, print_targets, write_results
+from pstools.simulate import SimConfig, SpeedModel, simulate
+
+NAME = "push_codec_accuracy"
+# The learning rates of docs/benchmarks.md's Fashion-MNIST sweep, 1:1:2:4.
+DEFAULT_RULES = "asgd:0.08,momentum:0.005,gap-aware:0.32"
+DTYPES = ("fp32", "int8")
+TARGET_POINTS = 0.3
+
+
+def _parse_rules(text: str) -> list[tuple[str, str]]:
+    rules = []
+    for item in text.split(","):
+        rule, _, lr = item.partition(":")
+        if not rule or not lr:
+            raise argparse.ArgumentTypeError(f"{item!r} is not RULE:LR")
+        rules.append((rule, lr))
+    return rules
+
+
+def run_one(rule: str, lr: str, dtype: str, seed: int, steps: int, task: str) -> dict[str, Any]:
+    config = SimConfig(
+        rule=rule,
+        options={"lr": lr},
+        workers=4,
+        speeds=SpeedModel.parse("1:1:2:4", 0.05),
+        task=task,
+        steps=steps,
+        eval_every=steps,
+        seed=seed,
+        push_dtype=dtype,
+    )
+    result = simulate(config)
+    return {
+        "rule": rule,
+        "lr": lr,
+        "push_dtype": dtype,
+        "seed": seed,
+        "test_accuracy": result.test_accuracy,
+        "test_loss": result.test_loss,
+        "updates": result.clock,
+        "diverged": result.diverged,
+        "wall_s": result.wall_s,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2500, help="gradients of all workers together, per run")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds")
+    parser.add_argument("--rules", type=_parse_rules, default=_parse_rules(DEFAULT_RULES), help="RULE:LR,...")
+    parser.add_argument("--task", default="fashion", help="a built-in task (tests use digits)")
+    parser.add_argument("--out", type=Path, default=Path(f"benchmarks/results/{NAME}.json"))
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    console, _ = prepare_output(args.out)
+    started = time.perf_counter()
+    runs = []
+    for rule, lr in args.rules:
+        for seed in seeds:
+            for dtype in DTYPES:
+                with console.status(f"{rule} lr {lr}, {dtype} pushes, seed {seed}"):
+                    runs.append(run_one(rule, lr, dtype, seed, args.steps, args.task))
+                # One line per run as it ends: a long run shows its progress in a log file too.
+                console.print(
+                    f"{rule} lr {lr}, {dtype} pushes, seed {seed}: accuracy {runs[-1]['test_accuracy']:.4f} "
+                    f"after {runs[-1]['updates']} updates ({runs[-1]['wall_s']:.0f} s)"
+                )
+    results: dict[str, Any] = {"task": args.task, "steps": args.steps, "seeds": seeds, "runs": runs}
+    results["targets"] = _targets(runs, args.rules)
+    _print_table(runs, args.rules, console)
+    print_targets(results["targets"], console)
+    results["wall_seconds"] = time.perf_counter() - started
+    write_results(NAME, argv, results, args.out, console)
+    return results
+
+
+def _accuracies(runs: list[dict[str, Any]], rule: str, dtype: str) -> list[float]:
+    return [r["test_accuracy"] for r in runs if r["rule"] == rule and r["push_dtype"] == dtype]
+
+
+def _targets(runs: list[dict[str, Any]], rules: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    targets = []
+    for rule, _ in rules:
+        # Points lost by int8 against fp32, seed by seed (the runs pair up).
+        gaps = [
+            100 * (fp32 - int8)
+            for fp32, int8 in zip(_accuracies(runs, rule, "fp32"), _accuracies(runs, rule, "int8"), strict=True)
+        ]
+        mean_gap = statistics.fmean(gaps)
+        targets.append(
+            {
+                "target": f"{rule}: fp32 − int8 final accuracy (points, mean over seeds)",
+                "measured": mean_gap,
+                "min": min(gaps),
+                "max": max(gaps),
+                "threshold": TARGET_POINTS,
+                "comparison": "<=",
+                "pass": bool(mean_gap <= TARGET_POINTS),
+                "detail": "",
+            }
+        )
+    return targets
+
+
+def _print_table(runs: list[dict[str, Any]], rules: list[tuple[str, str]], console: Console) -> None:
+    table = Table(title="Final test accuracy, fp32 and int8 pushes (psworker simulate, 4 workers 1:1:2:4)")
+    for column in ("rule", "lr", "push dtype", "accuracy per seed", "mean", "updates"):
+        table.add_column(column, justify="left" if column in ("rule", "push dtype") else "right")
+    for rule, lr in rules:
+        for dtype in DTYPES:
+            mine = [r for r in runs if r["rule"] == rule and r["push_dtype"] == dtype]
+            accuracies = [r["test_accuracy"] for r in mine]
+            table.add_row(
+                rule,
+                lr,
+                dtype,
+                ", ".join(
+                    f"{a:.4f}" + (" (diverged)" if r["diverged"] else "") for a, r in zip(accuracies, mine, strict=True)
+                ),
+                f"{statistics.fmean(accuracies):.4f}",
+                ", ".join(str(r["updates"]) for r in mine),
+            )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

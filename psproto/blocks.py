@@ -1,0 +1,84 @@
+"""The 8-bit block codec for pushes (ALGORITHMS.md, "8-bit block codec for pushes"), on tensors.
+
+Values are cut into blocks of ``BLOCK`` starting at the first element given (a chunk's offset);
+per block ``s = max|x| / 127`` in fp32 (``s = 0`` for an all-zero block),
+``q = clamp(round_half_even(x / s), -127, 127)`` as int8, decoded ``x̂ = q · s`` in fp32. The
+last block may be shorter. psproto.codec puts ``q`` and the scales into a chunk; this module
+knows nothing of messages.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+BLOCK = 4096
+# The largest |q|: the codec is symmetric, so -128 is never sent.
+LEVELS = 127
+_SMALLEST = torch.tensor(torch.finfo(torch.float32).smallest_normal * 2.0**-23)
+
+
+class ScalesError(ValueError):
+    """Scales that do not describe a chunk's values; ``non_finite`` tells NaN/Inf apart."""
+
+    def __init__(self, message: str, non_finite: bool = False) -> None:
+        super().__init__(message)
+        self.non_finite = non_finite
+
+
+def block_count(length: int) -> int:
+    """How many scales a chunk of ``length`` values carries."""
+    return math.ceil(length / BLOCK)
+
+
+def _rows(x: torch.Tensor) -> list[tuple[slice, torch.Tensor]]:
+    """``x`` as (block slice, 2-D view): the full blocks as one matrix, then the short last block."""
+    full = x.numel() // BLOCK
+    rows: list[tuple[slice, torch.Tensor]] = []
+    if full:
+        rows.append((slice(0, full), x[: full * BLOCK].view(full, BLOCK)))
+    if x.numel() % BLOCK:
+        rows.append((slice(full, full + 1), x[full * BLOCK :].view(1, -1)))
+    return rows
+
+
+def encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q as int8, one fp32 scale per block) of a contiguous 1-D fp32 tensor."""
+    x = x.float() if x.dtype != torch.float32 else x
+    q = torch.empty(x.numel(), dtype=torch.int8)
+    scales = torch.empty(block_count(x.numel()), dtype=torch.float32)
+    for (blocks, values), (_, q_row) in zip(_rows(x), _rows(q), strict=True):
+        s = scales[blocks]
+        low, high = torch.aminmax(values, dim=1)  # max|x| without a block-sized |x| temporary
+        largest = torch.maximum(high, low.neg())
+        torch.div(largest, LEVELS, out=s)
+        # A block of tiny subnormals whose max|x| / 127 underflows to 0 keeps the smallest positive
+        # scale instead, so s = 0 still means an all-zero block and |x − x̂| ≤ s/2 still holds.
+        s.copy_(torch.where((s == 0) & (largest > 0), _SMALLEST, s))
+        # An all-zero block has s = 0 and q = 0; dividing it by 1 keeps it zero without a NaN.
+        divisor = torch.where(s > 0, s, torch.ones_like(s))
+        q_row.copy_(torch.div(values, divisor[:, None]).round_().clamp_(-LEVELS, LEVELS))
+    return q, scales
+
+
+def check_scales(scales: torch.Tensor, length: int) -> None:
+    """Refuse scales that do not fit ``length`` values: the wrong count, negative, NaN or Inf."""
+    expected = block_count(length)
+    if scales.numel() != expected:
+        raise ScalesError(
+            f"{scales.numel()} scale(s) for {length} values; send one float32 scale per block of {BLOCK} values "
+            f"({expected})"
+        )
+    if not bool(torch.isfinite(scales).all()):
+        bad = int((~torch.isfinite(scales)).sum())
+        raise ScalesError(f"{bad} block scale(s) are NaN or Inf; nothing was applied", non_finite=True)
+    if bool((scales < 0).any()):
+        raise ScalesError(f"{int((scales < 0).sum())} block scale(s) are negative; a scale is max|x| / 127 >= 0")
+
+
+def decode(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
+    """Write ``x̂ = q · s`` (fp32) into ``out``; the scales must have passed ``check_scales``."""
+    for (blocks, values), (_, destination) in zip(_rows(q), _rows(out), strict=True):
+        destination.copy_(values)
+        destination.mul_(scales[blocks][:, None])

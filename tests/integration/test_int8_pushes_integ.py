@@ -1,0 +1,41 @@
+"""A local digits cluster pushing 8-bit updates (with error feedback) and pulling bf16 trains as fp32 does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def test_a_digits_cluster_trains_with_int8_pushes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "int8"
+    command = [
+        *([sys.executable, "-m", "psworker"]),
+        "cluster",
+        "--task",
+        "digits",
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1,2",
+        "--updates",
+        "600",
+        "--push-dtype",
+        "int8",
+        "--pull-dtype",
+        "bf16",
+        "--log-dir",
+        str(run_dir),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((run_dir / "report.json").read_text())
+    print(f"int8 pushes, bf16 pulls: test accuracy {report['test_accuracy']:.4f} after {report['clock']} updates")
+    assert report["test_accuracy"] >= 0.88, report
+    assert report["clock"] >= 600 and report["rejected"] == {}, report
+    assert all(w["pushes"] > 0 for w in report["workers"]), report

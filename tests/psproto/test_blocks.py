@@ -1,0 +1,109 @@
+"""The 8-bit block codec (ALGORITHMS.md, "8-bit block codec for pushes") on tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from psproto import blocks
+from psproto.blocks import BLOCK
+
+
+def _round_trip(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, scales = blocks.encode(x)
+    out = torch.empty_like(x)
+    blocks.check_scales(scales, x.numel())
+    blocks.decode(q, scales, out)
+    return q, scales, out
+
+
+def test_an_all_zero_block_round_trips_exactly() -> None:
+    x = torch.zeros(BLOCK + 10)
+    q, scales, out = _round_trip(x)
+    assert torch.equal(scales, torch.zeros(2)) and torch.equal(q, torch.zeros(BLOCK + 10, dtype=torch.int8))
+    assert torch.equal(out, x) and not out.signbit().any()
+
+
+def test_a_zero_block_beside_a_nonzero_one_stays_zero() -> None:
+    x = torch.zeros(2 * BLOCK)
+    x[BLOCK:] = torch.linspace(-3, 5, BLOCK)
+    _q, scales, out = _round_trip(x)
+    assert scales[0] == 0 and scales[1] == pytest.approx(5 / 127)
+    assert torch.equal(out[:BLOCK], x[:BLOCK])
+
+
+def test_scales_are_max_abs_over_127_and_the_max_is_exact() -> None:
+    x = torch.tensor([0.25, -2.54, 1.0, 0.0])
+    q, scales, out = _round_trip(x)
+    assert scales.tolist() == [torch.tensor(2.54 / 127, dtype=torch.float32).item()]
+    assert q[1] == -127
+    assert out[1] == pytest.approx(-2.54, rel=1e-6)
+
+
+def test_a_block_of_tiny_subnormals_is_not_decoded_as_zero() -> None:
+    # max|x| / 127 underflows to 0 in fp32: the block keeps the smallest positive scale.
+    x = torch.tensor([1e-44, -3e-45, 0.0])
+    _q, scales, out = _round_trip(x)
+    assert scales.item() > 0
+    assert bool(((x - out).abs() <= scales / 2).all())
+
+
+def test_rounding_is_half_to_even() -> None:
+    # max|x| = 127 makes s = 1: x / s is x itself.
+    x = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5])
+    q, _, _ = _round_trip(x)
+    assert q.tolist() == [127, 0, 2, 2, 0, -2, -2]
+
+
+def test_the_last_partial_block_has_its_own_scale() -> None:
+    x = torch.ones(2 * BLOCK + 5)
+    x[-5:] = torch.tensor([0.0, 0.1, -0.2, 0.3, 0.4])
+    q, scales, out = _round_trip(x)
+    assert scales.numel() == 3
+    assert scales[2] == pytest.approx(0.4 / 127)
+    assert q[-1] == 127
+    torch.testing.assert_close(out[-5:], x[-5:], atol=0.4 / 254 * 1.001, rtol=0)
+
+
+# fp32 arithmetic (x / s, then q · s) may add a few ulps of 127·s to the exact s/2.
+_ROUNDING_SLACK = 2**-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arrays(
+        np.float32,
+        st.integers(1, 2 * BLOCK + 7),
+        elements=st.floats(-(2.0**100), 2.0**100, width=32),
+        fill=st.floats(-1e6, 1e6, width=32),
+    )
+)
+def test_every_element_decodes_within_half_a_step(values: np.ndarray) -> None:
+    x = torch.from_numpy(values.copy())
+    _, scales, out = _round_trip(x)
+    step = scales.repeat_interleave(BLOCK)[: x.numel()].double()
+    error = (x.double() - out.double()).abs()
+    assert bool((error <= step / 2 * (1 + _ROUNDING_SLACK)).all())
+
+
+@pytest.mark.parametrize(
+    ("scales", "length", "non_finite", "match"),
+    [
+        ([1.0], BLOCK + 1, False, "1 scale"),
+        ([1.0, 1.0, 1.0], BLOCK + 1, False, "3 scale"),
+        ([1.0, -0.5], BLOCK + 1, False, "negative"),
+        ([float("nan"), 1.0], BLOCK + 1, True, "NaN or Inf"),
+        ([1.0, float("inf")], BLOCK + 1, True, "NaN or Inf"),
+        ([1.0], 0, False, "1 scale"),
+    ],
+)
+def test_scales_that_do_not_fit_the_values_are_refused(
+    scales: list[float], length: int, non_finite: bool, match: str
+) -> None:
+    with pytest.raises(blocks.ScalesError, match=match) as caught:
+        blocks.check_scales(torch.tensor(scales), length)
+    assert caught.value.non_finite is non_finite
