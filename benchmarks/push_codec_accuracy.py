@@ -8,7 +8,7 @@ against the server's own shard and rule, every push going through psworker.push_
 shard's chunk decoding exactly as over the wire (``--push-dtype int8``: the 8-bit block codec with
 the worker's error feedback). The virtual time makes fp32 and int8 runs of one seed see the same
 batches in the same order and the same number of updates, so their accuracies pair up. The
-learning rates are the Fashion-MNIST sweep's (docs/benchmarks.md). Target (issue 22): with 8-bit
+learning rates are the Fashion-MNIST sweep's (docs/benchmarks.md). Target: with 8-bit
 pushes, the final test accuracy within 0.3 points of fp32's for asgd, momentum and gap-aware.
 Prints one table and the targets; writes every run as JSON.
 """

@@ -13,8 +13,8 @@ or misses on the baseline's bad luck. The step benchmarks therefore check, after
 - **ceiling**: the peer's step time over the bare gRPC mover's (1 shard, same wire dtype), per
   repeat, median within ``PEER_VS_BARE_BOUNDS``. TensorPipe over TCP was 0.79x to 1.2x the bare
   mover's time in full runs; a peer 2x faster than a byte mover is not crossing TCP like it
-  (shared memory), and one 2x slower is not running like the documented peer (the 193.7 ms of
-  issue 22 was 3x the bare mover's 63.7 ms).
+  (shared memory), and one 2x slower is not running like the documented peer (an earlier run
+  measured it at 193.7 ms, 3x the bare mover's 63.7 ms).
 
 A check that fails names the systems it concerns; every target judged against one of them is
 reported INVALID (never PASS), and the results say which check failed and why.
