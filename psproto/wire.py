@@ -114,6 +114,14 @@ def _read_varint(buffer: memoryview, position: int) -> tuple[int, int]:
             raise WireError("varint longer than 64 bits")
 
 
+def _read_bytes(buffer: memoryview, position: int, what: str) -> tuple[memoryview, int]:
+    """A length-delimited field's bytes (a view, no copy) and the position after them."""
+    size, position = _read_varint(buffer, position)
+    if position + size > len(buffer):
+        raise WireError(f"truncated {what}")
+    return buffer[position : position + size], position + size
+
+
 def _skip(buffer: memoryview, position: int, wire_type: int) -> int:
     if wire_type == _VARINT:
         return _read_varint(buffer, position)[1]
@@ -142,17 +150,9 @@ def parse_chunk(buffer: memoryview) -> ChunkView:
         elif field == 2 and wire_type == _VARINT:
             dtype, position = _read_varint(buffer, position)
         elif field == 3 and wire_type == _LEN:
-            size, position = _read_varint(buffer, position)
-            if position + size > len(buffer):
-                raise WireError("truncated chunk data")
-            data = buffer[position : position + size]
-            position += size
+            data, position = _read_bytes(buffer, position, "chunk data")
         elif field == 4 and wire_type == _LEN:
-            size, position = _read_varint(buffer, position)
-            if position + size > len(buffer):
-                raise WireError("truncated chunk scales")
-            scales = buffer[position : position + size]
-            position += size
+            scales, position = _read_bytes(buffer, position, "chunk scales")
         else:
             position = _skip(buffer, position, wire_type)
     if position != len(buffer):
