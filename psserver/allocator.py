@@ -8,11 +8,14 @@ leave holes the next message does not fill, and the process keeps them resident.
 threshold the server maps each such buffer on its own (glibc ``M_MMAP_THRESHOLD``), so it
 goes back to the system when freed; messages, far smaller, stay in the heap as before. The
 heap's free top is then given back past twice the threshold (``M_TRIM_THRESHOLD``), with no
-extra padding when it grows (``M_TOP_PAD``). ``psserver serve --malloc-mmap-mib`` sets the
-threshold (default 32); 0 leaves the process's settings alone. Measured with
-``benchmarks.server_memory --quick``: gap-aware under 4 workers peaked at 866-888 MB in five
-runs with it and at 877 and 1,037 MB in two without it (before a version of a snapshot kept no
-reply bytes, it had lowered that peak from 1,218 to 1,021 MB).
+extra padding when it grows (``M_TOP_PAD``). The entry point's start-up padding has by then
+left hundreds of MB free at the heap's top, from which a shard-sized buffer would still be cut
+(and kept), so the settings end by trimming the heap once (``malloc_trim``).
+``psserver serve --malloc-mmap-mib`` sets the threshold (default 32); 0 leaves the process's
+settings alone. Measured (before the trim was added) with ``benchmarks.server_memory --quick``:
+gap-aware under 4 workers peaked at 866-888 MB in five runs with it and at 877 and 1,037 MB in
+two without it (before a version of a snapshot kept no reply bytes, it had lowered that peak
+from 1,218 to 1,021 MB).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ def map_large_buffers(threshold_mib: int) -> bool:
     threshold = threshold_mib * _MIB
     settings = ((_M_MMAP_THRESHOLD, threshold), (_M_TRIM_THRESHOLD, 2 * threshold), (_M_TOP_PAD, 0))
     applied = all(mallopt(parameter, value) == 1 for parameter, value in settings)
-    if not applied:
+    if applied:
+        libc.malloc_trim.argtypes = (ctypes.c_size_t,)
+        libc.malloc_trim(0)
+    else:
         _LOGGER.warning("the allocator refused a setting of --malloc-mmap-mib %d; its defaults stay", threshold_mib)
     return applied
