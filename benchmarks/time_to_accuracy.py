@@ -29,15 +29,18 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
 
-from benchmarks.harness.race import RaceSettings, RunResult, System, run_once
+from benchmarks.harness.race import RaceSettings, RunResult, System, race_once, scored_run
 from benchmarks.harness.report import prepare_output, run_header
+from benchmarks.harness.scoring import NICENESS, BackgroundScorer
+from benchmarks.harness.snapshots import Score, score
 from benchmarks.tta_report import aggregate, at_budget, plot_curves, print_tables, targets
 from psworker.tasks import ACCURACY, Metric, Task, load_task
 
@@ -133,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
         "--lrs", default=None, help="comma-separated sweep JSON files: each system takes its best run's rate over all"
     )
     parser.add_argument("--grid", default=None, help="--sweep: comma-separated rates instead of each system's grid")
+    parser.add_argument(
+        "--score-between-races",
+        action="store_true",
+        help="score each run before the next race starts (default: beside it, at nice 19)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     return parser
 
@@ -218,51 +226,73 @@ def _line(console: Console, result: RunResult, metric: Metric) -> None:
         f"  {result.system:>10} lr {result.lr:g} mix {':'.join(f'{s:g}' for s in result.slowdowns)} "
         f"seed {result.seed}: target {reached}, {metric.name} at budget {at_budget(result, metric):.4f}, "
         f"{result.samples_per_second:.0f} samples/s ({result.run_seconds:.0f} s: "
-        f"{result.setup_seconds:.0f} s start, {result.scoring_seconds:.0f} s scoring)"
+        f"{result.setup_seconds:.0f} s start; {result.scoring_seconds:.0f} s scoring)"
     )
 
 
-def sweep(
-    settings: RaceSettings,
-    mix: str,
-    systems: Sequence[str],
-    grid: Sequence[float] | None,
-    task: Task,
-    log_dir: Path,
-    console: Console,
-) -> dict[str, Any]:
-    """Every system at each rate of its grid (or of ``grid``) on ``mix``, seed :data:`SWEEP_SEED`."""
-    runs: list[dict[str, Any]] = []
-    for name in systems:
-        system = SYSTEMS[name]
-        for lr in grid or lr_grid(system):
-            result = run_once(system, lr, parse_mix(mix), SWEEP_SEED, settings, task, log_dir / f"sweep-{name}-{lr:g}")
-            _line(console, result, task.metric)
-            runs.append(asdict(result))
-    results = {"mix": mix, "seed": SWEEP_SEED, "runs": runs}
-    return results | {"chosen_lrs": choose_lrs([results], task.metric)}
+@dataclass(frozen=True)
+class Job:
+    system: str
+    lr: float
+    mix: str
+    seed: int
+    directory: Path
 
 
-def measure(
-    settings: RaceSettings,
-    mixes: Sequence[str],
-    systems: Sequence[str],
-    seeds: Sequence[int],
-    lrs: dict[str, float],
-    task: Task,
-    log_dir: Path,
-    console: Console,
+def race_all(
+    jobs: Sequence[Job], settings: RaceSettings, task: Task, console: Console, scorer: BackgroundScorer | None
 ) -> list[RunResult]:
+    """Race the jobs one after another. With a scorer each run is scored beside the next race;
+    without one, before it starts. Results come in the jobs' order."""
+    raced: list[tuple[Any, Future[tuple[Score, float]] | None]] = []
+    results: list[RunResult] = []
+
+    def report(index: int, scored: Score, seconds: float) -> None:
+        results.append(scored_run(raced[index][0], scored, seconds, settings))
+        _line(console, results[-1], task.metric)
+
+    for job in jobs:
+        race = race_once(SYSTEMS[job.system], job.lr, parse_mix(job.mix), job.seed, settings, task, job.directory)
+        if scorer is None:
+            began = time.monotonic()
+            raced.append((race, None))
+            report(len(raced) - 1, score(task, race.snapshots, settings.target), time.monotonic() - began)
+            continue
+        raced.append((race, scorer.submit(race.snapshots, settings.target, job.directory / "snapshots.pt")))
+        race.snapshots = []
+        while len(results) < len(raced) and (pending := raced[len(results)][1]) is not None and pending.done():
+            report(len(results), *pending.result())
+    for index in range(len(results), len(raced)):
+        pending = raced[index][1]
+        assert pending is not None
+        report(index, *pending.result())
+    return results
+
+
+def sweep_jobs(mix: str, systems: Sequence[str], grid: Sequence[float] | None, log_dir: Path) -> list[Job]:
+    """Every system at each rate of its grid (or of ``grid``) on ``mix``, seed :data:`SWEEP_SEED`."""
+    return [
+        Job(name, lr, mix, SWEEP_SEED, log_dir / f"sweep-{name}-{lr:g}")
+        for name in systems
+        for lr in grid or lr_grid(SYSTEMS[name])
+    ]
+
+
+def sweep_results(mix: str, runs: Sequence[RunResult], metric: Metric) -> dict[str, Any]:
+    results = {"mix": mix, "seed": SWEEP_SEED, "runs": [asdict(run) for run in runs]}
+    return results | {"chosen_lrs": choose_lrs([results], metric)}
+
+
+def measure_jobs(
+    mixes: Sequence[str], systems: Sequence[str], seeds: Sequence[int], lrs: dict[str, float], log_dir: Path
+) -> list[Job]:
     """Every system on every mix and seed; seeds outermost, so slow drifts of the machine spread evenly."""
-    runs = []
-    for mix in mixes:
-        for seed in seeds:
-            for name in systems:
-                directory = log_dir / f"{mix.replace(':', '-')}-{name}-{seed}"
-                result = run_once(SYSTEMS[name], lrs[name], parse_mix(mix), seed, settings, task, directory)
-                _line(console, result, task.metric)
-                runs.append(result)
-    return runs
+    return [
+        Job(name, lrs[name], mix, seed, log_dir / f"{mix.replace(':', '-')}-{name}-{seed}")
+        for mix in mixes
+        for seed in seeds
+        for name in systems
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -287,24 +317,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         "systems": {name: asdict(SYSTEMS[name]) for name in systems},
         "seeds": seeds,
     }
-    if args.sweep:
-        grid = [float(rate) for rate in args.grid.split(",")] if args.grid else None
-        results |= sweep(settings, mixes[0], systems, grid, task, log_dir, console)
-        console.print(f"chosen learning rates: {results['chosen_lrs']}")
-    else:
-        lrs, swept = _learning_rates(args, parser, metric)
-        results["lrs"] = {name: lrs[name] for name in systems}
-        results["unswept"] = [name for name in systems if name not in swept]
-        runs = measure(settings, mixes, systems, seeds, lrs, task, log_dir, console)
-        summary = aggregate(runs, metric)
-        results["metric"] = metric.name
-        results["runs"] = [asdict(r) for r in runs]
-        results["summary"] = summary
-        results["targets"] = targets(summary, "1:1:2:4", metric)
-        print_tables(summary, results["targets"], settings, console, metric)
-        plot = out.with_suffix(".png")
-        plot_curves(runs, settings, plot, metric)
-        results["plot"] = str(plot)
+    scorer = None if args.score_between_races else BackgroundScorer(settings.task, settings.data_dir)
+    results["scoring"] = "between races" if scorer is None else f"beside the next race, at nice {NICENESS}"
+    try:
+        if args.sweep:
+            grid = [float(rate) for rate in args.grid.split(",")] if args.grid else None
+            jobs = sweep_jobs(mixes[0], systems, grid, log_dir)
+            results |= sweep_results(mixes[0], race_all(jobs, settings, task, console, scorer), metric)
+            console.print(f"chosen learning rates: {results['chosen_lrs']}")
+        else:
+            lrs, swept = _learning_rates(args, parser, metric)
+            results["lrs"] = {name: lrs[name] for name in systems}
+            results["unswept"] = [name for name in systems if name not in swept]
+            runs = race_all(measure_jobs(mixes, systems, seeds, lrs, log_dir), settings, task, console, scorer)
+            summary = aggregate(runs, metric)
+            results["metric"] = metric.name
+            results["runs"] = [asdict(r) for r in runs]
+            results["summary"] = summary
+            results["targets"] = targets(summary, "1:1:2:4", metric)
+            print_tables(summary, results["targets"], settings, console, metric)
+            plot = out.with_suffix(".png")
+            plot_curves(runs, settings, plot, metric)
+            results["plot"] = str(plot)
+    finally:
+        if scorer is not None:
+            scorer.close()
     results["wall_seconds"] = time.monotonic() - began
     arguments = argv if argv is not None else sys.argv[1:]
     results["command"] = " ".join(["python -m benchmarks.time_to_accuracy", *arguments])

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from benchmarks.harness.race_workers import DdpSettings, RaceWorker, ddp_rank, hetps_worker
-from benchmarks.harness.snapshots import ParameterRecorder, Snapshot, score, wall_clock_since
+from benchmarks.harness.snapshots import ParameterRecorder, Score, Snapshot, score, wall_clock_since
 from pstools.launcher import start_server, stop_process
 from psworker.tasks import Task
 
@@ -65,13 +65,14 @@ class RunResult:
     diverged: bool
     workers: list[dict[str, Any]]
     curve: list[tuple[float, float]]
+    # The race, from starting its processes to stopping them; of it, until all were ready. Scoring
+    # the snapshots comes after (or beside the next race: benchmarks.harness.scoring).
     run_seconds: float
-    # Of run_seconds: starting the processes until all were ready, and scoring the snapshots.
     setup_seconds: float = 0.0
     scoring_seconds: float = 0.0
 
 
-def _context() -> Any:
+def process_context() -> Any:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "psworker.train", "benchmarks.harness.race_workers"])
     return context
@@ -116,11 +117,35 @@ def _collect(messages: Any, kind: str, count: int, processes: list[Any], timeout
     return received
 
 
+@dataclass
+class Race:
+    """A race before scoring: what its workers reported and the parameters it recorded."""
+
+    system: str
+    lr: float
+    slowdowns: list[float]
+    seed: int
+    reports: list[dict[str, Any]]
+    snapshots: list[Snapshot]
+    run_seconds: float
+    setup_seconds: float
+
+
 def run_once(
     system: System, lr: float, slowdowns: list[float], seed: int, settings: RaceSettings, task: Task, log_dir: Path
 ) -> RunResult:
-    """One race of ``system`` at ``lr``; ``task`` is the whole task, used to score the run."""
-    context = _context()
+    """One race of ``system`` at ``lr``, scored before returning; ``task`` is the whole task."""
+    raced = race_once(system, lr, slowdowns, seed, settings, task, log_dir)
+    scoring_started = time.monotonic()
+    scored = score(task, raced.snapshots, settings.target)
+    return scored_run(raced, scored, time.monotonic() - scoring_started, settings)
+
+
+def race_once(
+    system: System, lr: float, slowdowns: list[float], seed: int, settings: RaceSettings, task: Task, log_dir: Path
+) -> Race:
+    """One race of ``system`` at ``lr``, unscored (``task`` builds the recorder's model)."""
+    context = process_context()
     messages = context.Queue()
     start = context.Event()
     started_at = context.Value("d", 0.0)
@@ -186,14 +211,17 @@ def run_once(
         if server is not None:
             stop_process(server)
     reports.sort(key=lambda r: r["rank"])
-    scoring_started = time.monotonic()
-    scored = score(task, snapshots, settings.target)
-    scoring_seconds = time.monotonic() - scoring_started
+    return Race(system.name, lr, slowdowns, seed, reports, snapshots, time.monotonic() - began, setup_seconds)
+
+
+def scored_run(raced: Race, scored: Score, scoring_seconds: float, settings: RaceSettings) -> RunResult:
+    """The result of ``raced`` once its snapshots are scored."""
+    reports = raced.reports
     samples = sum(int(r["steps"]) * int(r["batch_size"]) for r in reports)
     workers = [
         {
             "rank": r["rank"],
-            "slowdown": slowdowns[r["rank"]],
+            "slowdown": raced.slowdowns[r["rank"]],
             "steps": r["steps"],
             "pushes": r["pushes"],
             "mean_staleness": r["mean_staleness"],
@@ -203,10 +231,10 @@ def run_once(
         for r in reports
     ]
     return RunResult(
-        system.name,
-        lr,
-        slowdowns,
-        seed,
+        raced.system,
+        raced.lr,
+        raced.slowdowns,
+        raced.seed,
         scored.time_to_target,
         scored.accuracy_at_budget,
         scored.loss_at_budget,
@@ -214,7 +242,7 @@ def run_once(
         scored.diverged or any(r.get("diverged", False) for r in reports),
         workers,
         scored.curve,
-        time.monotonic() - began,
-        setup_seconds,
+        raced.run_seconds,
+        raced.setup_seconds,
         scoring_seconds,
     )

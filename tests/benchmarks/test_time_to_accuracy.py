@@ -23,6 +23,7 @@ def test_smoke_races_ddp_against_a_hetps_rule_over_real_processes(tmp_path: Path
     assert results["command"] == f"python -m benchmarks.time_to_accuracy --smoke --out {out}"
     runs = {run["system"]: run for run in results["runs"]}
     assert set(runs) == {"ddp", "asgd"}
+    assert results["scoring"] == "beside the next race, at nice 19"
     for run in runs.values():
         # Both sides trained: every worker took steps, and the model learned beyond chance (0.1).
         assert all(worker["steps"] > 0 for worker in run["workers"])

@@ -1,0 +1,35 @@
+"""Scoring beside the next race: a separate low-priority process gives the same score as scoring in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from benchmarks.harness.scoring import NICENESS, BackgroundScorer, _priority
+from benchmarks.harness.snapshots import score
+from psworker.tasks import digits
+
+
+def test_the_background_scorer_gives_the_in_process_score_and_removes_its_spool_file(tmp_path: Path) -> None:
+    task = digits()
+    trained = task.build_model()
+    optimizer = torch.optim.SGD(trained.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(200):
+        optimizer.zero_grad()
+        task.loss(trained(task.train_inputs), task.train_targets).backward()
+        optimizer.step()
+    untrained = [p.detach().clone() for p in task.build_model().parameters()]
+    learned = [p.detach().clone() for p in trained.parameters()]
+    snapshots = [(0.0, untrained), (1.0, learned), (2.0, learned)]
+    expected = score(task, snapshots, target=0.9)
+    assert expected.time_to_target == 1.0
+    spool = tmp_path / "run" / "snapshots.pt"
+    with BackgroundScorer("digits", None) as scorer:
+        scored, seconds = scorer.submit(snapshots, 0.9, spool).result(timeout=120)
+        niceness = scorer.niceness()
+    assert scored == expected
+    assert seconds > 0
+    assert not spool.exists()
+    # The scorer runs at the lowest priority whatever this process's own is.
+    assert niceness == max(NICENESS, _priority())
