@@ -3,9 +3,10 @@
     python -m benchmarks.cluster_spread --rule asgd --lr 0.1 --updates 600 --runs 8
     python -m benchmarks.cluster_spread --rule asgd --lr 0.05 --updates 1000 --runs 8 --out DIR
     python -m benchmarks.cluster_spread --lr 0.1 --consistency ssp --ssp-bound 2
+    python -m benchmarks.cluster_spread --lr 0.03 --updates 1500 --slowdowns 1:1:3 --runs 16
 
 Each run is ``psworker cluster`` as the rules' integration test runs it (4 worker processes
-slowed 1×, 1×, 2×, 4×, one server, digits CNN, seed 0): real processes over gRPC, so the runs
+slowed 1×, 1×, 2×, 4×, or ``--slowdowns``, one server, digits CNN, seed 0): real processes over gRPC, so the runs
 differ only in how the workers' pushes interleave. Prints one line per run and a summary, and
 writes every run and the summary to OUT/cluster_spread.json. Use it to choose a configuration
 whose worst run, not its typical one, clears a test's bar.
@@ -43,6 +44,16 @@ def _whole_number(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _speed_mix(text: str) -> tuple[float, ...]:
+    try:
+        slowdowns = tuple(float(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a speed mix like 1:1:3") from None
+    if not all(s >= 1 for s in slowdowns):
+        raise argparse.ArgumentTypeError(f"{text!r}: every slowdown is at least 1")
+    return slowdowns
+
+
 def server_arguments(consistency: str, ssp_bound: int | None) -> list[str]:
     """``psserver serve`` flags for a consistency model, as the integration tests pass them."""
     if ssp_bound is not None and consistency != "ssp":
@@ -63,6 +74,7 @@ def measure(
     runs: int,
     log_root: Path,
     server_args: tuple[str, ...] = (),
+    slowdowns: tuple[float, ...] = SLOWDOWNS,
 ) -> dict[str, Any]:
     """Run the cluster ``runs`` times; every run's accuracy, clock and staleness, and their summary."""
     rows: list[dict[str, Any]] = []
@@ -71,8 +83,8 @@ def measure(
         started = time.perf_counter()
         report = run_cluster(
             ClusterConfig(
-                workers=len(SLOWDOWNS),
-                slowdowns=SLOWDOWNS,
+                workers=len(slowdowns),
+                slowdowns=slowdowns,
                 rule=rule,
                 lr=lr,
                 rule_opts=rule_opts,
@@ -96,7 +108,7 @@ def measure(
         "rule_opts": rule_opts,
         "updates": updates,
         "server_args": list(server_args),
-        "slowdowns": list(SLOWDOWNS),
+        "slowdowns": list(slowdowns),
         "runs": rows,
         "min": min(accuracies),
         "max": max(accuracies),
@@ -113,6 +125,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--runs", type=_whole_number(1), default=8)
     parser.add_argument("--consistency", choices=("async", "bsp", "ssp"), default="async")
     parser.add_argument("--ssp-bound", type=_whole_number(0), default=None, help="needed with --consistency ssp")
+    parser.add_argument(
+        "--slowdowns", type=_speed_mix, default=SLOWDOWNS, help="one per worker, e.g. 1:1:3 (default 1:1:2:4)"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     try:
@@ -121,9 +136,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(str(error))
     console = Console()
     with tempfile.TemporaryDirectory(prefix="hetps-spread-") as logs:
-        result = measure(args.rule, args.lr, args.rule_opt, args.updates, args.runs, Path(logs), server_args)
+        result = measure(
+            args.rule, args.lr, args.rule_opt, args.updates, args.runs, Path(logs), server_args, args.slowdowns
+        )
     bound = f" (bound {args.ssp_bound})" if args.ssp_bound is not None else ""
-    title = f"{args.rule}, {args.consistency}{bound}, lr {args.lr}, {args.updates} updates, speeds 1:1:2:4"
+    speeds = ":".join(f"{s:g}" for s in args.slowdowns)
+    title = f"{args.rule}, {args.consistency}{bound}, lr {args.lr}, {args.updates} updates, speeds {speeds}"
     table = Table(title=title)
     for column in ("run", "test accuracy", "clock", "max staleness per worker", "wall s"):
         table.add_column(column, justify="right")

@@ -22,6 +22,17 @@ def test_a_tiny_run_writes_each_run_and_the_summary(tmp_path: Path) -> None:
     assert len(run["max_staleness"]) == len(written["slowdowns"]) == 4
 
 
+def test_slowdowns_set_the_workers_and_a_bad_mix_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    written = main(["--lr", "0.05", "--updates", "10", "--runs", "1", "--slowdowns", "1:3", "--out", str(tmp_path)])
+    assert written["slowdowns"] == [1.0, 3.0]
+    assert len(written["runs"][0]["max_staleness"]) == 2
+    for mix in ("1:x", "1:0.5"):
+        with pytest.raises(SystemExit) as exited:
+            main(["--lr", "0.05", "--slowdowns", mix, "--out", str(tmp_path / mix)])
+        assert exited.value.code == 2 and "--slowdowns" in capsys.readouterr().err
+        assert not (tmp_path / mix).exists()
+
+
 @pytest.mark.parametrize("flag", ["--runs", "--updates"])
 def test_counts_below_one_are_refused(flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
