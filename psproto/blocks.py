@@ -4,7 +4,8 @@ Values are cut into blocks of ``BLOCK`` starting at the first element given (a c
 per block ``s = max|x| / 127`` in fp32 (``s = 0`` for an all-zero block),
 ``q = clamp(round_half_even(x / s), -127, 127)`` as int8, decoded ``x̂ = q · s`` in fp32. The
 last block may be shorter. psproto.codec puts ``q`` and the scales into a chunk; this module
-knows nothing of messages.
+knows nothing of messages. The encodes run as one compiled pass per block (psproto._block_kernel);
+:func:`reference_encode` is the same equation in torch operations.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ import math
 
 import torch
 
+from psproto._block_kernel import encode_blocks, encode_blocks_with_feedback
+
 BLOCK = 4096
 # The largest |q|: the codec is symmetric, so -128 is never sent.
 LEVELS = 127
-_SMALLEST = torch.tensor(torch.finfo(torch.float32).smallest_normal * 2.0**-23)
+# The smallest positive fp32 (a subnormal): the scale of a block whose max|x| / 127 underflows.
+SMALLEST_SCALE = torch.finfo(torch.float32).smallest_normal * 2.0**-23
+_SMALLEST = torch.tensor(SMALLEST_SCALE)
 
 
 class ScalesError(ValueError):
@@ -44,7 +49,35 @@ def _rows(x: torch.Tensor) -> list[tuple[slice, torch.Tensor]]:
 
 
 def encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q as int8, one fp32 scale per block) of a contiguous 1-D fp32 tensor."""
+    """(q as int8, one fp32 scale per block) of a contiguous 1-D tensor (encoded as fp32)."""
+    x = x.float().contiguous()
+    q = torch.empty(x.numel(), dtype=torch.int8)
+    scales = torch.empty(block_count(x.numel()), dtype=torch.float32)
+    encode_blocks(x.numpy(), q.numpy(), scales.numpy(), BLOCK, SMALLEST_SCALE)
+    return q, scales
+
+
+def encode_with_feedback(
+    x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Error feedback's encode in one pass: (q, scales, e') for ``v = x + residual`` (``residual``
+    None: zero), where ``e' = v − q·s`` is the new residual, written into ``out`` (a new tensor
+    when None; it may be ``residual`` itself). ``x`` is 1-D; the bits are those of
+    ``reference_encode(v)`` and of ``v − decode``."""
+    values = x.float().contiguous()
+    updated = out if out is not None else torch.empty_like(values)
+    q = torch.empty(values.numel(), dtype=torch.int8)
+    scales = torch.empty(block_count(values.numel()), dtype=torch.float32)
+    previous = None if residual is None else residual.numpy()
+    encode_blocks_with_feedback(
+        values.numpy(), previous, q.numpy(), scales.numpy(), updated.numpy(), BLOCK, SMALLEST_SCALE
+    )
+    return q, scales, updated
+
+
+def reference_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`encode` as torch operations, block rows at a time: the equation's plain reading, kept
+    to check the compiled pass against (and ten passes over the data where that makes two)."""
     x = x.float() if x.dtype != torch.float32 else x
     q = torch.empty(x.numel(), dtype=torch.int8)
     scales = torch.empty(block_count(x.numel()), dtype=torch.float32)

@@ -83,19 +83,18 @@ class PushEncoder:
             return list(codec.payloads(part, self.dtype))
         with self._lock:
             residual = self._residuals.get(shard)
-        target = part.float() + residual if residual is not None else part.float().clone()
-        chunks: list[codec.ChunkPayload] = []
-        finite = True
-        for span in codec.chunk_spans(target.numel(), self.dtype):
-            piece = target[span.start : span.stop]
-            values, scales = blocks.encode(piece)
-            chunks.append(codec.block_payload(span.start, values, scales))
-            finite = finite and bool(torch.isfinite(scales).all())
-            decoded = torch.empty_like(piece)
-            blocks.decode(values, scales, decoded)
-            # ``target`` becomes the new residual in place: e ← (p + e) − x̂.
-            piece.sub_(decoded)
-        if finite:
+        # One compiled pass per block makes v = p + e, its blocks and the new residual v − x̂, in
+        # a new buffer: the old one stays until this push is known to be finite.
+        values, scales, updated = blocks.encode_with_feedback(part, residual)
+        chunks = [
+            codec.block_payload(
+                span.start,
+                values[span.start : span.stop],
+                scales[span.start // blocks.BLOCK : blocks.block_count(span.stop)],
+            )
+            for span in codec.chunk_spans(part.numel(), self.dtype)
+        ]
+        if bool(torch.isfinite(scales).all()):
             with self._lock:
-                self._residuals[shard] = target
+                self._residuals[shard] = updated
         return chunks

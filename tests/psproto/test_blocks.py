@@ -107,3 +107,52 @@ def test_scales_that_do_not_fit_the_values_are_refused(
     with pytest.raises(blocks.ScalesError, match=match) as caught:
         blocks.check_scales(torch.tensor(scales), length)
     assert caught.value.non_finite is non_finite
+
+
+_ANY_FLOAT32 = arrays(
+    np.float32,
+    st.integers(1, 2 * BLOCK + 7),
+    elements=st.floats(-(2.0**100), 2.0**100, width=32) | st.floats(-(2.0**-126), 2.0**-126, width=32),
+    fill=st.floats(-1e3, 1e3, width=32),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_ANY_FLOAT32)
+def test_the_compiled_encode_gives_the_reference_encodes_bits(values: np.ndarray) -> None:
+    x = torch.from_numpy(values.copy())
+    q, scales = blocks.encode(x)
+    expected_q, expected_scales = blocks.reference_encode(x)
+    assert torch.equal(q, expected_q)
+    assert torch.equal(scales, expected_scales)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_ANY_FLOAT32, st.booleans(), st.booleans())
+def test_the_fused_error_feedback_encode_is_encode_of_p_plus_e_and_its_remainder(
+    values: np.ndarray, with_residual: bool, in_place: bool
+) -> None:
+    x = torch.from_numpy(values.copy())
+    previous = torch.linspace(-0.5, 0.5, x.numel()) if with_residual else None
+    v = x + previous if previous is not None else x.clone()
+    expected_q, expected_scales = blocks.reference_encode(v)
+    decoded = torch.empty_like(v)
+    blocks.decode(expected_q, expected_scales, decoded)
+    residual_in = previous.clone() if previous is not None else None
+    out = residual_in if in_place else None
+    q, scales, residual = blocks.encode_with_feedback(x, residual_in, out)
+    assert torch.equal(q, expected_q) and torch.equal(scales, expected_scales)
+    assert torch.equal(residual, v - decoded)
+    assert (residual is residual_in) is (in_place and with_residual)
+
+
+@pytest.mark.parametrize(("bad", "scale_is_nan"), [(float("nan"), True), (float("inf"), False), (-float("inf"), False)])
+def test_a_block_with_nan_or_inf_gets_a_scale_the_server_refuses(bad: float, scale_is_nan: bool) -> None:
+    x = torch.ones(2 * BLOCK)
+    x[BLOCK + 3] = bad
+    _q, scales = blocks.encode(x)
+    assert scales[0] == 1 / 127
+    assert bool(torch.isnan(scales[1])) is scale_is_nan and not bool(torch.isfinite(scales[1]))
+    with pytest.raises(blocks.ScalesError) as caught:
+        blocks.check_scales(scales, x.numel())
+    assert caught.value.non_finite
