@@ -12,7 +12,8 @@ so the server refuses the push either way.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from numba import njit
@@ -22,15 +23,18 @@ from numba import njit
 _FLAGS: dict[str, Any] = {"nogil": True, "error_model": "numpy"}
 
 
-def _compiled_with(**flags: Any) -> Any:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _compiled_with(**flags: Any) -> Callable[[F], F]:
     """A decorator: the function compiled by numba with ``flags``, cached on disk where numba
     finds a writable place (on a read-only file system with none, compiled in every process)."""
 
-    def compile_function(function: Any) -> Any:
+    def compile_function(function: F) -> F:
         try:
-            return njit(cache=True, **_FLAGS, **flags)(function)
+            return cast(F, njit(cache=True, **_FLAGS, **flags)(function))
         except RuntimeError:  # "cannot cache function ...: no locator available"
-            return njit(cache=False, **_FLAGS, **flags)(function)
+            return cast(F, njit(cache=False, **_FLAGS, **flags)(function))
 
     return compile_function
 
