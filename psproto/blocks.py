@@ -14,8 +14,6 @@ import math
 
 import torch
 
-from psproto._block_kernel import encode_blocks, encode_blocks_with_feedback
-
 BLOCK = 4096
 # The largest |q|: the codec is symmetric, so -128 is never sent.
 LEVELS = 127
@@ -50,6 +48,8 @@ def _rows(x: torch.Tensor) -> list[tuple[slice, torch.Tensor]]:
 
 def encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q as int8, one fp32 scale per block) of a contiguous 1-D tensor (encoded as fp32)."""
+    from psproto._block_kernel import encode_blocks  # numba loads where 8-bit pushes are sent, only
+
     x = x.float().contiguous()
     q = torch.empty(x.numel(), dtype=torch.int8)
     scales = torch.empty(block_count(x.numel()), dtype=torch.float32)
@@ -64,6 +64,8 @@ def encode_with_feedback(
     None: zero), where ``e' = v − q·s`` is the new residual, written into ``out`` (a new tensor
     when None; it may be ``residual`` itself). ``x`` is 1-D; the bits are those of
     ``reference_encode(v)`` and of ``v − decode``."""
+    from psproto._block_kernel import encode_blocks_with_feedback
+
     values = x.float().contiguous()
     updated = out if out is not None else torch.empty_like(values)
     q = torch.empty(values.numel(), dtype=torch.int8)
