@@ -42,76 +42,102 @@ def _compiled_with(**flags: Any) -> Callable[[F], F]:
 _compiled = _compiled_with()
 
 
-# Only for blocks known to be finite: the flags let the max reduction reorder and vectorise.
-@_compiled_with(fastmath={"reassoc", "nnan", "ninf", "nsz"})
-def _finite_largest(x: Any, start: int, stop: int) -> Any:
-    """``max|x[start:stop]|`` of finite values, vectorised (the flags let the reduction reorder)."""
-    largest = np.float32(0.0)
-    for i in range(start, stop):
-        largest = max(largest, abs(x[i]))
-    return largest
-
-
-@_compiled_with(fastmath={"reassoc"})
-def _all_finite(x: Any, start: int, stop: int) -> bool:
-    """Whether no value of ``x[start:stop]`` is NaN or infinite: x · 0 is 0 for every finite x."""
-    poison = np.float32(0.0)
-    zero = np.float32(0.0)
-    for i in range(start, stop):
-        poison += x[i] * zero
-    return bool(poison == zero)
+_ABS_BITS = 0x7FFFFFFF
+_INF_BITS = 0x7F800000
 
 
 @_compiled
-def _largest(x: Any, start: int, stop: int) -> Any:
-    """``max|x[start:stop]|``: NaN if any value is NaN, else inf if any is infinite."""
-    if _all_finite(x, start, stop):
-        return _finite_largest(x, start, stop)
-    largest = np.float32(0.0)
-    for i in range(start, stop):
-        a = abs(x[i])
-        if np.isnan(a):
-            return np.float32(np.nan)
-        largest = max(largest, a)
+def _largest_bits(bits: Any) -> Any:
+    """The bits of ``max|x|`` over a block given as int32 bits: a non-negative float orders as its
+    bits do, and every NaN's bits lie above +Inf's, so a block with a NaN gives a NaN, else one
+    with ±Inf gives +Inf (as torch's max does). Integer max reduces in vector registers."""
+    largest = np.int32(0)
+    for i in range(bits.shape[0]):
+        magnitude = bits[i] & np.int32(_ABS_BITS)
+        largest = magnitude if magnitude > largest else largest
     return largest
 
 
 @_compiled
-def _quantise(x: Any, start: int, stop: int, scale: Any, q: Any, residual: Any, feedback: bool) -> None:
+def _quantise(x: Any, scale: Any, q: Any) -> None:
     levels = np.float32(127.0)
-    if not np.isfinite(scale):  # the push will be refused; what q holds does not matter
-        for i in range(start, stop):
-            q[i] = 0
-        return
-    divisor = scale if scale > np.float32(0.0) else np.float32(1.0)
-    for i in range(start, stop):
-        value = x[i]
-        level = min(max(np.rint(value / divisor), -levels), levels)
+    for i in range(x.shape[0]):
+        level = np.rint(x[i] / scale)
+        level = levels if level > levels else level
+        level = -levels if level < -levels else level
         q[i] = np.int8(level)
-        if feedback:
-            residual[i] = value - level * scale
+
+
+@_compiled
+def _quantise_with_residual(x: Any, divisor: Any, scale: Any, q: Any, residual: Any) -> None:
+    """As _quantise, and ``residual ← x − q·s`` (``residual`` another array than ``x``). ``level + 0`` is the
+    level as the int8 decodes (a rounded −0.0 becomes +0.0, as an integer has no sign of zero)."""
+    levels = np.float32(127.0)
+    zero = np.float32(0.0)
+    for i in range(x.shape[0]):
+        value = x[i]
+        level = np.rint(value / divisor)
+        level = levels if level > levels else level
+        level = -levels if level < -levels else level
+        q[i] = np.int8(level)
+        residual[i] = value - (level + zero) * scale
+
+
+@_compiled
+def _quantise_residual_in_place(values: Any, divisor: Any, scale: Any, q: Any) -> None:
+    """As _quantise_with_residual with the residual written over ``values`` (one array: with two
+    that alias, the loop would fall back to scalar code)."""
+    levels = np.float32(127.0)
+    zero = np.float32(0.0)
+    for i in range(values.shape[0]):
+        value = values[i]
+        level = np.rint(value / divisor)
+        level = levels if level > levels else level
+        level = -levels if level < -levels else level
+        q[i] = np.int8(level)
+        values[i] = value - (level + zero) * scale
+
+
+@_compiled
+def _add(x: Any, previous: Any, out: Any) -> None:
+    for i in range(x.shape[0]):
+        out[i] = x[i] + previous[i]
 
 
 @_compiled
 def _encode(x: Any, previous: Any, q: Any, scales: Any, residual: Any, mode: int, block: int, smallest: Any) -> None:
     """Mode 0: encode ``x``. Mode 1: encode ``x``, residual ← x − x̂. Mode 2: residual ← x + previous
-    block by block (then still in cache), encode it, and residual ← residual − x̂."""
+    block by block (then still in cache), encode it, and residual ← residual − x̂.
+
+    Loops run over block views (``range(len)``): with an index that might be negative numba
+    checks it per element, and the loop no longer vectorises."""
     levels = np.float32(127.0)
+    largest = np.empty(1, dtype=np.int32)
+    largest_value = largest.view(np.float32)
     n = x.shape[0]
-    source = x if mode != 2 else residual
     for b in range(scales.shape[0]):
         start = b * block
         stop = min(start + block, n)
         if mode == 2:
-            for i in range(start, stop):
-                residual[i] = x[i] + previous[i]
-        largest = _largest(source, start, stop)
-        scale = largest / levels
+            _add(x[start:stop], previous[start:stop], residual[start:stop])
+        source = residual[start:stop] if mode == 2 else x[start:stop]
+        largest[0] = _largest_bits(source.view(np.int32))
+        scale = largest_value[0] / levels
         # Tiny subnormals whose max / 127 underflows keep the smallest positive scale (psproto.blocks).
-        if scale == np.float32(0.0) and largest > np.float32(0.0):
+        if scale == np.float32(0.0) and largest_value[0] > np.float32(0.0):
             scale = smallest
         scales[b] = scale
-        _quantise(source, start, stop, scale, q, residual, mode != 0)
+        if not np.isfinite(scale):  # the push will be refused; what q holds does not matter
+            q[start:stop] = 0
+            continue
+        # An all-zero block has s = 0 and q = 0: dividing it by 1 keeps it zero without a NaN.
+        divisor = scale if scale > np.float32(0.0) else np.float32(1.0)
+        if mode == 0:
+            _quantise(source, divisor, q[start:stop])
+        elif mode == 2:
+            _quantise_residual_in_place(source, divisor, scale, q[start:stop])
+        else:
+            _quantise_with_residual(source, divisor, scale, q[start:stop], residual[start:stop])
 
 
 def encode_blocks(x: np.ndarray, q: np.ndarray, scales: np.ndarray, block: int, smallest: float) -> None:

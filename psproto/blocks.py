@@ -86,7 +86,7 @@ def reference_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     for (blocks, values), (_, q_row) in zip(_rows(x), _rows(q), strict=True):
         s = scales[blocks]
         low, high = torch.aminmax(values, dim=1)  # max|x| without a block-sized |x| temporary
-        largest = torch.maximum(high, low.neg())
+        largest = torch.maximum(high, low.neg()).abs_()  # abs: +0, never -0, for an all-zero block
         torch.div(largest, LEVELS, out=s)
         # A block of tiny subnormals whose max|x| / 127 underflows to 0 keeps the smallest positive
         # scale instead, so s = 0 still means an all-zero block and |x − x̂| ≤ s/2 still holds.
