@@ -50,6 +50,12 @@ def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
     return None
 
 
+def limit_of(error: grpc.RpcError) -> str | None:
+    """Which configured limit a LIMIT_REACHED refusal names (its ErrorInfo's ``limit``), if any."""
+    info = error_info(error)
+    return None if info is None else info.metadata.get("limit")
+
+
 def reason_of(error: grpc.RpcError) -> Reason | None:
     """The :class:`Reason` an RPC was refused for, or None when the server gave none we know."""
     info = error_info(error)

@@ -49,3 +49,12 @@ class Reason(str, enum.Enum):
         """The same as :attr:`label`, under the name the server's refusal kinds have always used
         (``ErrorKind.X.reason``)."""
         return self.label
+
+
+class TransientLimit(str, enum.Enum):
+    """The ``limit`` (ErrorInfo metadata) of a LIMIT_REACHED refusal that passes on its own, once
+    other pushes have been received: a client sends the same call again after a backoff. A
+    LIMIT_REACHED without one of these (``--max-workers``, ``--max-parameters``) does not pass."""
+
+    RECEIVE_BUFFERS = "receive_buffers"  # every receive buffer stayed taken for the server's wait
+    OPEN_PUSHES_PER_WORKER = "open_pushes_per_worker"  # this worker's earlier pushes are still being received

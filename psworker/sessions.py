@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from psproto.errors import Reason, reason_of
+from psproto.errors import Reason, limit_of, reason_of
 from psproto.layout import ShardRange
+from psproto.reasons import TransientLimit
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psworker.transfer import DataPath
 
@@ -51,6 +52,11 @@ class RetryPolicy:
     # paused process, a healed partition), or it is draining before a restart; a retried push
     # keeps its push id.
     retry_reasons: frozenset[Reason] = frozenset({Reason.PUSH_STALLED, Reason.DRAINING})
+    # LIMIT_REACHED refusals worth sending again, by the limit they name: every receive buffer
+    # was taken for the server's wait (other workers' pushes are being received), or this worker
+    # still had pushes being received (an earlier attempt not yet ended). Both pass on their own;
+    # the other limits (workers, parameters) do not, and fail the call.
+    retry_limits: frozenset[str] = frozenset(limit.value for limit in TransientLimit)
 
 
 NO_RETRY = RetryPolicy(give_up_seconds=0.0)
@@ -74,6 +80,8 @@ def recovery_for(error: grpc.RpcError, policy: RetryPolicy) -> Recovery:
     if reason is Reason.UNKNOWN_WORKER:
         return Recovery.REJOIN
     if reason in policy.retry_reasons:
+        return Recovery.RETRY
+    if reason is Reason.LIMIT_REACHED and limit_of(error) in policy.retry_limits:
         return Recovery.RETRY
     if reason is None and error.code() in policy.reconnect_codes:
         return Recovery.RECONNECT

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from psproto import codec
+from psproto.reasons import TransientLimit
 from psserver.core.buffers import BufferWaitTimeoutError, ReceiveBuffers
 from psserver.core.config import ShardConfig
 from psserver.core.errors import ErrorKind, ShardError
@@ -226,6 +227,7 @@ class PushReceiver:
                 f"worker {worker.name} already has {MAX_OPEN_PUSHES_PER_WORKER} pushes being received by this "
                 "shard; send one push at a time to each shard",
                 worker,
+                {"limit": TransientLimit.OPEN_PUSHES_PER_WORKER.value},
             )
         return pending
 
@@ -245,7 +247,12 @@ class PushReceiver:
                 self._wait_seconds, bypass_limit=pending.bypass_buffer_limit, owner=pending.worker.name
             )
         except BufferWaitTimeoutError as error:
-            self.refusals.refuse(ErrorKind.LIMIT_REACHED, self._no_buffer_message(pending, error), pending.worker)
+            self.refusals.refuse(
+                ErrorKind.LIMIT_REACHED,
+                self._no_buffer_message(pending, error),
+                pending.worker,
+                {"limit": TransientLimit.RECEIVE_BUFFERS.value},
+            )
         finally:
             with self._lock:
                 pending.waiting = False

@@ -9,6 +9,7 @@ shard lock too (authentication, stalled pushes).
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import NoReturn
 
 from psserver.core.errors import ErrorKind, ShardError
@@ -22,10 +23,16 @@ class Refusals:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
 
-    def refuse(self, kind: ErrorKind, message: str, worker: WorkerRecord | None = None) -> NoReturn:
-        """Count the refusal and raise it."""
+    def refuse(
+        self,
+        kind: ErrorKind,
+        message: str,
+        worker: WorkerRecord | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> NoReturn:
+        """Count the refusal and raise it (``metadata``: the ErrorInfo's facts for the client)."""
         self.count(kind.reason, worker)
-        raise ShardError(kind, message, counted=True)
+        raise ShardError(kind, message, counted=True, metadata=metadata)
 
     def count(self, reason: str, worker: WorkerRecord | None = None) -> None:
         with self._lock:

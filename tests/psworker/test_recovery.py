@@ -16,6 +16,7 @@ import torch
 
 from psproto.errors import Reason, rich_status
 from psproto.layout import Layout
+from psproto.reasons import TransientLimit
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
@@ -71,8 +72,10 @@ class _BareStatus(grpc.Status):
         self.trailing_metadata = ()
 
 
-def refusal(code: grpc.StatusCode, reason: Reason, message: str = "refused") -> FakeRpcError:
-    return FakeRpcError(rich_status(code, reason, message))
+def refusal(
+    code: grpc.StatusCode, reason: Reason, message: str = "refused", metadata: dict[str, str] | None = None
+) -> FakeRpcError:
+    return FakeRpcError(rich_status(code, reason, message, metadata))
 
 
 def bare(code: grpc.StatusCode, message: str = "") -> FakeRpcError:
@@ -130,6 +133,35 @@ def test_a_stalled_push_is_retried_and_other_refusals_fail() -> None:
         (grpc.StatusCode.UNAVAILABLE, Reason.CHECKPOINT_FAILED),
     ]:
         assert recovery_for(refusal(code, reason), FAST) is Recovery.FAIL, reason
+
+
+def test_a_limit_that_passes_on_its_own_is_retried_and_the_others_fail() -> None:
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    for limit in TransientLimit:
+        transient = refusal(exhausted, Reason.LIMIT_REACHED, "reworded", {"limit": limit.value})
+        assert recovery_for(transient, FAST) is Recovery.RETRY, limit
+    for metadata in (None, {"limit": "max_workers"}, {"other": "receive_buffers"}):
+        assert recovery_for(refusal(exhausted, Reason.LIMIT_REACHED, "full", metadata), FAST) is Recovery.FAIL
+    # Only a LIMIT_REACHED: the same metadata on another reason decides nothing.
+    other = refusal(exhausted, Reason.BAD_REQUEST, "bad", {"limit": TransientLimit.RECEIVE_BUFFERS.value})
+    assert recovery_for(other, FAST) is Recovery.FAIL
+
+
+def test_the_client_sends_a_push_again_while_every_receive_buffer_is_taken(served: tuple[Shard, str]) -> None:
+    _, address = served
+    with PSClient([address], LAYOUT, name="buffers", retry=FAST) as client:
+        client.init(torch.zeros(4))
+        attempts: list[int] = []
+
+        def call(session: ShardSession) -> int:
+            attempts.append(session.worker_id)
+            if len(attempts) < 3:
+                limit = {"limit": TransientLimit.RECEIVE_BUFFERS.value}
+                raise refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.LIMIT_REACHED, "no buffer", limit)
+            return len(attempts)
+
+        assert client._call(0, call) == 3
+        assert client.stats.retries == 2 and client.stats.rejoins == 0
 
 
 def test_a_name_in_use_is_waited_out_on_the_first_join() -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from psproto import codec
+from psproto.reasons import TransientLimit
 from psserver.core.config import ShardConfig
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.observer import NullObserver
@@ -107,6 +108,8 @@ def test_no_free_buffer_in_time_is_refused_but_a_reservation_holder_never_waits(
     with pytest.raises(ShardError) as refused:
         open_push(push_receiver, "b").decoder()
     assert refused.value.kind is ErrorKind.LIMIT_REACHED and "--receive-buffers" in refused.value.message
+    # A limit that passes on its own, and says so: clients retry it.
+    assert refused.value.metadata == {"limit": TransientLimit.RECEIVE_BUFFERS.value}
     holder = open_push(push_receiver, "c", holder=True)
     holder.decoder()
     assert holder.buffers.in_use == 2
@@ -122,6 +125,7 @@ def test_a_worker_holds_one_buffer_its_second_push_waits_for_its_first() -> None
         with pytest.raises(ShardError) as refused:
             refused_push.decoder()
         assert refused.value.kind is ErrorKind.LIMIT_REACHED and "one at a time" in refused.value.message
+        assert refused.value.metadata == {"limit": TransientLimit.RECEIVE_BUFFERS.value}
         push_receiver.discard(refused_push)  # what the transport does when the handler ends
     assert open_push(push_receiver, "b").decoder() is not None  # another worker is not held up
     second = open_push(push_receiver, "a")
@@ -139,6 +143,7 @@ def test_a_worker_has_at_most_two_pushes_receiving() -> None:
     with pytest.raises(ShardError) as refused:
         open_push(push_receiver, "a")
     assert refused.value.kind is ErrorKind.LIMIT_REACHED and "one push at a time" in refused.value.message
+    assert refused.value.metadata == {"limit": TransientLimit.OPEN_PUSHES_PER_WORKER.value}
     assert refusals.counts() == {"limit_reached": 1}
     open_push(push_receiver, "b")
     push_receiver.discard(opened[0])
