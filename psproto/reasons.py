@@ -58,3 +58,4 @@ class TransientLimit(str, enum.Enum):
 
     RECEIVE_BUFFERS = "receive_buffers"  # every receive buffer stayed taken for the server's wait
     OPEN_PUSHES_PER_WORKER = "open_pushes_per_worker"  # this worker's earlier pushes are still being received
+    RECEIVING_PUSHES = "receiving_pushes"  # --max-receiving-pushes other pushes are being received

@@ -87,6 +87,8 @@ class ShardLimits:
     max_parameters: int = 2**31
     # Pushes decoded at once, each into a buffer of the shard's size.
     receive_buffers: int = 2
+    # Pushes open at once (each holds its stream's transport buffers); 0: no cap.
+    max_receiving_pushes: int = 0
     # A push holding a receive buffer that sends nothing for this long is cancelled.
     receive_idle_seconds: float = 30.0
     # A push holding a receive buffer must move this many MiB a second on average after
@@ -108,6 +110,10 @@ class ShardLimits:
             self.pull_versions,
         )
         _require(min(counts) >= 1 and self.receive_idle_seconds > 0, f"every shard limit must be positive: {self}")
+        _require(
+            self.max_receiving_pushes >= 0,
+            f"--max-receiving-pushes must be >= 0 (0: no cap), not {self.max_receiving_pushes}",
+        )
         _require(
             self.min_transfer_mib_per_s > 0,
             f"the minimum transfer rate must be > 0 MiB/s, not {self.min_transfer_mib_per_s}",
@@ -205,6 +211,7 @@ class ServerConfig:
             max_workers=self.limits.max_workers,
             max_parameters=self.limits.max_parameters,
             receive_buffers=self.limits.receive_buffers,
+            max_receiving_pushes=self.limits.max_receiving_pushes,
             receive_idle_seconds=self.limits.receive_idle_seconds,
             transfer_pace=self.limits.transfer_pace,
             pull_versions=self.limits.pull_versions,

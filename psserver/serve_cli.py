@@ -161,6 +161,14 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     help="pushes decoded at once, each into a buffer of the shard's size; more wait (bounds memory)",
 )
 @click.option(
+    "--max-receiving-pushes",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="pushes open at once, each holding its stream's transport buffers while it waits for a receive "
+    "buffer; one more is refused at its header and its worker retries it (bounds memory; 0: no cap)",
+)
+@click.option(
     "--pull-versions",
     default=2,
     show_default=True,
@@ -247,6 +255,7 @@ def serve(
     max_workers: int,
     max_parameters: int,
     receive_buffers: int,
+    max_receiving_pushes: int,
     pull_versions: int,
     receive_idle_seconds: float,
     min_transfer_rate: float,
@@ -297,6 +306,7 @@ def serve(
             max_workers=max_workers,
             max_parameters=max_parameters,
             receive_buffers=receive_buffers,
+            max_receiving_pushes=max_receiving_pushes,
             receive_idle_seconds=receive_idle_seconds,
             min_transfer_mib_per_s=min_transfer_rate,
             transfer_grace_seconds=transfer_grace_seconds,

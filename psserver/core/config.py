@@ -27,6 +27,11 @@ class ShardConfig:
     max_parameters: int = 2**31
     # Pushes decoded at once, each into a buffer of the shard's size; more wait for a free one.
     receive_buffers: int = 2
+    # Pushes open at once (from their header to the end of their stream), each holding the
+    # transport's buffers for its stream while it waits for a receive buffer; one past it is
+    # refused at its header (LIMIT_REACHED, limit receiving_pushes) and its worker sends it again
+    # after a backoff. 0: no cap.
+    max_receiving_pushes: int = 0
     # How long a push waits for a receive buffer before it is refused (RESOURCE_EXHAUSTED).
     receive_wait_seconds: float = 120.0
     # A push holding a receive buffer that sends nothing for this long is cancelled, so a

@@ -21,7 +21,9 @@ A worker whose push was ended for its pace sits out ``SIT_OUT_GRACES`` × the pa
 meanwhile are refused at their header (PUSH_STALLED, retried by the client), so a client that
 trickles push after push holds a buffer about a ninth of the time, not all of it. A worker
 has at most ``MAX_OPEN_PUSHES_PER_WORKER`` pushes receiving at once, so one worker cannot hold
-every server thread. None of this takes the shard lock: the receiver has its own
+every server thread, and with ``max_receiving_pushes`` the shard at most that many (each open
+stream holds the transport's buffers while it waits for a receive buffer); a push over either is
+refused at its header with a limit its client retries. None of this takes the shard lock: the receiver has its own
 small lock over the pushes it watches, and each push a lock over its buffer.
 """
 
@@ -159,6 +161,7 @@ class PushReceiver:
         self.refusals = refusals
         self.now = now
         self._limit = config.receive_buffers
+        self._max_open = config.max_receiving_pushes
         self._wait_seconds = config.receive_wait_seconds
         self._idle_seconds = config.receive_idle_seconds
         self.pace = config.transfer_pace
@@ -209,7 +212,9 @@ class PushReceiver:
             if back_at <= now:
                 self._sitting_out.pop(worker.name, None)
             crowded = self._open_by_worker[worker.name] >= MAX_OPEN_PUSHES_PER_WORKER
-            if not crowded and back_at <= now:
+            # A reservation holder is never turned away: the others wait on its push.
+            full = 0 < self._max_open <= len(self._open) and not bypass_buffer_limit
+            if not crowded and not full and back_at <= now:
                 self._open.add(pending)
                 self._open_by_worker[worker.name] += 1
         if back_at > now:
@@ -220,6 +225,14 @@ class PushReceiver:
                 f"not received for {SIT_OUT_GRACES:g} × --transfer-grace-seconds; retry in {back_at - now:.1f} s",
                 counted=True,
                 metadata={"limit": "sit_out", "retry_after_s": f"{back_at - now:.3f}"},
+            )
+        if full and not crowded:
+            self.refusals.refuse(
+                ErrorKind.LIMIT_REACHED,
+                f"{self._max_open} pushes are being received by this shard (--max-receiving-pushes); "
+                "send this one again shortly",
+                worker,
+                {"limit": TransientLimit.RECEIVING_PUSHES.value},
             )
         if crowded:
             self.refusals.refuse(

@@ -45,6 +45,7 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         (["--ready-file", "/nonexistent/folder/ready.json"], "its folder /nonexistent/folder does not exist"),
         (["--pull-versions", "0"], "Invalid value for '--pull-versions': 0 is not in the range x>=1"),
         (["--pull-versions", "two"], "Invalid value for '--pull-versions'"),
+        (["--max-receiving-pushes", "-1"], "Invalid value for '--max-receiving-pushes': -1 is not in the range x>=0"),
         (["--malloc-mmap-mib", "33"], "Invalid value for '--malloc-mmap-mib': 33 is not in the range 0<=x<=32"),
         (["--malloc-mmap-mib", "-1"], "Invalid value for '--malloc-mmap-mib'"),
         (["--rule", "sa", "--rule-opt", "dylu=true"], "option dylu (DyLU) needs a windowed rule"),
@@ -103,10 +104,14 @@ def test_serve_gives_the_server_the_receive_window_asked_for(
 
 
 @pytest.mark.parametrize(
-    ("flags", "versions", "mmap_mib"), [([], 2, 32), (["--pull-versions", "1", "--malloc-mmap-mib", "0"], 1, 0)]
+    ("flags", "versions", "mmap_mib", "receiving"),
+    [
+        ([], 2, 32, 0),
+        (["--pull-versions", "1", "--malloc-mmap-mib", "0", "--max-receiving-pushes", "4"], 1, 0, 4),
+    ],
 )
 def test_serve_maps_the_memory_flags_into_the_server(
-    flags: list[str], versions: int, mmap_mib: int, monkeypatch: pytest.MonkeyPatch
+    flags: list[str], versions: int, mmap_mib: int, receiving: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     configs: list[ServerConfig] = []
     thresholds: list[int] = []
@@ -115,4 +120,5 @@ def test_serve_maps_the_memory_flags_into_the_server(
     result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flags], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert [config.shard_config().pull_versions for config in configs] == [versions]
+    assert [config.shard_config().max_receiving_pushes for config in configs] == [receiving]
     assert thresholds == [mmap_mib]

@@ -272,3 +272,27 @@ def test_a_push_whose_stream_ended_is_no_longer_watched() -> None:
     assert push_receiver.stalled(pending) is None
     clock.now = 10.0
     assert push_receiver.cancel_stalled() == []
+
+
+def test_past_max_receiving_pushes_a_push_is_refused_at_its_header_with_a_limit_to_retry() -> None:
+    push_receiver, refusals = receiver(FakeClock(), max_receiving_pushes=2)
+    first, second = open_push(push_receiver, "a"), open_push(push_receiver, "b")
+    with pytest.raises(ShardError) as refused:
+        open_push(push_receiver, "c")
+    assert refused.value.kind is ErrorKind.LIMIT_REACHED and "--max-receiving-pushes" in refused.value.message
+    assert refused.value.metadata == {"limit": TransientLimit.RECEIVING_PUSHES.value}
+    assert refusals.counts() == {"limit_reached": 1}
+    # A reservation holder is never turned away (the others wait on its push).
+    open_push(push_receiver, "d", holder=True)
+    push_receiver.discard(first)
+    with pytest.raises(ShardError):
+        open_push(push_receiver, "c")  # still 2 open besides the holder's: a, gone; b and d remain
+    push_receiver.discard(second)
+    open_push(push_receiver, "c")  # a slot came back when a stream ended
+
+
+def test_without_max_receiving_pushes_any_number_are_open() -> None:
+    push_receiver, refusals = receiver(FakeClock())
+    for name in "abcdefghij":
+        open_push(push_receiver, name)
+    assert refusals.counts() == {}
