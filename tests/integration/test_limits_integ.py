@@ -225,3 +225,68 @@ def test_a_model_past_max_parameters_is_refused_and_changes_nothing(
     clock, params, _ = _pull(stub, worker_id, limit)
     assert clock == 1
     torch.testing.assert_close(params, torch.full((limit,), -0.1))
+
+
+def test_a_push_past_max_receiving_pushes_is_refused_with_its_limit_and_psworker_sends_it_again(
+    start_psserver: StartServer, stub_for: StubFor
+) -> None:
+    from psproto.errors import limit_of, reason_of
+    from psproto.reasons import Reason, TransientLimit
+    from psworker.client import PSClient
+    from psworker.sessions import RetryPolicy
+
+    address = start_psserver("asgd", lr=0.1, extra_args=["--max-receiving-pushes", "1"])
+    stub = stub_for(address)
+    holder = _join(stub, name="holder").worker_id
+    start = torch.arange(N, dtype=torch.float32)
+    assert _init(stub, holder, start).applied
+    gradient = list(codec.encode(torch.ones(N)))
+
+    # The holder's push stays open after its header until `release`: the one push the cap allows.
+    release = threading.Event()
+    opened = threading.Event()
+
+    def held() -> Iterator[ps_pb2.PushRequest]:
+        yield ps_pb2.PushRequest(header=_header(holder, 1))
+        opened.set()
+        release.wait(TIMEOUT_S)
+        for chunk in gradient:
+            yield ps_pb2.PushRequest(chunk=chunk)
+
+    holding = stub.Push.future(held(), timeout=2 * TIMEOUT_S)
+    try:
+        assert opened.wait(TIMEOUT_S)
+        other = _join(stub, name="other").worker_id
+        pause = threading.Event()
+        applied_before = 0
+        while True:  # the holder's header may still be on its way: its push counts once it arrives
+            try:
+                _push(stub, gradient, worker_id=other, push_id=applied_before + 1)
+                applied_before += 1
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+                assert reason_of(error) is Reason.LIMIT_REACHED
+                assert limit_of(error) == TransientLimit.RECEIVING_PUSHES.value
+                assert "--max-receiving-pushes" in (error.details() or "")
+                break
+            assert applied_before < 100, "no push was refused while another was open"
+            pause.wait(0.05)
+        assert _params(stub, holder)[0] == applied_before  # the refused push changed nothing
+        # A psworker client retries it: its push goes through once the holder's stream ends.
+        with PSClient([address], LAYOUT, name="retrying", retry=RetryPolicy(give_up_seconds=20.0)) as client:
+            pushed: queue.Queue[Any] = queue.Queue()
+            pusher = threading.Thread(target=lambda: pushed.put(client.push(torch.ones(N))))
+            pusher.start()
+            pusher.join(0.5)
+            assert pusher.is_alive(), "the push should wait behind the holder's open stream"
+            release.set()
+            pusher.join(TIMEOUT_S)
+            (result,) = pushed.get(timeout=TIMEOUT_S)
+            assert client.stats.retries >= 1
+        assert holding.result(timeout=TIMEOUT_S).clock > applied_before
+        assert result.clock > applied_before
+    finally:
+        release.set()
+    clock, params = _params(stub, holder)
+    assert clock == applied_before + 2
+    torch.testing.assert_close(params, start - 0.1 * clock)
