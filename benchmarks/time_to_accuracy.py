@@ -71,8 +71,9 @@ SYSTEMS = {
 GRADIENT_GRID = (0.005, 0.02, 0.08)
 OUTER_GRID = (0.35, 0.7, 1.0)
 SWEEP_SEED = 100
-# The rates the last sweep chose on 1:1:2:4 (docs/benchmarks.md has its three commands and every
-# run): each is inside the grid but sa's and gap-aware's, which won at the widened grid's top.
+# The rates the last sweeps chose on 1:1:2:4 (docs/benchmarks.md has their commands and every
+# run): each is inside its grid but sa's, gap-aware's and dynsgd's, which won at the widened
+# grid's top.
 SWEPT_LRS: dict[str, float] = {
     "ddp": 0.08,
     "bsp": 0.08,
@@ -80,6 +81,10 @@ SWEPT_LRS: dict[str, float] = {
     "momentum": 0.005,
     "sa": 0.32,
     "gap-aware": 0.32,
+    "dynsgd": 0.32,
+    "ormo": 0.02,
+    "agn": 0.005,
+    "gem": 0.08,
     # The local-SGD sweep (outer rate ε; docs/benchmarks.md): naive async DiLoCo won at its grid's
     # bottom, so its best rate may be lower still.
     "diloco-sync": 0.7,
@@ -88,14 +93,9 @@ SWEPT_LRS: dict[str, float] = {
     "diloco-dn": 0.35,
     "diloco-dn+dylu": 0.35,
 }
-# Systems no sweep has covered yet run at these rates (the Fashion-MNIST reproduction's, or the
-# rule's default); the results name them as unswept.
-UNSWEPT_LRS: dict[str, float] = {
-    "dynsgd": 0.05,
-    "ormo": 0.005,
-    "agn": 0.05,
-    "gem": 0.05,
-}
+# Systems no sweep has covered yet run at these rates and the results name them as unswept
+# (every system has been swept; a new one starts here).
+UNSWEPT_LRS: dict[str, float] = {}
 MIXES = ("1:1:2:4", "1:1:1:8", "1:1:1:1")
 
 
