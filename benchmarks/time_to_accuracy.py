@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from benchmarks.harness.race import RaceSettings, RunResult, System, race_once, scored_run
+from benchmarks.harness.race import Race, RaceSettings, RunResult, System, race_once, scored_run
 from benchmarks.harness.report import prepare_output, run_header
 from benchmarks.harness.scoring import NICENESS, BackgroundScorer
 from benchmarks.harness.snapshots import Score, score
@@ -244,7 +244,7 @@ def race_all(
 ) -> list[RunResult]:
     """Race the jobs one after another. With a scorer each run is scored beside the next race;
     without one, before it starts. Results come in the jobs' order."""
-    raced: list[tuple[Any, Future[tuple[Score, float]] | None]] = []
+    raced: list[tuple[Race, Future[tuple[Score, float]] | None]] = []
     results: list[RunResult] = []
 
     def report(index: int, scored: Score, seconds: float) -> None:
