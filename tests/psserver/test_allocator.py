@@ -14,8 +14,10 @@ from psserver.allocator import MAX_MMAP_MIB, map_large_buffers
 
 # Run in a fresh interpreter under the settings the psserver entry point starts with: what the
 # heap already holds depends on everything a process did before, so the pytest process, after
-# hundreds of tests, says nothing about a server's. The warm-up allocations leave free memory
-# in the heap as a server's imports and start-up do.
+# hundreds of tests, says nothing about a server's. glibc serves a request from any free chunk
+# large enough before it maps one, so the probe frees no large block of its own first: which
+# free chunks a freed block leaves (merged into the top, or kept in a bin) depends on what
+# other threads allocated meanwhile, and a kept one would serve the shard-sized buffer.
 _PROBE = """
 import ctypes, json, sys
 import torch
@@ -27,8 +29,6 @@ class MallInfo2(ctypes.Structure):
 
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
-warm_up = [torch.ones(1024 * 1024) for _ in range(20)]
-del warm_up
 applied = map_large_buffers(int(sys.argv[1]))
 before = libc.mallinfo2().hblkhd
 buffer = torch.ones(12 * 1024 * 1024)  # 48 MiB, a ResNet-18-sized shard
