@@ -69,24 +69,10 @@ def _quantise(x: Any, scale: Any, q: Any) -> None:
 
 
 @_compiled
-def _quantise_with_residual(x: Any, divisor: Any, scale: Any, q: Any, residual: Any) -> None:
-    """As _quantise, and ``residual ← x − q·s`` (``residual`` another array than ``x``). ``level + 0`` is the
-    level as the int8 decodes (a rounded −0.0 becomes +0.0, as an integer has no sign of zero)."""
-    levels = np.float32(127.0)
-    zero = np.float32(0.0)
-    for i in range(x.shape[0]):
-        value = x[i]
-        level = np.rint(value / divisor)
-        level = levels if level > levels else level
-        level = -levels if level < -levels else level
-        q[i] = np.int8(level)
-        residual[i] = value - (level + zero) * scale
-
-
-@_compiled
 def _quantise_residual_in_place(values: Any, divisor: Any, scale: Any, q: Any) -> None:
-    """As _quantise_with_residual with the residual written over ``values`` (one array: with two
-    that alias, the loop would fall back to scalar code)."""
+    """As _quantise, and ``values ← values − q·s`` (the residual, written in place: with two
+    arrays that might alias, the loop would fall back to scalar code). ``level + 0`` is the level
+    as the int8 decodes (a rounded −0.0 becomes +0.0, as an integer has no sign of zero)."""
     levels = np.float32(127.0)
     zero = np.float32(0.0)
     for i in range(values.shape[0]):
@@ -106,8 +92,8 @@ def _add(x: Any, previous: Any, out: Any) -> None:
 
 @_compiled
 def _encode(x: Any, previous: Any, q: Any, scales: Any, residual: Any, mode: int, block: int, smallest: Any) -> None:
-    """Mode 0: encode ``x``. Mode 1: encode ``x``, residual ← x − x̂. Mode 2: residual ← x + previous
-    block by block (then still in cache), encode it, and residual ← residual − x̂.
+    """Mode 0: encode ``x``. Modes 1 and 2: residual ← x (mode 1) or x + previous (mode 2) block by
+    block (then still in cache), encode it, and residual ← residual − x̂ in place.
 
     Loops run over block views (``range(len)``): with an index that might be negative numba
     checks it per element, and the loop no longer vectorises."""
@@ -118,9 +104,11 @@ def _encode(x: Any, previous: Any, q: Any, scales: Any, residual: Any, mode: int
     for b in range(scales.shape[0]):
         start = b * block
         stop = min(start + block, n)
-        if mode == 2:
+        if mode == 1:
+            residual[start:stop] = x[start:stop]
+        elif mode == 2:
             _add(x[start:stop], previous[start:stop], residual[start:stop])
-        source = residual[start:stop] if mode == 2 else x[start:stop]
+        source = x[start:stop] if mode == 0 else residual[start:stop]
         largest[0] = _largest_bits(source.view(np.int32))
         scale = largest_value[0] / levels
         # Tiny subnormals whose max / 127 underflows keep the smallest positive scale (psproto.blocks).
@@ -134,10 +122,8 @@ def _encode(x: Any, previous: Any, q: Any, scales: Any, residual: Any, mode: int
         divisor = scale if scale > np.float32(0.0) else np.float32(1.0)
         if mode == 0:
             _quantise(source, divisor, q[start:stop])
-        elif mode == 2:
-            _quantise_residual_in_place(source, divisor, scale, q[start:stop])
         else:
-            _quantise_with_residual(source, divisor, scale, q[start:stop], residual[start:stop])
+            _quantise_residual_in_place(source, divisor, scale, q[start:stop])
 
 
 def encode_blocks(x: np.ndarray, q: np.ndarray, scales: np.ndarray, block: int, smallest: float) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.harness.race import process_context
 from benchmarks.harness.snapshots import Score, Snapshot, score
 from psworker.tasks import Task, load_task
 
@@ -49,8 +50,6 @@ class BackgroundScorer:
     """One low-priority process that scores runs in the order they are given."""
 
     def __init__(self, task: str, data_dir: Path | None) -> None:
-        from benchmarks.harness.race import process_context
-
         self._pool = ProcessPoolExecutor(1, mp_context=process_context(), initializer=_start, initargs=(task, data_dir))
 
     def submit(self, snapshots: list[Snapshot], target: float, spool: Path) -> Future[tuple[Score, float]]:
