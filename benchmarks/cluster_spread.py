@@ -26,6 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.harness.settings import parse_speed_mix
 from pstools.launcher import ClusterConfig, run_cluster
 
 SLOWDOWNS = (1.0, 1.0, 2.0, 4.0)
@@ -42,16 +43,6 @@ def _whole_number(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
-
-
-def _speed_mix(text: str) -> tuple[float, ...]:
-    try:
-        slowdowns = tuple(float(part) for part in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a speed mix like 1:1:3") from None
-    if not all(s >= 1 for s in slowdowns):
-        raise argparse.ArgumentTypeError(f"{text!r}: every slowdown is at least 1")
-    return slowdowns
 
 
 def server_arguments(consistency: str, ssp_bound: int | None) -> list[str]:
@@ -126,7 +117,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--consistency", choices=("async", "bsp", "ssp"), default="async")
     parser.add_argument("--ssp-bound", type=_whole_number(0), default=None, help="needed with --consistency ssp")
     parser.add_argument(
-        "--slowdowns", type=_speed_mix, default=SLOWDOWNS, help="one per worker, e.g. 1:1:3 (default 1:1:2:4)"
+        "--slowdowns",
+        type=lambda text: tuple(parse_speed_mix(text)),
+        default=SLOWDOWNS,
+        help="one per worker, e.g. 1:1:3 (default 1:1:2:4)",
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)

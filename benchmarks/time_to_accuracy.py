@@ -40,6 +40,7 @@ from rich.console import Console
 from benchmarks.harness.race import Race, RaceSettings, RunResult, System, race_once, scored_run
 from benchmarks.harness.report import prepare_output, run_header
 from benchmarks.harness.scoring import NICENESS, BackgroundScorer
+from benchmarks.harness.settings import parse_speed_mix as parse_mix
 from benchmarks.harness.snapshots import Score, score
 from benchmarks.tta_report import aggregate, at_budget, plot_curves, print_tables, targets
 from psworker.tasks import ACCURACY, Metric, Task, load_task
@@ -101,16 +102,6 @@ MIXES = ("1:1:2:4", "1:1:1:8", "1:1:1:1")
 
 def lr_grid(system: System) -> tuple[float, ...]:
     return OUTER_GRID if system.rule.startswith("diloco") else GRADIENT_GRID
-
-
-def parse_mix(text: str) -> list[float]:
-    try:
-        speeds = [float(part) for part in text.split(":")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a speed mix like 1:1:2:4") from None
-    if len(speeds) < 1 or any(s < 1 for s in speeds):
-        raise argparse.ArgumentTypeError(f"{text!r}: every slowdown must be >= 1")
-    return speeds
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 
 from benchmarks.harness.models import REFERENCE_MODEL
@@ -63,3 +64,15 @@ class Settings:
     def reference(self) -> str:
         """The model the targets are judged on: ResNet-18 size when the run has it."""
         return REFERENCE_MODEL if REFERENCE_MODEL in self.models else self.models[0]
+
+
+def parse_speed_mix(text: str) -> list[float]:
+    """Slowdowns of a speed mix such as ``1:1:2:4``, one per worker; an ArgumentTypeError says what
+    is wrong (a script's argparse reports it with the option's name, exit 2)."""
+    try:
+        speeds = [float(part) for part in text.split(":")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a speed mix like 1:1:2:4") from None
+    if any(s < 1 for s in speeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: every slowdown must be >= 1")
+    return speeds
