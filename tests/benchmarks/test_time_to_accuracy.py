@@ -49,6 +49,15 @@ def test_an_unknown_system_or_a_bad_mix_is_refused(capsys: pytest.CaptureFixture
     assert "every slowdown must be >= 1" in capsys.readouterr().err
 
 
+def test_scoring_between_races_gives_every_run_its_score_in_order(tmp_path: Path) -> None:
+    out = tmp_path / "between.json"
+    assert main(["--smoke", "--systems", "asgd", "--seeds", "0,1", "--score-between-races", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["scoring"] == "between races"
+    assert [(run["system"], run["seed"]) for run in results["runs"]] == [("asgd", 0), ("asgd", 1)]
+    assert all(run["accuracy_at_budget"] > 0.3 and run["scoring_seconds"] > 0 for run in results["runs"])
+
+
 def test_every_system_has_a_learning_rate_swept_or_named_as_unswept() -> None:
     assert set(SWEPT_LRS) | set(UNSWEPT_LRS) == set(SYSTEMS)
     assert not set(SWEPT_LRS) & set(UNSWEPT_LRS)
