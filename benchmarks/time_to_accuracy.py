@@ -39,7 +39,7 @@ from rich.console import Console
 
 from benchmarks.harness.race import Race, RaceSettings, RunResult, System, race_once, scored_run
 from benchmarks.harness.report import prepare_output, run_header
-from benchmarks.harness.scoring import NICENESS, BackgroundScorer
+from benchmarks.harness.scoring import NICENESS, BackgroundScorer, Scored
 from benchmarks.harness.settings import parse_speed_mix as parse_mix
 from benchmarks.harness.snapshots import Score, score
 from benchmarks.tta_report import aggregate, at_budget, plot_curves, print_tables, targets
@@ -235,7 +235,7 @@ def race_all(
 ) -> list[RunResult]:
     """Race the jobs one after another. With a scorer each run is scored beside the next race;
     without one, before it starts. Results come in the jobs' order."""
-    raced: list[tuple[Race, Future[tuple[Score, float]] | None]] = []
+    raced: list[tuple[Race, Future[Scored] | None]] = []
     results: list[RunResult] = []
 
     def report(index: int, scored: Score, seconds: float) -> None:
@@ -252,11 +252,11 @@ def race_all(
         raced.append((race, scorer.submit(race.snapshots, settings.target, job.directory / "snapshots.pt")))
         race.snapshots = []
         while len(results) < len(raced) and (pending := raced[len(results)][1]) is not None and pending.done():
-            report(len(results), *pending.result())
+            report(len(results), *pending.result()[:2])
     for index in range(len(results), len(raced)):
         pending = raced[index][1]
         assert pending is not None
-        report(index, *pending.result())
+        report(index, *pending.result()[:2])
     return results
 
 

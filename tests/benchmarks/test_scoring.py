@@ -26,10 +26,20 @@ def test_the_background_scorer_gives_the_in_process_score_and_removes_its_spool_
     assert expected.time_to_target == 1.0
     spool = tmp_path / "run" / "snapshots.pt"
     with BackgroundScorer("digits", None) as scorer:
-        scored, seconds = scorer.submit(snapshots, 0.9, spool).result(timeout=120)
+        scored, seconds, _ = scorer.submit(snapshots, 0.9, spool).result(timeout=120)
         niceness = scorer.niceness()
     assert scored == expected
     assert seconds > 0
     assert not spool.exists()
     # The scorer runs at the lowest priority whatever this process's own is.
     assert niceness == max(NICENESS, _priority())
+
+
+def test_runs_still_waiting_are_scored_on_several_processes_at_once(tmp_path: Path) -> None:
+    task = digits()
+    # Enough snapshots that a run takes a while: a second process starts before the first is free.
+    snapshots = [(float(index), [p.detach().clone() for p in task.build_model().parameters()]) for index in range(300)]
+    with BackgroundScorer("digits", None, processes=2) as scorer:
+        futures = [scorer.submit(snapshots, 0.9, tmp_path / f"run-{index}.pt") for index in range(6)]
+        pids = {future.result(timeout=300).pid for future in futures}
+    assert len(pids) == 2
