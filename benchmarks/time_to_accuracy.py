@@ -2,7 +2,7 @@
 
     python -m benchmarks.time_to_accuracy [--quick | --smoke] [--out FILE]
         [--mixes 1:1:2:4,1:1:1:8,1:1:1:1] [--systems ddp,bsp,asgd,...] [--seeds 0,1,2]
-        [--budget S] [--step-time S] [--lrs SWEEP.json[,SWEEP2.json]]
+        [--budget S] [--step-time S] [--lrs SWEEP.json[,SWEEP2.json]] [--link-mbit R]
     python -m benchmarks.time_to_accuracy --sweep [--systems ...] [--grid 0.005,0.02]   # the learning-rate sweep
 
 The same task, data parts, per-worker batch, seeds and emulated speeds for every system: each
@@ -12,6 +12,8 @@ run lasts a fixed wall budget; the test accuracy is scored afterwards from param
 (benchmarks.harness.snapshots). Per mix and system: median and spread over seeds of the seconds
 until the test accuracy first reaches the target, the accuracy at the budget, samples per
 second and per-worker staleness; an accuracy-vs-time plot (PNG) and JSON beside ``--out``.
+``--link-mbit R`` races every system over one emulated link of R Mbit/s that all of its traffic
+shares (benchmarks.harness.link: the kernel shapes the loopback device; needs root and tc).
 
 Learning rates: ``--sweep`` runs every system at each rate of its grid on the first mix with a
 seed kept apart from the measured ones (100); the measuring run gives each system the rate of
@@ -37,12 +39,13 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from benchmarks.harness.link import LinkUnavailableError, emulated_link
 from benchmarks.harness.race import Race, RaceSettings, RunResult, System, race_once, scored_run
 from benchmarks.harness.report import prepare_output, run_header
 from benchmarks.harness.scoring import NICENESS, BackgroundScorer, Scored
 from benchmarks.harness.settings import parse_speed_mix as parse_mix
 from benchmarks.harness.snapshots import Score, score
-from benchmarks.tta_report import aggregate, at_budget, plot_curves, print_tables, targets
+from benchmarks.tta_report import aggregate, at_budget, local_sgd_targets, plot_curves, print_tables, targets
 from psworker.tasks import ACCURACY, Metric, Task, load_task
 
 SYSTEMS = {
@@ -100,8 +103,13 @@ UNSWEPT_LRS: dict[str, float] = {}
 MIXES = ("1:1:2:4", "1:1:1:8", "1:1:1:1")
 
 
+def is_local_sgd(system: System) -> bool:
+    """Whether ``system`` pushes a pseudo-gradient after local steps (the DiLoCo rules)."""
+    return system.rule.startswith("diloco")
+
+
 def lr_grid(system: System) -> tuple[float, ...]:
-    return OUTER_GRID if system.rule.startswith("diloco") else GRADIENT_GRID
+    return OUTER_GRID if is_local_sgd(system) else GRADIENT_GRID
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -132,8 +140,24 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="score each run before the next race starts (default: beside it, at nice 19)",
     )
+    parser.add_argument(
+        "--link-mbit",
+        type=_positive,
+        default=None,
+        help="race over one emulated link of this many Mbit/s shared by all traffic (needs root and tc)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     return parser
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
 
 
 def _settings(args: argparse.Namespace) -> tuple[RaceSettings, list[str], list[str], list[int]]:
@@ -156,6 +180,8 @@ def _settings(args: argparse.Namespace) -> tuple[RaceSettings, list[str], list[s
         settings = replace(settings, snapshot_seconds=args.snapshot_seconds)
     if args.target:
         settings = replace(settings, target=args.target)
+    if args.link_mbit:
+        settings = replace(settings, link_mbit=args.link_mbit)
     if args.mixes:
         mixes = args.mixes.split(",")
     if args.systems:
@@ -295,6 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     metric = task.metric
     if args.target is None and not metric.higher_is_better:
         parser.error(f"task {settings.task} is judged by {metric.label}: give the value to reach with --target")
+    try:
+        with emulated_link(settings.link):
+            pass
+    except LinkUnavailableError as error:
+        parser.error(f"--link-mbit: {error}")
     default_name = "time_to_accuracy_sweep" if args.sweep else "time_to_accuracy"
     out: Path = args.out or Path(f"benchmarks/results/{default_name}.json")
     console, log_dir = prepare_output(out)
@@ -325,7 +356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["metric"] = metric.name
             results["runs"] = [asdict(r) for r in runs]
             results["summary"] = summary
-            results["targets"] = targets(summary, "1:1:2:4", metric)
+            per_step = [name for name, system in SYSTEMS.items() if not system.is_ddp and not is_local_sgd(system)]
+            results["targets"] = targets(summary, "1:1:2:4", metric) + local_sgd_targets(
+                summary, "1:1:2:4", "diloco-dn+dylu", "diloco-sync", per_step
+            )
             print_tables(summary, results["targets"], settings, console, metric)
             plot = out.with_suffix(".png")
             plot_curves(runs, settings, plot, metric)

@@ -27,6 +27,9 @@ SPEEDUP_TARGET = 1.5
 ACCURACY_TOLERANCE = 0.005
 # ...or, for a task judged by its loss, at most this much above DDP's final loss.
 LOSS_TOLERANCE = 0.02
+# The local-SGD target: Delayed Nesterov with DyLU reaches the target this many times sooner than
+# synchronous DiLoCo, and sooner than every per-step rule in the same run.
+LOCAL_SGD_SPEEDUP_TARGET = 1.3
 
 
 def mix_name(slowdowns: Sequence[float]) -> str:
@@ -126,6 +129,53 @@ def targets(summary: dict[str, dict[str, dict[str, Any]]], mix: str, metric: Met
     ]
 
 
+def local_sgd_targets(
+    summary: dict[str, dict[str, dict[str, Any]]], mix: str, candidate: str, synchronous: str, per_step: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The local-SGD target on ``mix``: ``candidate`` (Delayed Nesterov + DyLU) against ``synchronous``
+    DiLoCo (≥ :data:`LOCAL_SGD_SPEEDUP_TARGET` sooner) and against each of the ``per_step`` rules that
+    raced (sooner than the soonest), by median time to target. Nothing when either is missing."""
+    systems = summary.get(mix, {})
+    if candidate not in systems or synchronous not in systems:
+        return []
+    candidate_time = systems[candidate]["time_to_target"]["median"]
+    synchronous_time = systems[synchronous]["time_to_target"]["median"]
+    speedup = synchronous_time / candidate_time if math.isfinite(candidate_time) else 0.0
+    lower_bound = f" ({synchronous} never reached it: a lower bound)" if not math.isfinite(synchronous_time) else ""
+    goals = [
+        {
+            "target": f"{mix}: {synchronous}'s time to target / {candidate}'s",
+            "measured": speedup,
+            "min": speedup,
+            "max": speedup,
+            "threshold": LOCAL_SGD_SPEEDUP_TARGET,
+            "comparison": ">=",
+            "pass": bool(speedup >= LOCAL_SGD_SPEEDUP_TARGET),
+            "detail": f"medians {_seconds(synchronous_time)} s vs {_seconds(candidate_time)} s{lower_bound}",
+            "best_rule": candidate,
+        }
+    ]
+    raced = [name for name in per_step if name in systems]
+    if raced:
+        soonest = min(raced, key=lambda name: systems[name]["time_to_target"]["median"])
+        soonest_time = systems[soonest]["time_to_target"]["median"]
+        ratio = soonest_time / candidate_time if math.isfinite(candidate_time) else 0.0
+        goals.append(
+            {
+                "target": f"{mix}: soonest per-step rule's time to target / {candidate}'s",
+                "measured": ratio,
+                "min": ratio,
+                "max": ratio,
+                "threshold": 1.0,
+                "comparison": ">",
+                "pass": bool(ratio > 1.0),
+                "detail": f"{soonest} {_seconds(soonest_time)} s of {', '.join(raced)}",
+                "best_rule": candidate,
+            }
+        )
+    return goals
+
+
 def _seconds(value: float) -> str:
     return f"{value:.1f}" if math.isfinite(value) else "—"
 
@@ -141,7 +191,8 @@ def print_tables(
     for mix, systems in summary.items():
         table = Table(
             title=f"{settings.task}, speeds {mix}: seconds to {metric.label} {settings.target} "
-            f"(budget {settings.budget_seconds:g} s, 1× step {settings.step_seconds:g} s)"
+            f"(budget {settings.budget_seconds:g} s, 1× step {settings.step_seconds:g} s"
+            + (f", a shared {settings.link_mbit:g} Mbit/s link)" if settings.link_mbit else ")")
         )
         for column in ("system", "lr", "to target (median)", "min–max", "reached", f"{short} at budget", "min–max"):
             table.add_column(column, justify="left" if column == "system" else "right")

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness.link import Link, emulated_link
 from benchmarks.harness.race_workers import DdpSettings, RaceWorker, ddp_rank, hetps_worker
 from benchmarks.harness.snapshots import ParameterRecorder, Score, Snapshot, score, wall_clock_since
 from pstools.launcher import start_server, stop_process
@@ -50,6 +51,13 @@ class RaceSettings:
     budget_seconds: float
     snapshot_seconds: float
     target: float
+    # A shared link of this many Mbit/s for every process's traffic (benchmarks.harness.link);
+    # None races over the bare loopback.
+    link_mbit: float | None = None
+
+    @property
+    def link(self) -> Link | None:
+        return None if self.link_mbit is None else Link(self.link_mbit)
 
 
 @dataclass
@@ -168,48 +176,51 @@ def race_once(
     recorder: ParameterRecorder | None = None
     processes: list[Any] = []
     snapshot_file = log_dir / f"ddp-{seed}-snapshots.pt"
-    try:
-        if system.is_ddp:
-            ddp = DdpSettings(f"127.0.0.1:{_free_port()}", lr, DDP_MOMENTUM, settings.snapshot_seconds, snapshot_file)
-            processes = [
-                context.Process(target=ddp_rank, args=(spec, ddp, start, started_at, messages)) for spec in specs
-            ]
-        else:
-            extra = ["--consistency", system.consistency]
-            server, address = start_server(log_dir, system.rule, lr, system.options, extra_args=extra)
-            processes = [
-                context.Process(target=hetps_worker, args=(spec, [address], start, messages)) for spec in specs
-            ]
-            recorder = ParameterRecorder([address], task, settings.snapshot_seconds)
-        for process in processes:
-            process.start()
-        _collect(messages, "ready", len(specs), processes, READY_TIMEOUT_S)
-        t0 = time.time()
-        setup_seconds = time.monotonic() - began
-        started_at.value = t0
-        start.set()
-        if recorder is not None:
-            recorder.start(wall_clock_since(t0))
-        reports = _collect(messages, "result", len(specs), processes, settings.budget_seconds + READY_TIMEOUT_S)
-        snapshots: list[Snapshot]
-        if recorder is not None:
-            recorder.stop()
-            snapshots = recorder.snapshots
-            recorder = None
-        else:
-            snapshots = torch.load(snapshot_file)
-            snapshot_file.unlink()
-        for process in processes:
-            process.join(30)
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-                process.join()
-        if recorder is not None:
-            recorder.client.close()
-        if server is not None:
-            stop_process(server)
+    with emulated_link(settings.link):
+        try:
+            if system.is_ddp:
+                ddp = DdpSettings(
+                    f"127.0.0.1:{_free_port()}", lr, DDP_MOMENTUM, settings.snapshot_seconds, snapshot_file
+                )
+                processes = [
+                    context.Process(target=ddp_rank, args=(spec, ddp, start, started_at, messages)) for spec in specs
+                ]
+            else:
+                extra = ["--consistency", system.consistency]
+                server, address = start_server(log_dir, system.rule, lr, system.options, extra_args=extra)
+                processes = [
+                    context.Process(target=hetps_worker, args=(spec, [address], start, messages)) for spec in specs
+                ]
+                recorder = ParameterRecorder([address], task, settings.snapshot_seconds)
+            for process in processes:
+                process.start()
+            _collect(messages, "ready", len(specs), processes, READY_TIMEOUT_S)
+            t0 = time.time()
+            setup_seconds = time.monotonic() - began
+            started_at.value = t0
+            start.set()
+            if recorder is not None:
+                recorder.start(wall_clock_since(t0))
+            reports = _collect(messages, "result", len(specs), processes, settings.budget_seconds + READY_TIMEOUT_S)
+            snapshots: list[Snapshot]
+            if recorder is not None:
+                recorder.stop()
+                snapshots = recorder.snapshots
+                recorder = None
+            else:
+                snapshots = torch.load(snapshot_file)
+                snapshot_file.unlink()
+            for process in processes:
+                process.join(30)
+        finally:
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+            if recorder is not None:
+                recorder.client.close()
+            if server is not None:
+                stop_process(server)
     reports.sort(key=lambda r: r["rank"])
     return Race(system.name, lr, slowdowns, seed, reports, snapshots, time.monotonic() - began, setup_seconds)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,9 @@ import torch
 from benchmarks.harness.race import RunResult
 from benchmarks.harness.snapshots import score
 from benchmarks.time_to_accuracy import SWEPT_LRS, SYSTEMS, UNSWEPT_LRS, choose_lrs, main, parse_mix
-from benchmarks.tta_report import aggregate, targets
+from benchmarks.tta_report import aggregate, local_sgd_targets, targets
 from psworker.tasks import LOSS, digits
+from tests.benchmarks.namespaces import network_namespace_available
 
 
 def test_smoke_races_ddp_against_a_hetps_rule_over_real_processes(tmp_path: Path) -> None:
@@ -114,6 +117,28 @@ def test_targets_take_the_best_rule_against_ddp_by_median_over_seeds() -> None:
     assert not accuracy["pass"]
 
 
+def test_the_local_sgd_target_compares_dn_with_dylu_to_synchronous_diloco_and_every_per_step_rule() -> None:
+    runs = [
+        *(_run("diloco-sync", seed, t, 0.88) for seed, t in enumerate([90.0, None, None])),
+        *(_run("diloco-dn+dylu", seed, t, 0.89) for seed, t in enumerate([50.0, 60.0, 70.0])),
+        *(_run("gem", seed, t, 0.89) for seed, t in enumerate([55.0, 65.0, 80.0])),
+        *(_run("gap-aware", seed, t, 0.89) for seed, t in enumerate([None, None, None])),
+    ]
+    summary = aggregate(runs)
+    synchronous, per_step = local_sgd_targets(summary, "1", "diloco-dn+dylu", "diloco-sync", ["gem", "gap-aware", "sa"])
+    # Synchronous DiLoCo's median never reached the target: the speedup is unbounded above.
+    assert synchronous["measured"] == math.inf
+    assert synchronous["pass"]
+    assert "never reached it" in synchronous["detail"]
+    # gem (65 s) is the soonest per-step rule that raced; sa did not race.
+    assert per_step["measured"] == pytest.approx(65.0 / 60.0)
+    assert per_step["pass"]
+    assert per_step["detail"] == "gem 65.0 s of gem, gap-aware"
+    slower = aggregate([*runs, *(_run("asgd", seed, t, 0.89) for seed, t in enumerate([40.0, 45.0, 50.0]))])
+    assert not local_sgd_targets(slower, "1", "diloco-dn+dylu", "diloco-sync", ["gem", "asgd"])[1]["pass"]
+    assert local_sgd_targets(summary, "1", "diloco-dn+dylu", "diloco", ["gem"]) == []
+
+
 def test_the_chosen_rate_is_the_best_run_over_every_part_of_a_sweep() -> None:
     def run(system: str, lr: float, reached: float | None, accuracy: float) -> dict[str, object]:
         return {
@@ -172,3 +197,35 @@ def test_a_rate_so_large_that_the_model_diverges_is_a_result_not_a_crash(tmp_pat
     result = run_once(System("asgd", "asgd"), 1e8, [1.0, 2.0], 0, settings, digits(), tmp_path)
     assert result.diverged
     assert result.time_to_target is None
+
+
+def test_a_link_rate_that_is_not_positive_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    for rate in ("0", "-5", "fast", "inf"):
+        with pytest.raises(SystemExit) as exited:
+            main(["--smoke", "--link-mbit", rate])
+        assert exited.value.code == 2
+        assert f"{rate!r} is not a positive number" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not network_namespace_available(), reason="needs unshare, ip, tc and the right to make a namespace")
+def test_a_race_over_an_emulated_link_moves_no_more_bytes_than_the_link_carries(tmp_path: Path) -> None:
+    out = tmp_path / "link.json"
+    mbit = 8.0
+    # In a network namespace of its own, so only this race's loopback is shaped.
+    command = f"ip link set lo up && exec {sys.executable} -m benchmarks.time_to_accuracy --smoke --link-mbit {mbit:g}"
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f"{command} --systems asgd --out {out}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())
+    assert results["race"]["link_mbit"] == mbit
+    (run,) = results["runs"]
+    # Each step pushes a gradient and pulls the parameters: 2 · 4 bytes per parameter at fp32.
+    parameters = sum(p.numel() for p in digits().build_model().parameters())
+    steps_the_link_carries = mbit * 1e6 / 8 / (2 * 4 * parameters) * results["race"]["budget_seconds"]
+    steps = sum(worker["steps"] for worker in run["workers"])
+    assert 0 < steps <= 1.2 * steps_the_link_carries
