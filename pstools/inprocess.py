@@ -42,6 +42,7 @@ class InProcessService:
         hold_pull: Callable[[int], bool] | None = None,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
         push_dtype: codec.DTypeValue = codec.FLOAT32,
+        error_feedback: bool = True,
     ) -> None:
         self.shard = shard
         self.layout = layout
@@ -50,7 +51,7 @@ class InProcessService:
         self._hold_pull = hold_pull
         self._chunk_bytes = chunk_bytes
         self._push_ids = 0
-        self._push_encoder = PushEncoder(push_dtype) if push_dtype != codec.FLOAT32 else None
+        self._push_encoder = PushEncoder(push_dtype, error_feedback) if push_dtype != codec.FLOAT32 else None
         # Set when ``hold_pull`` skipped a pull; the simulator clears it when it releases the worker.
         self.parked = False
         rule = shard.rule

@@ -67,6 +67,12 @@ from psworker.tasks import TaskError
     type=click.Choice(sorted(codec.PUSH_DTYPE_NAMES)),
     help="what pushes are encoded in, decoded by the shard as from the wire (int8: 8-bit, error feedback)",
 )
+@click.option(
+    "--error-feedback/--no-error-feedback",
+    default=True,
+    show_default=True,
+    help="with --push-dtype int8, carry each push's quantisation error into the next push",
+)
 def simulate_command(
     workers: int,
     speeds: str,
@@ -88,6 +94,7 @@ def simulate_command(
     json_path: Path | None,
     torch_threads: int,
     push_dtype: str,
+    error_feedback: bool,
 ) -> None:
     """Simulate WORKERS workers of different speeds in virtual time with the server's own rules."""
     from psserver.cli import parse_rule
@@ -126,6 +133,7 @@ def simulate_command(
             seed=seed,
             target=target,
             push_dtype=push_dtype,
+            error_feedback=error_feedback,
         )
         result = simulate(config, loaded)
     except SimulationError as error:

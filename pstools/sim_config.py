@@ -129,6 +129,7 @@ class SimConfig:
     stop_at_target: bool = False
     record_pushes: bool = True
     push_dtype: str = "fp32"  # what pushes are encoded in (psproto.codec.PUSH_DTYPE_NAMES): int8 runs the 8-bit codec
+    error_feedback: bool = True  # int8 pushes: each worker carries its quantisation error into its next push
 
     def describe(self) -> dict[str, Any]:
         data = asdict(self)

@@ -162,7 +162,13 @@ class Simulation:
         binding = ModelBinding(model)
         push_dtype = codec.PUSH_DTYPE_NAMES[self.config.push_dtype]
         client = InProcessService(
-            self.shard, binding.layout, f"sim-{rank}", device="sim", hold_pull=self._hold_pull, push_dtype=push_dtype
+            self.shard,
+            binding.layout,
+            f"sim-{rank}",
+            device="sim",
+            hold_pull=self._hold_pull,
+            push_dtype=push_dtype,
+            error_feedback=self.config.error_feedback,
         )
         procedure = start_worker(client, binding, build_optimizer=self.task.build_optimizer)
         batches = torch.Generator().manual_seed(self.config.seed * 1000 + rank)

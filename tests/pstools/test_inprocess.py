@@ -112,6 +112,20 @@ def test_int8_pushes_are_decoded_by_the_shard_as_from_the_wire() -> None:
         torch.testing.assert_close(out, -0.5 * (step * gradient - residual), atol=1e-6, rtol=0)
 
 
+def test_without_error_feedback_each_int8_push_is_applied_as_quantised_on_its_own() -> None:
+    service = InProcessService(_shard(), LAYOUT, "int8", push_dtype=codec.INT8_BLOCK, error_feedback=False)
+    assert service.init(torch.zeros(4))
+    out = torch.empty(4)
+    gradient = torch.tensor([1.0, 0.003, -0.5, 0.0])
+    # One block: scale 1/127, so 0.003 rounds to 0 (0.381 of a step) every time; nothing carries over.
+    quantised = torch.tensor([1.0, 0.0, -64 / 127, 0.0])
+    for step in range(1, 4):
+        service.push(gradient)
+        assert service._push_encoder is not None and service._push_encoder.residual(0) is None
+        service.pull(out)
+        torch.testing.assert_close(out, -0.5 * step * quantised, atol=1e-6, rtol=0)
+
+
 def test_the_simulator_refuses_an_unknown_push_dtype() -> None:
     with pytest.raises(SimulationError, match="push dtype 'int4'"):
         simulate(SimConfig(push_dtype="int4", steps=1))

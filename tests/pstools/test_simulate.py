@@ -182,3 +182,12 @@ def test_cli_writes_json(tmp_path: Path) -> None:
     assert data["steps"] == 40 and data["config"]["rule"] == "sa"
     bad = CliRunner().invoke(main, ["simulate", "--rule", "nope"])
     assert bad.exit_code == 2 and "unknown rule" in bad.output
+
+
+def test_cli_passes_int8_pushes_without_error_feedback_to_the_simulation(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    arguments = ["simulate", "--rule", "asgd", "--lr", "0.1", "--task", MLP, "--steps", "8", "--json", str(out)]
+    result = CliRunner().invoke(main, [*arguments, "--push-dtype", "int8", "--no-error-feedback"])
+    assert result.exit_code == 0, result.output
+    config = json.loads(out.read_text())["config"]
+    assert (config["push_dtype"], config["error_feedback"]) == ("int8", False)
