@@ -6,14 +6,31 @@ import math
 
 from benchmarks.repro_catalog import experiments
 from benchmarks.repro_common import Aggregates, Point, beats
-from benchmarks.repro_local_sgd import DN, DN_DYLU, MIXES, NAIVE, SYNC, VARIANTS, judge_local_sgd
+from benchmarks.repro_local_sgd import (
+    DN,
+    DN_DYLU,
+    DYLU_FLOOR,
+    DYLU_HIGH_LR,
+    DYLU_LOW_LR,
+    EQUAL,
+    FASHION,
+    LIMIT_VARIANTS,
+    MIXES,
+    NAIVE,
+    SYNC,
+    TINYLM,
+    VARIANTS,
+    judge_limits,
+    judge_local_sgd,
+)
 from benchmarks.repro_report import aggregate
 
 
 def test_each_task_runs_every_variant_at_both_mixes_with_the_same_options() -> None:
     by_key = {e.key: e for e in experiments(False, None, ["tinylm", "fashion"]) if e.key.startswith("diloco")}
-    assert set(by_key) == {"diloco-tinylm", "diloco-fashion"}
-    assert [e.key for e in experiments(False, None, ["tinylm"])] == ["diloco-tinylm"]
+    assert set(by_key) == {"diloco-tinylm", "diloco-fashion", "diloco-limits-tinylm", "diloco-limits-fashion"}
+    assert [e.key for e in experiments(False, None, ["tinylm"])] == ["diloco-tinylm", "diloco-limits-tinylm"]
+    by_key = {key: exp for key, exp in by_key.items() if "limits" not in key}
     for key, exp in by_key.items():
         assert {p.config.task for p in exp.points} == {key.removeprefix("diloco-")}
         assert {(p.series, p.x) for p in exp.points} == {(s, x) for s in VARIANTS for x in MIXES}
@@ -66,3 +83,51 @@ def test_a_diverged_runs_missing_loss_aggregates_as_infinite() -> None:
     agg = aggregate(exp, runs)
     assert math.isinf(float(agg[(point.series, point.x)]["mean"]))  # type: ignore[arg-type]
     assert agg[(exp.points[1].series, exp.points[1].x)]["mean"] == 2.0
+
+
+def test_the_limits_check_moves_one_thing_per_series_against_the_task_s_own_settings() -> None:
+    for scale in (TINYLM, FASHION):
+        exp = experiments(False, {f"diloco-limits-{scale.task}"}, [scale.task])[0]
+        series = scale.limit_series or tuple(LIMIT_VARIANTS)
+        assert {(p.series, p.x) for p in exp.points} == {(s, float(b)) for s in series for b in scale.limit_budgets}
+        for point in exp.points:
+            rule, extra, consistency, mix = LIMIT_VARIANTS[point.series]
+            assert point.config.task == scale.task and point.config.steps == int(point.x)
+            assert (point.config.rule, point.config.consistency) == (rule, consistency)
+            assert point.config.options == {**scale.options, **extra}
+            assert point.config.speeds.ratios == tuple(float(r) for r in mix.split(":"))
+    # The baseline and the series that isolates asynchrony differ only in speeds and consistency.
+    assert LIMIT_VARIANTS[EQUAL][1] == LIMIT_VARIANTS[SYNC][1] == {}
+    assert LIMIT_VARIANTS[EQUAL][3] == "1:1:1:1" and LIMIT_VARIANTS[SYNC][3] == LIMIT_VARIANTS[DN_DYLU][3]
+    assert set(TINYLM.limit_series) <= set(LIMIT_VARIANTS)
+
+
+def _budgets(values: dict[str, tuple[float, float]], budgets: tuple[float, ...] = (600.0, 2400.0)) -> Aggregates:
+    return {(s, x): {"mean": m, "std": sd} for s, (m, sd) in values.items() for x in budgets}
+
+
+def test_the_limits_verdict_says_whether_asynchrony_alone_accounts_for_the_gap() -> None:
+    accounted = _budgets(
+        {
+            SYNC: (0.895, 0.002),
+            EQUAL: (0.880, 0.003),
+            DN: (0.870, 0.003),
+            DN_DYLU: (0.879, 0.003),
+            DYLU_FLOOR: (0.881, 0.003),
+            DYLU_LOW_LR: (0.860, 0.003),
+            DYLU_HIGH_LR: (0.850, 0.003),
+        }
+    )
+    verdict, text = judge_limits(accounted, higher_is_better=True)
+    assert verdict == "reproduced"
+    assert "the best DN + DyLU setting, DN + DyLU, h_min 5, is worse than sync DiLoCo" in text
+    # DyLU well below the equal-speed run: asynchrony does not explain all of it.
+    short = {**accounted, **_budgets({DN_DYLU: (0.850, 0.003)})}
+    assert judge_limits(short, higher_is_better=True)[0] == "partly"
+    # Equal speeds as good as sync: asynchrony costs nothing, the diagnosis fails.
+    free = {**accounted, **_budgets({EQUAL: (0.895, 0.002)})}
+    assert judge_limits(free, higher_is_better=True)[0] == "not reproduced"
+    # Losses: the same gaps the other way round; tinylm's subset of series is enough.
+    losses = _budgets({SYNC: (2.20, 0.01), EQUAL: (2.30, 0.01), DN: (2.32, 0.01), DN_DYLU: (2.31, 0.01)}, (400.0,))
+    verdict, text = judge_limits(losses, higher_is_better=False)
+    assert verdict == "reproduced" and "400 gradients" in text
