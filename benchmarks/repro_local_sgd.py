@@ -35,6 +35,9 @@ MIXES = {4.0: "1:1:2:4", 8.0: "1:1:1:8"}
 # task's, consistency, speed mix). "DN, equal speeds" has no speed difference for DyLU to remove,
 # so what it lags sync DiLoCo by is the cost of asynchrony alone.
 EQUAL = "DN, equal speeds"
+# The same equal speeds with exponential step times: the pushes no longer arrive in lockstep, so
+# what this series regains over EQUAL is the cost of four pushes landing at the same moment.
+EQUAL_JITTER = "DN, equal speeds, random step times"
 DYLU_FLOOR = "DN + DyLU, h_min 5"
 DYLU_LOW_LR = "DN + DyLU, outer lr 0.35"
 DYLU_HIGH_LR = "DN + DyLU, outer lr 1.0"
@@ -42,6 +45,7 @@ LIMIT_MIX = "1:1:2:4"
 LIMIT_VARIANTS: dict[str, tuple[str, dict[str, str], str, str]] = {
     SYNC: ("diloco", {}, "bsp", LIMIT_MIX),
     EQUAL: ("diloco-dn", {}, "async", "1:1:1:1"),
+    EQUAL_JITTER: ("diloco-dn", {}, "async", "exp:1:1:1:1"),
     DN: ("diloco-dn", {}, "async", LIMIT_MIX),
     DN_DYLU: ("diloco-dn", {"dylu": "true"}, "async", LIMIT_MIX),
     DYLU_FLOOR: ("diloco-dn", {"dylu": "true", "dylu_min": "5"}, "async", LIMIT_MIX),
@@ -77,7 +81,7 @@ TINYLM = LocalSgdScale(
     metric_words="final validation loss",
     variant=" (tinylm byte-level transformer)",
     limit_budgets=(400,),
-    limit_series=(SYNC, EQUAL, DN, DN_DYLU),
+    limit_series=(SYNC, EQUAL, EQUAL_JITTER, DN, DN_DYLU),
 )
 FASHION = LocalSgdScale(
     "fashion",
@@ -89,6 +93,7 @@ FASHION = LocalSgdScale(
     metric_words="final test accuracy",
     variant=" (Fashion-MNIST CNN)",
     limit_budgets=(600, 2400),
+    limit_series=(SYNC, EQUAL, DN, DN_DYLU, DYLU_FLOOR, DYLU_LOW_LR, DYLU_HIGH_LR),
 )
 
 
@@ -259,8 +264,19 @@ def limits_experiment(scale: LocalSgdScale) -> Experiment:
         f"outer lr {opts['lr']} unless the series says otherwise, DN's N = 4, c = 0), at budgets of {budgets} "
         f'gradients (the x axis). Sync DiLoCo and every DN + DyLU series run at {LIMIT_MIX}; "DN, equal '
         'speeds" runs Delayed Nesterov asynchronously at 1:1:1:1 (every worker as fast as the fastest). '
-        '"h_min 5" keeps every assigned window at least 5 steps (the paper\'s notebook floors a quarter of '
-        f"the window); the outer-lr series move only the outer rate. Metric: {scale.metric_words}"
+        + (
+            '"Random step times" draws each step\'s time from an exponential distribution of the same mean, so the '
+            "equal-speed workers' pushes stop arriving in lockstep. "
+            if EQUAL_JITTER in (scale.limit_series or LIMIT_VARIANTS)
+            else ""
+        )
+        + (
+            '"h_min 5" keeps every assigned window at least 5 steps (the paper\'s notebook floors a quarter of '
+            "the window); the outer-lr series move only the outer rate. "
+            if DYLU_FLOOR in (scale.limit_series or LIMIT_VARIANTS)
+            else ""
+        )
+        + f"Metric: {scale.metric_words}"
         + (" (lower is better)." if not scale.higher_is_better else "."),
         "budget (gradients, all workers)",
         _limit_points(scale),

@@ -13,6 +13,7 @@ from benchmarks.repro_local_sgd import (
     DYLU_HIGH_LR,
     DYLU_LOW_LR,
     EQUAL,
+    EQUAL_JITTER,
     FASHION,
     LIMIT_VARIANTS,
     MIXES,
@@ -24,6 +25,7 @@ from benchmarks.repro_local_sgd import (
     judge_local_sgd,
 )
 from benchmarks.repro_report import aggregate
+from pstools.sim_config import SpeedModel
 
 
 def test_each_task_runs_every_variant_at_both_mixes_with_the_same_options() -> None:
@@ -95,11 +97,15 @@ def test_the_limits_check_moves_one_thing_per_series_against_the_task_s_own_sett
             assert point.config.task == scale.task and point.config.steps == int(point.x)
             assert (point.config.rule, point.config.consistency) == (rule, consistency)
             assert point.config.options == {**scale.options, **extra}
-            assert point.config.speeds.ratios == tuple(float(r) for r in mix.split(":"))
+            assert point.config.speeds == SpeedModel.parse(mix)
     # The baseline and the series that isolates asynchrony differ only in speeds and consistency.
     assert LIMIT_VARIANTS[EQUAL][1] == LIMIT_VARIANTS[SYNC][1] == {}
     assert LIMIT_VARIANTS[EQUAL][3] == "1:1:1:1" and LIMIT_VARIANTS[SYNC][3] == LIMIT_VARIANTS[DN_DYLU][3]
-    assert set(TINYLM.limit_series) <= set(LIMIT_VARIANTS)
+    assert set(TINYLM.limit_series) <= set(LIMIT_VARIANTS) and set(FASHION.limit_series) <= set(LIMIT_VARIANTS)
+    # Random step times of the same mean: only the lockstep of the pushes changes.
+    assert LIMIT_VARIANTS[EQUAL_JITTER][:3] == LIMIT_VARIANTS[EQUAL][:3]
+    jitter = SpeedModel.parse(LIMIT_VARIANTS[EQUAL_JITTER][3])
+    assert jitter.kind == "exponential" and jitter.ratios == SpeedModel.parse(LIMIT_VARIANTS[EQUAL][3]).ratios
 
 
 def _budgets(values: dict[str, tuple[float, float]], budgets: tuple[float, ...] = (600.0, 2400.0)) -> Aggregates:
