@@ -163,10 +163,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
         with console.status("starting servers"):
             jobs = [HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1) for model in settings.models]
-            import os
-
-            xargs = tuple(os.environ.get("XARGS", "").split())
-            by_label = {j.label: fleet.start_hetps(*j, extra_args=xargs) for j in [*jobs, gap_aware_job(settings)]}
+            by_label = {
+                j.label: fleet.start_hetps(*j, extra_args=server_args) for j in [*jobs, gap_aware_job(settings)]
+            }
             targets = [
                 PoolTarget(job.model, job.model, (by_label[job.label].address,), asgd_workers(settings)) for job in jobs
             ]
