@@ -1,13 +1,14 @@
 """How the server's HTTP/2 receive window moves a worker's step time and the server's memory.
 
     python -m benchmarks.receive_window [--quick] [--windows auto,64KiB,1MiB,4MiB]
-    python -m benchmarks.receive_window --windows 4MiB,4MiB+MALLOC_ARENA_MAX=1
+    python -m benchmarks.receive_window --windows 4MiB,4MiB+MALLOC_MMAP_THRESHOLD_=131072
 
 One hetps shard (ResNet-18 size, ASGD unless ``--rule``, fp32 on the wire) per window setting
 (``psserver serve --receive-window``), all running at once on loopback. A setting may add
-environment variables for its server after ``+`` (``4MiB+MALLOC_ARENA_MAX=1``), so the same
-comparison weighs the allocator settings of ``psproto/tuning.py``, which the environment
-overrides.
+environment variables for its server after ``+`` (``4MiB+MALLOC_MMAP_THRESHOLD_=131072``), so
+the same comparison weighs the allocator settings of ``psproto/tuning.py``, which the environment
+overrides. The server's arenas are the exception: ``psserver serve --malloc-arenas`` (default 1)
+replaces any ``MALLOC_ARENA_MAX`` it inherits, so ``+MALLOC_ARENA_MAX=...`` no longer changes them.
 
 1. **steps** — one worker in this process per server, one step (push + pull) of each in
    turn, the order rotated every round; every window's speed against the first window's

@@ -1,5 +1,16 @@
-"""The server process's glibc allocator: shard-sized buffers mapped, and given back when freed.
+"""The server process's glibc allocator: one arena, and shard-sized buffers mapped and given back
+when freed.
 
+One arena. The entry points cap glibc at two arenas (psproto.tuning); ``psserver serve`` runs on
+one (``--malloc-arenas``, default 1), which the entry point sets as ``MALLOC_ARENA_MAX`` before it
+re-executes the process (``arenas_override``), replacing a value inherited from a tuned parent:
+glibc reads it once, at start. With two, memory freed in one arena (a version's reply bytes, a
+push's chunks, gRPC's receive slices) does not serve a request from a thread of the other, so each
+arena keeps its own high-water mark resident: with 16 concurrent ResNet-18-sized workers the ASGD
+server peaked about 100 MB lower on one arena, and one worker stepped as fast
+(``benchmarks.server_memory --quick``, docs/performance.md has the runs).
+
+Mapped buffers.
 The entry points' settings (psproto.tuning) keep every freed buffer in the heap, however
 large, because faulting tens of MB in again per gRPC message made transfers 3-4x slower.
 A server also allocates buffers of the shard's size (gap-aware's snapshots, a version's
@@ -24,8 +35,14 @@ import ctypes
 import ctypes.util
 import logging
 import sys
+from collections.abc import Mapping, Sequence
 
 _LOGGER = logging.getLogger(__name__)
+
+ARENAS_VARIABLE = "MALLOC_ARENA_MAX"
+DEFAULT_ARENAS = 1
+MAX_ARENAS = 64
+_ARENAS_FLAG = "--malloc-arenas"
 
 # mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -59,3 +76,38 @@ def map_large_buffers(threshold_mib: int) -> bool:
     else:
         _LOGGER.warning("the allocator refused a setting of --malloc-mmap-mib %d; its defaults stay", threshold_mib)
     return applied
+
+
+def requested_arenas(argv: Sequence[str]) -> int | None:
+    """The arenas a ``psserver serve`` command line asks for (``--malloc-arenas``, else the default);
+    None for another command, or for a value the flag's parser will refuse (it then says why)."""
+    if "serve" not in argv:
+        return None
+    value: str | None = None
+    for index, argument in enumerate(argv):
+        if argument == _ARENAS_FLAG and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif argument.startswith(_ARENAS_FLAG + "="):
+            value = argument.partition("=")[2]
+    if value is None:
+        return DEFAULT_ARENAS
+    try:
+        arenas = int(value)
+    except ValueError:
+        return None
+    return arenas if 1 <= arenas <= MAX_ARENAS else None
+
+
+def arenas_override(argv: Sequence[str]) -> dict[str, str]:
+    """What the entry point sets before it re-executes ``psserver serve``: the arenas asked for,
+    replacing a ``MALLOC_ARENA_MAX`` inherited from the parent (a tuned parent passes down 2)."""
+    arenas = requested_arenas(argv)
+    return {} if arenas is None else {ARENAS_VARIABLE: str(arenas)}
+
+
+def arenas_in_effect(environ: Mapping[str, str]) -> int | None:
+    """The arena cap this process started with (None: glibc's own, 8 per core)."""
+    try:
+        return int(environ[ARENAS_VARIABLE])
+    except (KeyError, ValueError):
+        return None

@@ -23,7 +23,14 @@ import click
 from click.core import ParameterSource
 
 from psproto.cli_options import path_option
-from psserver.allocator import DEFAULT_MMAP_MIB, MAX_MMAP_MIB, map_large_buffers
+from psserver.allocator import (
+    DEFAULT_ARENAS,
+    DEFAULT_MMAP_MIB,
+    MAX_ARENAS,
+    MAX_MMAP_MIB,
+    arenas_in_effect,
+    map_large_buffers,
+)
 from psserver.app import (
     BindError,
     CheckpointConfig,
@@ -218,6 +225,15 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     "process's allocator settings (psserver/allocator.py)",
 )
 @click.option(
+    "--malloc-arenas",
+    default=DEFAULT_ARENAS,
+    show_default=True,
+    type=click.IntRange(1, MAX_ARENAS),
+    help="glibc malloc arenas of the server process (MALLOC_ARENA_MAX, set by the psserver entry point when the "
+    "process starts, replacing an inherited value); memory freed in one arena does not serve the others, so "
+    "each one more can keep its own high-water mark of reply and request bytes (psserver/allocator.py)",
+)
+@click.option(
     "--ready-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -262,6 +278,7 @@ def serve(
     transfer_grace_seconds: float,
     receive_window: str,
     malloc_mmap_mib: int,
+    malloc_arenas: int,
     ready_file: Path | None,
 ) -> None:
     """Serve one shard of a model's parameters over gRPC until SIGTERM."""
@@ -326,6 +343,15 @@ def serve(
         ready_file=ready_file,
     )
     map_large_buffers(malloc_mmap_mib)
+    in_effect = arenas_in_effect(os.environ)
+    if in_effect != malloc_arenas:
+        # Started without the psserver entry point (python -c, an embedding), or with tuning off.
+        logging.getLogger(__name__).warning(
+            "--malloc-arenas %d is not in effect: this process started with MALLOC_ARENA_MAX=%s "
+            "(the psserver entry point sets it when the process starts)",
+            malloc_arenas,
+            "unset" if in_effect is None else in_effect,
+        )
     run(config)
 
 

@@ -1,4 +1,5 @@
-"""The server's allocator setting: shard-sized buffers mapped on their own and given back when freed."""
+"""The server's allocator settings: one arena, and shard-sized buffers mapped on their own and given
+back when freed."""
 
 from __future__ import annotations
 
@@ -6,11 +7,22 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from psproto.tuning import MALLOC_SETTINGS
-from psserver.allocator import MAX_MMAP_MIB, map_large_buffers
+from psproto.tuning import MALLOC_SETTINGS, wanted_environment
+from psserver.allocator import (
+    ARENAS_VARIABLE,
+    DEFAULT_ARENAS,
+    MAX_ARENAS,
+    MAX_MMAP_MIB,
+    arenas_in_effect,
+    arenas_override,
+    map_large_buffers,
+    requested_arenas,
+)
 
 # Run in a fresh interpreter under the settings the psserver entry point starts with: what the
 # heap already holds depends on everything a process did before, so the pytest process, after
@@ -76,3 +88,58 @@ def test_without_the_setting_the_start_up_heap_keeps_the_buffer() -> None:
     result = _probe(0)
     assert not result["applied"]
     assert result["while_held"] == 0
+
+
+# -- the arena cap of ``psserver serve`` (--malloc-arenas) ----------------------------------------
+
+
+def test_serve_asks_for_one_arena_unless_its_flag_says_otherwise() -> None:
+    assert requested_arenas(["serve", "--port", "0"]) == DEFAULT_ARENAS == 1
+    assert requested_arenas(["serve", "--malloc-arenas", "2"]) == 2
+    assert requested_arenas(["serve", "--malloc-arenas=3", "--port", "0"]) == 3
+    # Not serve, or a value the flag's parser refuses (click then says why): nothing is set.
+    assert requested_arenas(["status", "--address", "x:1"]) is None
+    assert requested_arenas(["serve", "--malloc-arenas", "0"]) is None
+    assert requested_arenas(["serve", "--malloc-arenas", f"{MAX_ARENAS + 1}"]) is None
+    assert requested_arenas(["serve", "--malloc-arenas", "two"]) is None
+    assert arenas_override(["status"]) == {}
+
+
+def test_the_serve_arena_cap_replaces_the_one_a_tuned_parent_passes_down() -> None:
+    """A parent that ran the entry-point tuning (a benchmark, a launcher) exports two arenas; the
+    server's own cap must win, or the server keeps the arena split that raises its peak."""
+    inherited = dict(MALLOC_SETTINGS)
+    assert inherited[ARENAS_VARIABLE] == "2"
+    override = arenas_override(["serve"])
+    assert wanted_environment(inherited, override) == {ARENAS_VARIABLE: "1"}
+    assert wanted_environment({**inherited, **override}, override) == {}  # applied: no second re-exec
+    assert wanted_environment({**inherited, "HETPS_MALLOC_TUNING": "0"}, override) == {}  # tuning off
+    assert arenas_in_effect({ARENAS_VARIABLE: "1"}) == 1
+    assert arenas_in_effect({}) is None
+
+
+def _server_environment(tmp_path: Path, *flags: str) -> dict[str, str]:
+    """The environment a ``python -m psserver serve`` process serves with, started by a tuned parent."""
+    ready = tmp_path / f"ready{len(flags)}.json"
+    command = [sys.executable, "-m", "psserver", "serve", "--port", "0", "--no-metrics", "--ready-file", str(ready)]
+    process = subprocess.Popen(
+        [*command, *flags], env={**os.environ, **MALLOC_SETTINGS}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        # The entry point re-executes itself (same pid): this is the serving program's environment.
+        entries = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+        return dict(entry.decode().partition("=")[::2] for entry in entries if entry)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator, /proc")
+def test_a_served_shard_runs_on_the_arenas_of_its_flag(tmp_path: Path) -> None:
+    assert _server_environment(tmp_path)[ARENAS_VARIABLE] == "1"
+    assert _server_environment(tmp_path, "--malloc-arenas", "2")[ARENAS_VARIABLE] == "2"

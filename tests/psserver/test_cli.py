@@ -48,6 +48,8 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         (["--max-receiving-pushes", "-1"], "Invalid value for '--max-receiving-pushes': -1 is not in the range x>=0"),
         (["--malloc-mmap-mib", "33"], "Invalid value for '--malloc-mmap-mib': 33 is not in the range 0<=x<=32"),
         (["--malloc-mmap-mib", "-1"], "Invalid value for '--malloc-mmap-mib'"),
+        (["--malloc-arenas", "0"], "Invalid value for '--malloc-arenas': 0 is not in the range 1<=x<=64"),
+        (["--malloc-arenas", "two"], "Invalid value for '--malloc-arenas'"),
         (["--rule", "sa", "--rule-opt", "dylu=true"], "option dylu (DyLU) needs a windowed rule"),
         (["--rule", "diloco", "--rule-opt", "dylu_min=0"], "option dylu_min=0 is out of range"),
         (
