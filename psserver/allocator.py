@@ -98,6 +98,12 @@ def requested_arenas(argv: Sequence[str]) -> int | None:
     return arenas if 1 <= arenas <= MAX_ARENAS else None
 
 
+def default_server_environment() -> dict[str, str]:
+    """The allocator variables a ``psserver serve`` with default flags replaces at start (one arena):
+    what a baseline server in a benchmark passes to ``apply_malloc_tuning`` to run as hetps does."""
+    return {ARENAS_VARIABLE: str(DEFAULT_ARENAS)}
+
+
 def arenas_override(argv: Sequence[str]) -> dict[str, str]:
     """What the entry point sets before it re-executes ``psserver serve``: the arenas asked for,
     replacing a ``MALLOC_ARENA_MAX`` inherited from the parent (a tuned parent passes down 2)."""

@@ -28,6 +28,7 @@ import torch
 
 from psproto.layout import Layout
 from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import default_server_environment
 from psserver.ready import ReadyInfo, write_ready_file
 
 SERVICE = "hetps.bench.Bare"
@@ -176,5 +177,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # The allocator settings of a hetps server (psserver serve applies them the same way).
-    apply_malloc_tuning()
+    apply_malloc_tuning(default_server_environment())
     main()

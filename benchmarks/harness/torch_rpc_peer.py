@@ -13,7 +13,8 @@ its worker runs in a process of its own (``benchmarks.harness.peer_remote``), be
 joins one rpc world only.
 
 The server runs under the same process settings as a hetps server: the glibc allocator settings
-of ``psproto.tuning`` (it re-executes itself with them, as ``psserver serve`` does) and the
+of ``psproto.tuning`` and the server's one arena (``psserver.allocator.default_server_environment``;
+it re-executes itself with them, as ``psserver serve`` does) and the
 torch thread count it is given.
 
 The server prints ``peer rendezvous on 127.0.0.1:PORT`` before it waits for the worker, and
@@ -35,6 +36,7 @@ import torch
 from torch.distributed import rpc
 
 from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import default_server_environment
 from psserver.ready import ReadyInfo, write_ready_file
 
 SERVER_NAME = "ps"
@@ -127,5 +129,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_malloc_tuning(default_server_environment())
     main()
