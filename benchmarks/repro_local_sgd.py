@@ -97,6 +97,16 @@ FASHION = LocalSgdScale(
 )
 
 
+PAPER = "Liu, Douillard et al., 2024, Asynchronous Local-SGD Training for Language Modeling (arXiv 2401.09135)"
+
+
+def _judged(all_hold: bool, some_hold: bool, summary: str, lines: list[str]) -> tuple[str, str]:
+    """The verdict (every check holds, some do, none) and the text: the summary, then ``lines`` as a list
+    (lines starting with two spaces are sub-items)."""
+    verdict = "reproduced" if all_hold else "partly" if some_hold else "not reproduced"
+    return verdict, summary + "\n\n" + "\n".join(line if line.startswith("  ") else f"- {line}" for line in lines)
+
+
 def _points(scale: LocalSgdScale) -> list[Point]:
     points = []
     for label, (rule, extra, consistency) in VARIANTS.items():
@@ -144,18 +154,12 @@ def judge_local_sgd(agg: Aggregates, higher_is_better: bool) -> tuple[str, str]:
             steps = telemetry.get("local_steps") if isinstance(telemetry, dict) else None
             assigned = f"; mean assigned window {steps:.1f}" if series == DN_DYLU and steps else ""
             lines.append(f"  - {series}: {_value(agg, series, x, not higher_is_better)}{assigned}")
-    if all(matches) and all(lags):
-        verdict = "reproduced"
-    elif any(matches) or any(lags):
-        verdict = "partly"
-    else:
-        verdict = "not reproduced"
     summary = (
         f"DN + DyLU is within the seed spread of sync DiLoCo's final metric (or better) at {sum(matches)} of "
         f"{len(MIXES)} speed mixes; naive async DiLoCo lags sync DiLoCo beyond the spread at {sum(lags)} of "
         f"{len(MIXES)}."
     )
-    return verdict, summary + "\n\n" + "\n".join(line if line.startswith("  ") else f"- {line}" for line in lines)
+    return _judged(all(matches) and all(lags), any(matches) or any(lags), summary, lines)
 
 
 def local_sgd_experiment(scale: LocalSgdScale) -> Experiment:
@@ -164,7 +168,7 @@ def local_sgd_experiment(scale: LocalSgdScale) -> Experiment:
     return Experiment(
         f"diloco-{scale.task}",
         "Async DiLoCo: naive vs Delayed Nesterov ± DyLU vs sync DiLoCo" + scale.variant,
-        "Liu, Douillard et al., 2024, Asynchronous Local-SGD Training for Language Modeling (arXiv 2401.09135)",
+        PAPER,
         "On workers of different speeds, asynchronous DiLoCo with Delayed Nesterov outer momentum and Dynamic "
         "Local Updates matches synchronous DiLoCo's final loss, while naive asynchronous DiLoCo (outer Nesterov "
         "on every stale pseudo-gradient) lags.",
@@ -234,18 +238,12 @@ def judge_limits(agg: Aggregates, higher_is_better: bool) -> tuple[str, str]:
         for series in LIMIT_VARIANTS:
             if series in present:
                 lines.append(f"  - {series}: {_value(agg, series, x, not higher_is_better)}")
-    if all(alone) and all(accounted):
-        verdict = "reproduced"
-    elif any(alone):
-        verdict = "partly"
-    else:
-        verdict = "not reproduced"
     summary = (
         f"Asynchrony alone (DN on equal speeds) lags sync DiLoCo beyond the spread at {sum(alone)} of "
         f"{len(budgets)} budgets; DN + DyLU on mixed speeds does as well as it (within the spread or better) "
         f"at {sum(accounted)} of {len(budgets)}."
     )
-    return verdict, summary + "\n\n" + "\n".join(line if line.startswith("  ") else f"- {line}" for line in lines)
+    return _judged(all(alone) and all(accounted), any(alone), summary, lines)
 
 
 def limits_experiment(scale: LocalSgdScale) -> Experiment:
@@ -255,7 +253,7 @@ def limits_experiment(scale: LocalSgdScale) -> Experiment:
     return Experiment(
         f"diloco-limits-{scale.task}",
         "What keeps DN + DyLU from sync DiLoCo" + scale.variant,
-        "Liu, Douillard et al., 2024, Asynchronous Local-SGD Training for Language Modeling (arXiv 2401.09135)",
+        PAPER,
         "A diagnosis of the section above, not a claim of the paper: DN + DyLU's gap to sync DiLoCo is the "
         "cost of asynchrony itself (workers computing from parameters the other pushes have not finished "
         "moving), which Delayed Nesterov on workers of equal speed, where DyLU has nothing to do, pays too; "
