@@ -68,7 +68,7 @@ class LocalSgdScale:
     metric_words: str
     variant: str  # the title's ending, as the other tasks' variants have
     limit_budgets: tuple[int, ...] = ()  # the limits check's budgets in gradients (empty: no check)
-    limit_series: tuple[str, ...] = ()  # its series (empty: all of LIMIT_VARIANTS)
+    limit_series: tuple[str, ...] = ()  # its series, keys of LIMIT_VARIANTS
 
 
 TINYLM = LocalSgdScale(
@@ -192,7 +192,7 @@ def local_sgd_experiment(scale: LocalSgdScale) -> Experiment:
 
 
 def _limit_points(scale: LocalSgdScale) -> list[Point]:
-    series = scale.limit_series or tuple(LIMIT_VARIANTS)
+    series = scale.limit_series
     points = []
     for label in series:
         rule, extra, consistency, mix = LIMIT_VARIANTS[label]
@@ -265,13 +265,13 @@ def limits_experiment(scale: LocalSgdScale) -> Experiment:
         + (
             '"Random step times" draws each step\'s time from an exponential distribution of the same mean, so the '
             "equal-speed workers' pushes stop arriving in lockstep. "
-            if EQUAL_JITTER in (scale.limit_series or LIMIT_VARIANTS)
+            if EQUAL_JITTER in scale.limit_series
             else ""
         )
         + (
             '"h_min 5" keeps every assigned window at least 5 steps (the paper\'s notebook floors a quarter of '
             "the window); the outer-lr series move only the outer rate. "
-            if DYLU_FLOOR in (scale.limit_series or LIMIT_VARIANTS)
+            if DYLU_FLOOR in scale.limit_series
             else ""
         )
         + f"Metric: {scale.metric_words}"

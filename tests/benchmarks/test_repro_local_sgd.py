@@ -90,7 +90,7 @@ def test_a_diverged_runs_missing_loss_aggregates_as_infinite() -> None:
 def test_the_limits_check_moves_one_thing_per_series_against_the_task_s_own_settings() -> None:
     for scale in (TINYLM, FASHION):
         exp = experiments(False, {f"diloco-limits-{scale.task}"}, [scale.task])[0]
-        series = scale.limit_series or tuple(LIMIT_VARIANTS)
+        series = scale.limit_series
         assert {(p.series, p.x) for p in exp.points} == {(s, float(b)) for s in series for b in scale.limit_budgets}
         for point in exp.points:
             rule, extra, consistency, mix = LIMIT_VARIANTS[point.series]
