@@ -124,3 +124,30 @@ def test_serve_maps_the_memory_flags_into_the_server(
     assert [config.shard_config().pull_versions for config in configs] == [versions]
     assert [config.shard_config().max_receiving_pushes for config in configs] == [receiving]
     assert thresholds == [mmap_mib]
+
+
+@pytest.mark.parametrize(("environment", "warned"), [({}, True), ({"MALLOC_ARENA_MAX": "1"}, False)])
+def test_serve_says_when_its_arena_cap_is_not_in_effect(
+    environment: dict[str, str],
+    warned: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Started without the psserver entry point, nothing re-executed the process with the cap set.
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(serve_cli, "map_large_buffers", lambda mib: True)
+    monkeypatch.setattr(serve_cli, "run", lambda config: None)
+    with caplog.at_level("WARNING", logger=serve_cli.__name__):
+        result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    said = [r.getMessage() for r in caplog.records if "--malloc-arenas" in r.getMessage()]
+    assert said == (
+        [
+            "--malloc-arenas 1 is not in effect: this process started with MALLOC_ARENA_MAX=unset "
+            "(the psserver entry point sets it when the process starts)"
+        ]
+        if warned
+        else []
+    )
