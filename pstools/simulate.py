@@ -19,6 +19,9 @@ crosses a network: an event queue orders the workers' steps by virtual time.
   synchronous DiLoCo is ``diloco`` under BSP); the round takes the slowest worker's time, and
   the pushes go through the shard's BSP barrier (each non-last push waits on a helper thread,
   started in rank order).
+- ``pull_grace`` (Delayed Nesterov): a worker whose pull the shard holds (``Shard.pull_hold``) is
+  parked like an SSP one and pulls when a push closes the period or, in virtual time, when the
+  grace runs out, whichever comes first.
 - DyLU (``dylu=true``): the shard measures each worker's local steps per virtual second from its
   pushes and assigns its next window, which the real procedure follows.
 
@@ -47,8 +50,10 @@ from psproto import codec
 from psserver.core.consistency import Consistency, ConsistencyModel, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.local_steps import dylu_refusal
+from psserver.core.pull_hold import pull_grace_refusal
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
+from psserver.core.workers import WorkerRecord
 from pstools.inprocess import InProcessService
 from pstools.sim_config import (
     CurvePoint,
@@ -110,7 +115,7 @@ class Simulation:
         self.task = task or sim_task(config.task, Path(config.data_dir) if config.data_dir else None)
         consistency = Consistency(ConsistencyModel(config.consistency), config.ssp_bound)
         spec = RuleSpec.parse(config.rule, dict(config.options))
-        refusal = dylu_refusal(spec.options, consistency.model)
+        refusal = dylu_refusal(spec.options, consistency.model) or pull_grace_refusal(spec.options, consistency.model)
         if refusal is not None:
             raise SimulationError(refusal)
         self.now = 0.0
@@ -124,6 +129,8 @@ class Simulation:
             clock_source=lambda: self.now,
         )
         self.rng = random.Random(config.seed)
+        # Workers whose parked pull is being made now (``_release``): not parked again.
+        self._resuming: set[int] = set()
         count = config.delay + 1 if config.delay is not None else config.workers
         speeds = SpeedModel("constant", step_s=config.speeds.step_s) if config.delay is not None else config.speeds
         self.workers = [self._make_worker(rank, speeds) for rank in range(count)]
@@ -178,6 +185,19 @@ class Simulation:
         )
 
     def _hold_pull(self, worker_id: int) -> bool:
+        """Whether a worker's pull must wait now: it is parked, and resumes when ``_may_resume``.
+
+        A push under ``pull_grace`` always parks its worker, so that every push of the same instant
+        is applied before any of their pulls (they land together, the grace's very case); it
+        resumes at the instant's end, or later while the shard still holds it."""
+        if worker_id not in self._resuming and self._pull_held(self.shard.workers[worker_id]):
+            return True
+        return self._ssp_holds(worker_id)
+
+    def _may_resume(self, worker_id: int) -> bool:
+        return self.shard.pull_hold(worker_id) is None and not self._ssp_holds(worker_id)
+
+    def _ssp_holds(self, worker_id: int) -> bool:
         if self.config.consistency != "ssp":
             return False
         live = self.shard.workers
@@ -316,7 +336,11 @@ class Simulation:
         heapq.heapify(queue)
         parked: list[_Worker] = []
         padded: set[int] = set()
-        while queue and not self._done():
+        while (queue or parked) and not self._done():
+            if parked and (not queue or queue[0][0] > self.now) and self._release_held(parked, queue):
+                continue
+            if not queue:
+                break
             self.now, rank = heapq.heappop(queue)
             worker = self.workers[rank]
             # Constant delay: the first D workers' first pushes are zero gradients that only move the clock.
@@ -330,20 +354,46 @@ class Simulation:
             else:
                 heapq.heappush(queue, (self.now + worker.duration(), rank))
             if outcome.pushed and parked:
-                for waiting in self._release(parked):
+                # SSP: a worker the push released pulls at once. Held pulls wait for the instant's other pushes.
+                for waiting in self._release([w for w in parked if not self._pull_held(self._record(w))], parked):
                     heapq.heappush(queue, (self.now + waiting.duration(), waiting.rank))
         if parked and not queue and not self._done():
             raise SimulationError("every worker is parked by SSP; this cannot happen with live workers")
 
-    def _release(self, parked: list[_Worker]) -> Iterable[_Worker]:
-        """Parked workers whose SSP wait is over pull again (the shard's own pull) and resume."""
+    @staticmethod
+    def _pull_held(record: WorkerRecord) -> bool:
+        """Whether the worker's last push put a hold on its pull (``pull_grace``) that it has not pulled past."""
+        return record.pull_hold is not None and not record.pull_hold.released
+
+    def _record(self, worker: _Worker) -> WorkerRecord:
+        return self.shard.workers[worker.client.worker_id]
+
+    def _release_held(self, parked: list[_Worker], queue: list[tuple[float, int]]) -> bool:
+        """Every event of this instant is done: workers whose pull hold is over pull now. When the
+        first hold still on ends before the next event, time moves there (True: it did)."""
+        for waiting in self._release(list(parked), parked):
+            heapq.heappush(queue, (self.now + waiting.duration(), waiting.rank))
+        ends = [hold.until_time for w in parked if (hold := self.shard.pull_hold(w.client.worker_id)) is not None]
+        hold_ends = min(ends, default=None)
+        if hold_ends is None or (queue and hold_ends >= queue[0][0]):
+            return False
+        self.now = hold_ends
+        return True
+
+    def _release(self, candidates: list[_Worker], parked: list[_Worker]) -> Iterable[_Worker]:
+        """The ``candidates`` (parked) whose SSP wait or pull hold is over pull again (the shard's pull), resume."""
         released = []
-        for worker in list(parked):
-            if not self._hold_pull(worker.client.worker_id):
+        for worker in candidates:
+            worker_id = worker.client.worker_id
+            if self._may_resume(worker_id):
                 parked.remove(worker)
                 worker.client.parked = False
                 worker.stats.parked_s += self.now - worker.parked_at
-                worker.procedure.start()
+                self._resuming.add(worker_id)
+                try:
+                    worker.procedure.start()
+                finally:
+                    self._resuming.discard(worker_id)
                 released.append(worker)
         return released
 

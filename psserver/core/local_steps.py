@@ -35,6 +35,7 @@ from psserver.core.config import ShardConfig
 from psserver.core.consistency import ConsistencyModel
 from psserver.core.receiving import PendingPush
 from psserver.core.rules._windowed import WindowedOptions
+from psserver.core.rules.diloco import DelayedNesterovOptions
 from psserver.core.rules.options import RuleOptions
 from psserver.core.workers import PushOutcome, WorkerRecord
 
@@ -98,26 +99,32 @@ def dylu_refusal(options: RuleOptions, consistency: ConsistencyModel) -> str | N
 
 @dataclass
 class _Pace:
-    """One worker's measurement: when its current window began, and its speed so far."""
+    """One worker's measurement: when its current window began, its speed so far, its last window's steps."""
 
     window_began: float | None = None
     steps_per_second: float | None = None
+    steps: float | None = None
 
 
 class LocalSteps:
-    """The workers' speeds and their assignments; does nothing when ``settings`` is None (DyLU off)."""
+    """The workers' speeds and their assignments (``settings``: DyLU on). Without DyLU it measures
+    speeds only for ``pull_grace`` (``measure_window``: the rule's window), else it does nothing."""
 
-    def __init__(self, settings: DyluSettings | None) -> None:
+    def __init__(self, settings: DyluSettings | None, measure_window: int | None = None) -> None:
         self.settings = settings
+        self._window = settings.window if settings is not None else measure_window
         self._paces: dict[int, _Pace] = {}
 
     @classmethod
     def of(cls, config: ShardConfig) -> LocalSteps:
-        """The shard's: on when its rule's options say ``dylu=true``; ValueError under BSP."""
-        refusal = dylu_refusal(config.rule.options, config.consistency.model)
+        """The shard's: on when its rule's options say ``dylu=true`` (ValueError under BSP), measuring
+        only when they set ``pull_grace``, whose holds ask when each worker will push next."""
+        options = config.rule.options
+        refusal = dylu_refusal(options, config.consistency.model)
         if refusal is not None:
             raise ValueError(refusal)
-        return cls(DyluSettings.of(config.rule.options))
+        grace = isinstance(options, DelayedNesterovOptions) and options.pull_grace > 0
+        return cls(DyluSettings.of(options), options.window if grace and isinstance(options, WindowedOptions) else None)
 
     def speed(self, worker_id: int) -> float | None:
         """The worker's measured local steps per second, None until known."""
@@ -134,24 +141,24 @@ class LocalSteps:
     ) -> None:
         """``worker``'s push ``pushed`` was applied at ``now``: take the window it ended (its header's
         arrival) as a speed sample, start the next one and put the assignment in ``outcome``."""
-        settings = self.settings
-        if settings is None:
+        if self._window is None:
             return
         self.observe(worker.worker_id, pushed.opened_at, pushed.metadata.get("steps_done"), now, live)
-        outcome.telemetry[TELEMETRY_KEY] = float(self.assigned(worker.worker_id))
+        if self.settings is not None:
+            outcome.telemetry[TELEMETRY_KEY] = float(self.assigned(worker.worker_id))
 
     def observe(
         self, worker_id: int, header_at: float, steps_done: float | None, now: float, live: Iterable[WorkerRecord]
     ) -> None:
         """One window of ``worker_id`` ended at ``header_at`` after ``steps_done`` steps (the rule's
         ``H`` when the client did not say); its next began at ``now``. Forgets workers no longer live."""
-        settings = self.settings
-        assert settings is not None
+        assert self._window is not None
         live_ids = {w.worker_id for w in live}
         for gone in [wid for wid in self._paces if wid not in live_ids]:
             del self._paces[gone]
         pace = self._paces.setdefault(worker_id, _Pace())
-        steps = float(settings.window) if steps_done is None else steps_done
+        steps = float(self._window) if steps_done is None else steps_done
+        pace.steps = steps
         elapsed = header_at - pace.window_began if pace.window_began is not None else 0.0
         if elapsed > 0 and math.isfinite(steps) and steps >= 1:
             sample = steps / elapsed
@@ -160,6 +167,21 @@ class LocalSteps:
                 sample if previous is None else (1 - SPEED_SMOOTHING) * previous + SPEED_SMOOTHING * sample
             )
         pace.window_began = now
+
+    def next_push_at(self, worker_id: int) -> float | None:
+        """When ``worker_id``'s current window should end: its start plus its steps (DyLU's assignment, else
+        as many as its last window's) at its speed; None while not measured."""
+        pace = self._paces.get(worker_id)
+        if pace is None or pace.window_began is None or not pace.steps_per_second or pace.steps is None:
+            return None
+        steps = self.assigned(worker_id) if self.settings is not None else pace.steps
+        return pace.window_began + steps / pace.steps_per_second
+
+    def window_restarted(self, worker_id: int, now: float) -> None:
+        """``worker_id``'s window began at ``now``, later than its push (its pull was held)."""
+        pace = self._paces.get(worker_id)
+        if pace is not None:
+            pace.window_began = now
 
     def assigned(self, worker_id: int) -> int:
         """Eq. 6 for ``worker_id`` against the live workers' speeds known now."""

@@ -7,6 +7,7 @@ component owns its state and its job:
 - ``model.Model``: the layout, the fp32 parameters, the rule and its state, the clock, Init;
 - ``membership.Membership``: worker records, leases, eviction, push-id memories per name;
 - ``local_steps.LocalSteps``: DyLU, the workers' speeds and the local steps each push reply assigns;
+- ``pull_hold``: Delayed Nesterov's ``pull_grace``, the hold a push puts on its worker's next pull;
 - ``admission`` (SSP waits, GEM reservations, routing, pull sharing) and
   ``bsp_round.BspBarrier`` (the BSP round): pure decisions the shard acts on;
 - ``request_checks``: every refusal of a request's header, as a decision;
@@ -36,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Generic, NoReturn, TypeVar, cast
+from typing import Any, NoReturn
 
 import torch
 
@@ -48,10 +49,12 @@ from psserver.core.admission import NO_RESERVATION, PushRoute
 from psserver.core.bsp_round import BspBarrier
 from psserver.core.config import ShardConfig
 from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.held import Held
 from psserver.core.local_steps import LocalSteps
 from psserver.core.membership import Membership
 from psserver.core.model import Model
 from psserver.core.observer import NullObserver, Observers, ShardObserver
+from psserver.core.pull_hold import PullHold, PullHolds
 from psserver.core.pull_versions import PullEncoder, PullResult, PullVersions
 from psserver.core.receiving import PendingPush, PushReceiver, check_complete, decode_into
 from psserver.core.refusals import Refusals
@@ -65,21 +68,6 @@ from psserver.core.waiting import Abandoned, Waiting
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 __all__ = ["JoinResult", "PendingPush", "PullResult", "Shard", "ShardConfig", "StateError"]
-
-T = TypeVar("T")
-
-
-class _Held(Generic[T]):
-    """A read-only attribute of the shard that one of its components holds under the same name."""
-
-    def __init__(self, component: str) -> None:
-        self._component = component
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    def __get__(self, shard: object, owner: type | None = None) -> T:
-        return cast(T, getattr(getattr(shard, self._component), self._name))
 
 
 class Shard:
@@ -107,17 +95,18 @@ class Shard:
         self._barrier = BspBarrier()
         self._reservation = NO_RESERVATION
         self._waiting = Waiting(self._changed, self._now, self._membership, self._evict_expired_locked, self._refusals)
+        self._pull_holds = PullHolds.of(config, self._now, self._membership.live, self._local_steps)
 
     # -- readable state (in-process callers; the transport uses ``status``) ----------------
 
-    layout: _Held[Layout | None] = _Held("_model")
-    rule: _Held[UpdateRule[RuleOptions] | None] = _Held("_model")
-    params: _Held[torch.Tensor] = _Held("_model")
-    initialized: _Held[bool] = _Held("_model")
-    clock: _Held[int] = _Held("_model")
-    applied_pushes: _Held[int] = _Held("_model")
-    workers: _Held[dict[int, WorkerRecord]] = _Held("_membership")
-    evictions: _Held[int] = _Held("_membership")
+    layout: Held[Layout | None] = Held("_model")
+    rule: Held[UpdateRule[RuleOptions] | None] = Held("_model")
+    params: Held[torch.Tensor] = Held("_model")
+    initialized: Held[bool] = Held("_model")
+    clock: Held[int] = Held("_model")
+    applied_pushes: Held[int] = Held("_model")
+    workers: Held[dict[int, WorkerRecord]] = Held("_membership")
+    evictions: Held[int] = Held("_membership")
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -286,10 +275,16 @@ class Shard:
             return not admission.pull_must_wait(consistency, worker.observer, worker.ssp_clock, live_clocks)
 
         self._waiting.until(worker, ssp_allows, abandoned)
+        self._pull_holds.wait(worker, self._waiting, abandoned)
         if reserve:
             self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), abandoned)
             now = self._now()
             self._reservation = self._reservation.taken_by(worker.worker_id, now, self.config.reservation_seconds)
+
+    def pull_hold(self, worker_id: int) -> PullHold | None:
+        """The hold on ``worker_id``'s next pull while it is not over (None: it would pull at once)."""
+        with self._lock:
+            return self._pull_holds.active(self._membership.get(worker_id))
 
     # -- pushes -------------------------------------------------------------------------
 
@@ -396,6 +391,7 @@ class Shard:
         self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), pending.abandoned)
         self._reservation = self._reservation.released_by(worker.worker_id)
         outcome = self._apply(worker, update, pending.kind, pending.base_clock, pending.metadata)
+        worker.pull_hold = self._pull_holds.after_push(self._model.rule)
         self._local_steps.assign(worker, outcome, pending, self._now(), self._membership.live())
         worker.record_push(pending.push_id, outcome)
         self.observer.push_applied(worker, outcome)

@@ -58,8 +58,15 @@ class Waiting:
         self._refusals = refusals
         self._slice = slice_seconds
 
-    def until(self, worker: WorkerRecord, ready: Callable[[], bool], abandoned: Abandoned | None = None) -> None:
-        """Wait (the condition's lock held) until ``ready``.
+    def until(
+        self,
+        worker: WorkerRecord,
+        ready: Callable[[], bool],
+        abandoned: Abandoned | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Wait (the condition's lock held) until ``ready``; ``deadline`` (on the shard's clock), when
+        ``ready`` turns true by then at the latest, shortens the last slice to it.
 
         Refused with UNKNOWN_WORKER when the worker is evicted meanwhile, and with ABANDONED
         within a slice of its client giving up (then the worker is no longer kept alive)."""
@@ -77,7 +84,8 @@ class Waiting:
                         "passed) while it waited in the shard; the wait ended",
                         worker,
                     )
-                self._changed.wait(self._slice)
+                wait = self._slice if deadline is None else min(self._slice, max(0.0, deadline - self._now()))
+                self._changed.wait(wait)
                 if abandoned is None or not abandoned():
                     worker.last_seen = self._now()
                 self._evict_expired()

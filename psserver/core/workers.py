@@ -10,7 +10,10 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from psserver.core.pull_hold import PullHold
 
 # Results of this many recent pushes are remembered per worker to answer retries.
 RECENT_PUSHES_KEPT = 1024
@@ -80,6 +83,8 @@ class WorkerRecord:
     # True while one of its requests waits inside the shard (it is alive, not silent).
     waiting: bool = False
     pulled_clock: int = -1
+    # Set by a push under ``pull_grace`` (``pull_hold``): the next pull waits until it is over.
+    pull_hold: PullHold | None = None
     pulls: int = 0
     pushes: int = 0
     duplicate_pushes: int = 0

@@ -9,6 +9,7 @@ from benchmarks.repro_common import Aggregates, Point, beats
 from benchmarks.repro_local_sgd import (
     DN,
     DN_DYLU,
+    DN_DYLU_AT_ONCE,
     DYLU_FLOOR,
     DYLU_HIGH_LR,
     DYLU_LOW_LR,
@@ -18,6 +19,7 @@ from benchmarks.repro_local_sgd import (
     LIMIT_VARIANTS,
     MIXES,
     NAIVE,
+    PULL_GRACE,
     SYNC,
     TINYLM,
     VARIANTS,
@@ -38,13 +40,16 @@ def test_each_task_runs_every_variant_at_both_mixes_with_the_same_options() -> N
         assert {(p.series, p.x) for p in exp.points} == {(s, x) for s in VARIANTS for x in MIXES}
         steps = {p.config.steps for p in exp.points}
         assert len(steps) == 1
-        # Fair: every variant has the same outer rate, momentum, window and inner rate; DyLU only adds dylu.
-        shared = [{k: v for k, v in p.config.options.items() if k != "dylu"} for p in exp.points]
+        # Fair: every variant has the same outer rate, momentum, window and inner rate; DyLU only adds
+        # dylu, the reference scheduler only pull_grace.
+        shared = [{k: v for k, v in p.config.options.items() if k not in ("dylu", "pull_grace")} for p in exp.points]
         assert all(options == shared[0] for options in shared)
         for point in exp.points:
             rule, _, consistency = VARIANTS[point.series]
             assert (point.config.rule, point.config.consistency) == (rule, consistency)
-            assert (point.config.options.get("dylu") == "true") == (point.series == DN_DYLU)
+            assert (point.config.options.get("dylu") == "true") == (point.series in (DN_DYLU, DN_DYLU_AT_ONCE))
+            # Every DN series but "pull at once" runs with the paper's scheduler; the others cannot.
+            assert (point.config.options.get("pull_grace") == PULL_GRACE) == (point.series in (DN, DN_DYLU))
             assert point.config.speeds.ratios == tuple(float(r) for r in MIXES[point.x].split(":"))
     assert by_key["diloco-tinylm"].metric == "metric_value"
 

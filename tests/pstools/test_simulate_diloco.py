@@ -84,3 +84,50 @@ def test_dylu_under_bsp_and_bsp_for_easgd_are_refused() -> None:
         Simulation(SimConfig(rule="diloco", options={"dylu": "true"}, consistency="bsp", task="digits-mlp"))
     with pytest.raises(SimulationError, match="BSP is simulated for the gradient, delta, agn and diloco"):
         Simulation(SimConfig(rule="easgd", consistency="bsp", task="digits-mlp"))
+
+
+def test_lockstep_delayed_nesterov_with_pull_grace_is_synchronous_diloco() -> None:
+    # Equal speeds: the four pushes of a round land together. With pull_grace each worker's pull
+    # waits for the push that closes the period, so every window starts from the parameters after
+    # the momentum step, and N pushes at ε/N plus one Nesterov step on their mean are sync DiLoCo.
+    base = SimConfig(
+        rule="diloco-dn",
+        options={"window": "5", "period": "4", "pull_grace": "0.5"},
+        workers=4,
+        speeds=SpeedModel.parse("1:1:1:1"),
+        task="digits-mlp",
+        steps=200,
+        eval_every=200,
+    )
+    held = simulate(base)
+    sync = simulate(replace(base, rule="diloco", options={"window": "5"}, consistency="bsp"))
+    immediate = simulate(replace(base, options={"window": "5", "period": "4"}))
+    assert held.test_loss == sync.test_loss and held.test_accuracy == sync.test_accuracy
+    assert immediate.test_loss != sync.test_loss  # pulling right after one's own push is not sync DiLoCo
+    assert all(w.parked_s == 0.0 for w in held.workers)  # the closing push comes at the same instant
+
+
+def test_held_pulls_wait_at_most_the_grace_when_step_times_vary() -> None:
+    # Random step times: the shard's pace estimates are often wrong, so some holds wait for a
+    # push that does not come within the grace and end when it runs out (virtual time moves there).
+    result = simulate(
+        SimConfig(
+            rule="diloco-dn",
+            options={"window": "4", "period": "2", "pull_grace": "0.5"},
+            workers=2,
+            speeds=SpeedModel.parse("exp:1:1"),
+            task="digits-mlp",
+            steps=400,
+            eval_every=400,
+        )
+    )
+    parked = [w.parked_s for w in result.workers]
+    assert sum(parked) > 0
+    assert all(w.parked_s <= 0.5 * w.pushes for w in result.workers)
+    assert result.clock == sum(w.pushes for w in result.workers) and not result.diverged
+
+
+def test_pull_grace_under_bsp_is_refused() -> None:
+    config = SimConfig(rule="diloco-dn", options={"pull_grace": "1"}, consistency="bsp", task="digits-mlp")
+    with pytest.raises(SimulationError, match="pull_grace is for asynchronous training"):
+        Simulation(config)

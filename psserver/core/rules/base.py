@@ -75,6 +75,11 @@ class UpdateRule(ABC, Generic[OptionsT]):
         return {}
 
     @property
+    def pull_grace_seconds(self) -> float:
+        """How long a worker's next pull may wait for pushes landing with its own (``psserver.core.pull_hold``)."""
+        return 0.0
+
+    @property
     def reserves_pulls(self) -> bool:
         """Whether its workers pull with ``reserve`` (no other commit until their push); others may not."""
         return False

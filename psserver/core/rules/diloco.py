@@ -32,6 +32,9 @@ Every push moves ``θ`` at ``ε/N``; the ``N`` pushes of a period together move 
 Nesterov step on their mean would. ``m`` and ``a`` are checkpointed with the clock, so a
 restored shard continues its period. Telemetry: ``scale`` 1 (``ε/N`` is no staleness penalty)
 and, for DN, ``momentum_step`` (1 when this push closed a period).
+
+``pull_grace`` (DN, seconds): pushes that land within the grace of each other are all applied
+before their workers pull (``psserver.core.pull_hold``), as the paper's reference scheduler does.
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ class DilocoOptions(OuterOptions):
 class DelayedNesterovOptions(OuterOptions):
     period: int = option(4, "pushes N per momentum update (the paper's notebook uses the worker count)", low=1)
     c: float = option(0.0, "share c of the momentum applied between momentum updates, at most 1/period", low=0.0)
+    pull_grace: float = option(
+        0.0,
+        "seconds within which pushes that land together are all applied before their workers pull "
+        "(0: pull at once; the paper's scheduler waits)",
+        low=0.0,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -136,6 +145,10 @@ class DelayedNesterov(_OuterRule[DelayedNesterovOptions]):
     def __init__(self, options: DelayedNesterovOptions, length: int) -> None:
         super().__init__(options, length)
         self.accumulator = torch.zeros(length)
+
+    @property
+    def pull_grace_seconds(self) -> float:
+        return self.options.pull_grace
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
         options = self.options

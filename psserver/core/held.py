@@ -1,0 +1,20 @@
+"""A read-only attribute of an orchestrator that one of its components holds under the same name."""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar, cast
+
+T = TypeVar("T")
+
+
+class Held(Generic[T]):
+    """``attr: Held[T] = Held("_component")`` reads ``self._component.attr``."""
+
+    def __init__(self, component: str) -> None:
+        self._component = component
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, shard: object, owner: type | None = None) -> T:
+        return cast(T, getattr(getattr(shard, self._component), self._name))
