@@ -3,6 +3,7 @@ local steps in ``PushResponse.local_steps``, which the Python client reads off t
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -46,3 +47,34 @@ def test_without_dylu_the_field_is_zero(start_psserver: StartServer) -> None:
         client.pull(torch.empty(6))
         (result,) = client.push(DELTA, ps_pb2.PAYLOAD_KIND_DELTA, {"steps_done": 4.0})
         assert result.local_steps == 0 and "local_steps" not in result.telemetry
+
+
+def test_pull_grace_holds_a_push_pull_until_the_other_workers_push_lands(start_psserver: StartServer) -> None:
+    # diloco-dn with pull_grace: once the shard knows both workers' paces, a worker whose push
+    # lands while the other is due gets its parameters only after the other's push is applied.
+    address = start_psserver(rule="diloco-dn", rule_opts=("window=4", "period=2", "pull_grace=1.2"))
+    with PSClient(address, LAYOUT, name="a") as first, PSClient(address, LAYOUT, name="b") as second:
+        first.init(torch.zeros(6))
+        params = torch.empty(6)
+        for client in (first, second):
+            client.pull(params)
+        for _ in range(2):  # two windows of 1.5 s each: the shard measures both paces
+            time.sleep(1.5)
+            for client in (first, second):
+                client.push(DELTA, ps_pb2.PAYLOAD_KIND_DELTA, {"steps_done": 4.0}, pull_into=params)
+        time.sleep(1.5)
+        clocks: list[int] = []
+        began = time.monotonic()
+
+        def push_pull() -> None:
+            (result,) = first.push(DELTA, ps_pb2.PAYLOAD_KIND_DELTA, {"steps_done": 4.0}, pull_into=params)
+            clocks.extend((result.clock, first.clock))
+
+        thread = threading.Thread(target=push_pull)
+        thread.start()
+        time.sleep(0.4)  # "b" is due now; "a" waits for it, for at most the 1.2 s grace
+        assert thread.is_alive()
+        second.push(DELTA, ps_pb2.PAYLOAD_KIND_DELTA, {"steps_done": 4.0}, pull_into=torch.empty(6))
+        thread.join(10)
+        assert not thread.is_alive() and time.monotonic() - began >= 0.4
+        assert clocks == [5, 6]  # its push was the 5th; the parameters it got include the 6th
