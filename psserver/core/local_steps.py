@@ -13,14 +13,19 @@ does not shrink everybody's window).
 
 **Where the speed comes from: push timing, measured by the shard.** A window begins when the
 worker's previous push was applied (its reply, with the parameters it computes on next, goes
-out then) and ends when its next push's header arrives (right after its last local step); the
-steps are the push's ``steps_done`` metadata, or the rule's ``H`` from clients that do not send
-it (they do not follow assignments either). So ``v_w = steps / (header_at − applied_at)``,
-smoothed over windows (``SPEED_SMOOTHING``). Heartbeats were the alternative and lose: their
-stats are whatever a client chooses to report (the Node worker reports none), they arrive on
-their own schedule, and they do not exist in the simulator, whose shard runs on a virtual clock
-that push timing reads as it reads a real one. The upload of the push is after the header and
-is not counted; the download of the pulled parameters is (it precedes the first local step).
+out then; with ``pull_grace``, when its held pull is let go) and ends when its next push's
+header arrives (right after its last local step); the steps are the push's ``steps_done``
+metadata, or the rule's ``H`` from clients that do not send it (they do not follow assignments
+either). So ``v_w = steps / (header_at − applied_at)``, smoothed over windows
+(``SPEED_SMOOTHING``). Heartbeats were the alternative and lose: their stats are whatever a
+client chooses to report (the Node worker reports none), they arrive on their own schedule, and
+they do not exist in the simulator, whose shard runs on a virtual clock that push timing reads
+as it reads a real one. The upload of the push is after the header and is not counted; the
+download of the pulled parameters is (it precedes the first local step).
+
+The same measurement serves ``pull_grace`` (``psserver.core.pull_hold``), which asks when each
+worker's current window should end (``next_push_at``); with it and without DyLU the shard
+measures speeds but assigns nothing.
 
 Not thread-safe on its own: the shard calls it under its lock, once per applied push.
 """
