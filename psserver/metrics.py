@@ -176,6 +176,13 @@ class ShardMetrics:
             ["shard"],
             registry=r,
         )
+        self.pull_hold_seconds = Histogram(
+            "hetps_pull_hold_seconds",
+            "Time a pull waited under pull_grace (diloco-dn) for the pushes landing with its worker's own",
+            ["shard"],
+            buckets=RPC_BUCKETS,
+            registry=r,
+        )
         self.apply_seconds = Histogram(
             "hetps_apply_duration_seconds",
             "Time the update rule took to apply one update to the shard",
@@ -205,6 +212,7 @@ class ShardMetrics:
         self.snapshots_dropped.labels(self.shard)
         self.momentum_steps.labels(self.shard)
         self.apply_seconds.labels(self.shard)
+        self.pull_hold_seconds.labels(self.shard)
         for role in ("worker", "observer"):
             self.active_workers.labels(self.shard, role).set(0)
 
@@ -308,6 +316,9 @@ class ShardMetrics:
 
     def snapshot_dropped(self, clock: int) -> None:
         self.snapshots_dropped.labels(self.shard).inc()
+
+    def pull_held(self, worker: WorkerRecord, seconds: float) -> None:
+        self.pull_hold_seconds.labels(self.shard).observe(seconds)
 
     # -- beyond the shard's observer hooks -------------------------------------------------
 

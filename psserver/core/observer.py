@@ -41,6 +41,9 @@ class ShardObserver(Protocol):
     # The parameter version of ``clock`` was dropped to stay under the snapshot memory cap.
     def snapshot_dropped(self, clock: int) -> None: ...
 
+    # A pull waited ``seconds`` under ``pull_grace`` for the pushes landing with its worker's own.
+    def pull_held(self, worker: WorkerRecord, seconds: float) -> None: ...
+
 
 class NullObserver:
     """Listens to nothing."""
@@ -76,6 +79,9 @@ class NullObserver:
         pass
 
     def snapshot_dropped(self, clock: int) -> None:
+        pass
+
+    def pull_held(self, worker: WorkerRecord, seconds: float) -> None:
         pass
 
 
@@ -142,3 +148,7 @@ class Observers:
     def snapshot_dropped(self, clock: int) -> None:
         for observer in self._all:
             observer.snapshot_dropped(clock)
+
+    def pull_held(self, worker: WorkerRecord, seconds: float) -> None:
+        for observer in self._all:
+            observer.pull_held(worker, seconds)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from psserver.core.config import ShardConfig
 from psserver.core.consistency import ConsistencyModel
 from psserver.core.local_steps import LocalSteps
+from psserver.core.observer import NullObserver, ShardObserver
 from psserver.core.rules import RuleOptions, UpdateRule
 from psserver.core.rules.diloco import DelayedNesterovOptions
 from psserver.core.waiting import Abandoned, Waiting
@@ -56,11 +57,16 @@ class PullHolds:
     Used under the shard's lock."""
 
     def __init__(
-        self, now: Callable[[], float], live: Callable[[], Iterable[WorkerRecord]], local_steps: LocalSteps
+        self,
+        now: Callable[[], float],
+        live: Callable[[], Iterable[WorkerRecord]],
+        local_steps: LocalSteps,
+        observer: ShardObserver | None = None,
     ) -> None:
         self._now = now
         self._live = live
         self._local_steps = local_steps
+        self._observer = observer or NullObserver()
         self._batch_ends = -math.inf
 
     @classmethod
@@ -70,12 +76,13 @@ class PullHolds:
         now: Callable[[], float],
         live: Callable[[], Iterable[WorkerRecord]],
         local_steps: LocalSteps,
+        observer: ShardObserver,
     ) -> PullHolds:
         """The shard's; ValueError when its rule's ``pull_grace`` cannot run under its consistency."""
         refusal = pull_grace_refusal(config.rule.options, config.consistency.model)
         if refusal is not None:
             raise ValueError(refusal)
-        return cls(now, live, local_steps)
+        return cls(now, live, local_steps, observer)
 
     def active(self, worker: WorkerRecord) -> PullHold | None:
         """``worker``'s hold while it still holds: it has not pulled, its batch has not ended, and another
@@ -101,7 +108,9 @@ class PullHolds:
         if hold is None or hold.released:
             return
         if self.active(worker) is not None:
+            began = self._now()
             waiting.until(worker, lambda: self.active(worker) is None, abandoned, hold.until_time)
+            self._observer.pull_held(worker, self._now() - began)
         # Its window starts now, not at its push: DyLU must not count the wait as slowness.
         self._local_steps.window_restarted(worker.worker_id, self._now())
         worker.pull_hold = PullHold(hold.until_time, released=True)

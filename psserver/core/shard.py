@@ -95,7 +95,7 @@ class Shard:
         self._barrier = BspBarrier()
         self._reservation = NO_RESERVATION
         self._waiting = Waiting(self._changed, self._now, self._membership, self._evict_expired_locked, self._refusals)
-        self._pull_holds = PullHolds.of(config, self._now, self._membership.live, self._local_steps)
+        self._pull_holds = PullHolds.of(config, self._now, self._membership.live, self._local_steps, self.observer)
 
     # -- readable state (in-process callers; the transport uses ``status``) ----------------
 

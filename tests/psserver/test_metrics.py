@@ -20,7 +20,7 @@ from psserver.cli import main
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psserver.core.workers import PushOutcome
+from psserver.core.workers import PushOutcome, WorkerRecord
 from psserver.metrics import STALENESS_BUCKETS, ShardMetrics, serve_metrics
 
 LAYOUT = Layout.from_named_shapes([("w", (2, 3)), ("b", (2,))])
@@ -145,6 +145,14 @@ def test_dylus_assigned_local_steps_per_worker_and_dns_momentum_updates(
     assert value(metrics, "hetps_momentum_steps_total") == 2  # pushes 2 and 4 closed a period of 2
     shard.leave(slow)
     assert value(metrics, "hetps_worker_local_steps", worker="slow") is None
+
+
+def test_held_pulls_are_timed(metrics: ShardMetrics) -> None:
+    worker = WorkerRecord(1, "a", "cpu", False)
+    metrics.pull_held(worker, 0.3)
+    metrics.pull_held(worker, 0.01)
+    assert value(metrics, "hetps_pull_hold_seconds_count") == 2
+    assert value(metrics, "hetps_pull_hold_seconds_sum") == pytest.approx(0.31)
 
 
 def test_snapshots_dropped_for_memory_are_counted(metrics: ShardMetrics, time_source: FakeTime) -> None:

@@ -10,6 +10,7 @@ import torch
 from psproto import codec
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.local_steps import DyluSettings, LocalSteps
+from psserver.core.observer import NullObserver
 from psserver.core.pull_hold import PULL_GRACE_UNDER_BSP, PullHold, PullHolds, pull_grace_refusal
 from psserver.core.rules import PayloadKind, RuleOptionError, RuleOptions, RuleSpec, UpdateRule
 from psserver.core.shard import Shard, ShardConfig
@@ -94,11 +95,19 @@ def test_without_dylu_the_shard_measures_paces_only_for_pull_grace() -> None:
     assert LocalSteps.of(ShardConfig(RuleSpec.parse("diloco-dn", {})))._window is None
 
 
-def _two_workers(clock: _Clock) -> Shard:
+class _HoldRecorder(NullObserver):
+    def __init__(self) -> None:
+        self.held: list[tuple[str, float]] = []
+
+    def pull_held(self, worker: WorkerRecord, seconds: float) -> None:
+        self.held.append((worker.name, seconds))
+
+
+def _two_workers(clock: _Clock, observer: NullObserver | None = None) -> Shard:
     """Period 2, window 10: each worker pushed at 100 s and 110 s, so the shard knows both paces
     (1 step/s, next pushes due at 120 s); the clock is at 120 s and the shard's at 4."""
     spec = RuleSpec.parse("diloco-dn", {"period": "2", "window": "10", "pull_grace": "5", "lr": "1", "momentum": "0.5"})
-    shard = Shard(ShardConfig(spec), clock_source=clock)
+    shard = Shard(ShardConfig(spec), clock_source=clock, observer=observer)
     first = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash)
     upload(shard, first, torch.zeros(LENGTH))
@@ -121,7 +130,8 @@ def _pull_in_thread(shard: Shard, worker_id: int) -> tuple[threading.Thread, lis
 
 def test_the_pull_waits_for_the_other_workers_push_and_gets_the_momentum_step() -> None:
     clock = _Clock()
-    shard = _two_workers(clock)
+    recorder = _HoldRecorder()
+    shard = _two_workers(clock, recorder)
     before = shard.params.clone()
     push(shard, 1, 3, 4, torch.ones(LENGTH), kind=DELTA)
     assert shard.pull_hold(1) == PullHold(until_time=125.0)  # worker 2 is due at 120 s
@@ -133,6 +143,7 @@ def test_the_pull_waits_for_the_other_workers_push_and_gets_the_momentum_step() 
     thread.join(5)
     assert clocks == [6]  # the parameters after both pushes and the momentum step
     assert shard.pull_hold(2) is None  # worker 1 was in this batch: nobody else can join it
+    assert recorder.held == [("a", 1.0)]  # observed: held from 120 s to 121 s (the metric's histogram)
     # The warm-up pushes were zeros, so m = 0 before. Δ = +1 each, g = −1; push 1: θ −= 1·(−1/2);
     # push 2 closes: a/N = −1, m = −1, θ −= 1·(0.5·(−1) + (−1/2)): θ = before + 1.5 (c = 0).
     torch.testing.assert_close(shard.params, before + 1.5)
