@@ -56,6 +56,12 @@ def test_rules_lists_every_rule_with_its_options() -> None:
             ["--rule", "diloco-dn", "--rule-opt", "dylu=true", "--consistency", "bsp"],
             "DyLU (dylu=true) is for asynchronous training",
         ),
+        (
+            ["--rule", "diloco-dn", "--rule-opt", "pull_grace=1", "--consistency", "bsp"],
+            "pull_grace is for asynchronous training",
+        ),
+        (["--rule", "diloco-dn", "--rule-opt", "pull_grace=-1"], "option pull_grace=-1 is out of range"),
+        (["--rule", "diloco", "--rule-opt", "pull_grace=1"], "unknown option pull_grace"),
     ],
 )
 def test_serve_refuses_bad_configuration_with_exit_2(args: list[str], message: str) -> None:
