@@ -40,7 +40,7 @@ from psserver.core.config import ShardConfig
 from psserver.core.consistency import ConsistencyModel
 from psserver.core.receiving import PendingPush
 from psserver.core.rules._windowed import WindowedOptions
-from psserver.core.rules.diloco import DelayedNesterovOptions
+from psserver.core.rules.diloco import pull_grace_of
 from psserver.core.rules.options import RuleOptions
 from psserver.core.workers import PushOutcome, WorkerRecord
 
@@ -128,7 +128,7 @@ class LocalSteps:
         refusal = dylu_refusal(options, config.consistency.model)
         if refusal is not None:
             raise ValueError(refusal)
-        grace = isinstance(options, DelayedNesterovOptions) and options.pull_grace > 0
+        grace = pull_grace_of(options) > 0
         return cls(DyluSettings.of(options), options.window if grace and isinstance(options, WindowedOptions) else None)
 
     def speed(self, worker_id: int) -> float | None:

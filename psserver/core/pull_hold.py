@@ -32,7 +32,7 @@ from psserver.core.consistency import ConsistencyModel
 from psserver.core.local_steps import LocalSteps
 from psserver.core.observer import NullObserver, ShardObserver
 from psserver.core.rules import RuleOptions, UpdateRule
-from psserver.core.rules.diloco import DelayedNesterovOptions
+from psserver.core.rules.diloco import pull_grace_of
 from psserver.core.waiting import Abandoned, Waiting
 from psserver.core.workers import WorkerRecord
 
@@ -128,6 +128,6 @@ class PullHolds:
 
 def pull_grace_refusal(options: RuleOptions, consistency: ConsistencyModel) -> str | None:
     """Why these rule options cannot run under ``consistency``, or None."""
-    if isinstance(options, DelayedNesterovOptions) and options.pull_grace > 0 and consistency is ConsistencyModel.BSP:
+    if pull_grace_of(options) > 0 and consistency is ConsistencyModel.BSP:
         return PULL_GRACE_UNDER_BSP
     return None

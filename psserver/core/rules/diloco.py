@@ -46,7 +46,7 @@ import torch
 
 from psserver.core.rules._windowed import WindowedOptions
 from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
-from psserver.core.rules.options import RuleOptionError, option
+from psserver.core.rules.options import RuleOptionError, RuleOptions, option
 
 
 @dataclass(frozen=True)
@@ -167,3 +167,8 @@ class DelayedNesterov(_OuterRule[DelayedNesterovOptions]):
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"momentum": self.momentum, "accumulator": self.accumulator}
+
+
+def pull_grace_of(options: RuleOptions) -> float:
+    """The ``pull_grace`` these rule options set (seconds; 0 for rules without the option)."""
+    return options.pull_grace if isinstance(options, DelayedNesterovOptions) else 0.0

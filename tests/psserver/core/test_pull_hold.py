@@ -15,7 +15,7 @@ from psserver.core.pull_hold import PULL_GRACE_UNDER_BSP, PullHold, PullHolds, p
 from psserver.core.rules import PayloadKind, RuleOptionError, RuleOptions, RuleSpec, UpdateRule
 from psserver.core.shard import Shard, ShardConfig
 from psserver.core.workers import WorkerRecord
-from tests.psserver.core.test_shard import LAYOUT, push, upload
+from tests.psserver.core.test_shard import LAYOUT, FakeClock, push, upload
 
 DELTA = int(PayloadKind.DELTA)
 LENGTH = 8  # LAYOUT: w (2, 3) and b (2,)
@@ -25,17 +25,9 @@ def _rule(**options: str) -> UpdateRule[RuleOptions]:
     return RuleSpec.parse("diloco-dn", options).build(LENGTH)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_pushes_within_the_grace_of_a_batchs_first_share_its_end() -> None:
     rule = _rule(period="4", pull_grace="2.5")
-    clock = _Clock()
+    clock = FakeClock()
     holds = PullHolds(clock, list, LocalSteps(None))
 
     def at(now: float) -> PullHold | None:
@@ -66,7 +58,7 @@ def test_pull_grace_is_refused_under_bsp_and_when_negative() -> None:
 
 
 def test_a_hold_lasts_while_another_worker_is_due_to_join_the_batch() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     clock.now = 10.0
     local_steps = LocalSteps(DyluSettings(window=10, minimum=1, reference="max"))
     held = WorkerRecord(1, "a", "cpu", False, pull_hold=PullHold(until_time=12.5))
@@ -103,7 +95,7 @@ class _HoldRecorder(NullObserver):
         self.held.append((worker.name, seconds))
 
 
-def _two_workers(clock: _Clock, observer: NullObserver | None = None) -> Shard:
+def _two_workers(clock: FakeClock, observer: NullObserver | None = None) -> Shard:
     """Period 2, window 10: each worker pushed at 100 s and 110 s, so the shard knows both paces
     (1 step/s, next pushes due at 120 s); the clock is at 120 s and the shard's at 4."""
     spec = RuleSpec.parse("diloco-dn", {"period": "2", "window": "10", "pull_grace": "5", "lr": "1", "momentum": "0.5"})
@@ -129,7 +121,7 @@ def _pull_in_thread(shard: Shard, worker_id: int) -> tuple[threading.Thread, lis
 
 
 def test_the_pull_waits_for_the_other_workers_push_and_gets_the_momentum_step() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     recorder = _HoldRecorder()
     shard = _two_workers(clock, recorder)
     before = shard.params.clone()
@@ -150,7 +142,7 @@ def test_the_pull_waits_for_the_other_workers_push_and_gets_the_momentum_step() 
 
 
 def test_the_pull_goes_ahead_when_the_grace_runs_out() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     shard = _two_workers(clock)
     push(shard, 1, 3, 4, torch.ones(LENGTH), kind=DELTA)
     thread, clocks = _pull_in_thread(shard, 1)
