@@ -19,9 +19,9 @@ crosses a network: an event queue orders the workers' steps by virtual time.
   synchronous DiLoCo is ``diloco`` under BSP); the round takes the slowest worker's time, and
   the pushes go through the shard's BSP barrier (each non-last push waits on a helper thread,
   started in rank order).
-- ``pull_grace`` (Delayed Nesterov): a worker whose pull the shard holds (``Shard.pull_hold``) is
-  parked like an SSP one and pulls when a push closes the period or, in virtual time, when the
-  grace runs out, whichever comes first.
+- ``pull_grace`` (Delayed Nesterov): a worker whose push set a hold is parked like an SSP one; it
+  pulls once every push of that virtual instant is applied and the shard no longer holds it
+  (``Shard.pull_hold``: nobody else due in its batch), or when its batch's grace runs out.
 - DyLU (``dylu=true``): the shard measures each worker's local steps per virtual second from its
   pushes and assigns its next window, which the real procedure follows.
 
