@@ -45,8 +45,7 @@ from psserver.app import (
     ShardLimits,
 )
 from psserver.core.consistency import Consistency, ConsistencyModel
-from psserver.core.local_steps import dylu_refusal
-from psserver.core.pull_hold import pull_grace_refusal
+from psserver.core.pull_hold import consistency_refusal
 from psserver.flags import parse_checkpoint_every, parse_receive_window, parse_rule
 from psserver.metrics import DEFAULT_METRICS_PORT
 from psserver.rpc.security import ServerTls
@@ -303,9 +302,7 @@ def serve(
     if shard_index >= num_shards:
         raise click.BadParameter(f"must be below --num-shards ({num_shards})", param_hint="--shard-index")
     rule = parse_rule(rule_name, lr, rule_opts)
-    refusal = dylu_refusal(rule.options, ConsistencyModel(consistency)) or pull_grace_refusal(
-        rule.options, ConsistencyModel(consistency)
-    )
+    refusal = consistency_refusal(rule.options, ConsistencyModel(consistency))
     if refusal is not None:
         raise click.BadParameter(refusal, param_hint="--consistency")
     config = ServerConfig(

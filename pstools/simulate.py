@@ -49,8 +49,7 @@ import torch
 from psproto import codec
 from psserver.core.consistency import Consistency, ConsistencyModel, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
-from psserver.core.local_steps import dylu_refusal
-from psserver.core.pull_hold import pull_grace_refusal
+from psserver.core.pull_hold import consistency_refusal
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.core.workers import WorkerRecord
@@ -115,7 +114,7 @@ class Simulation:
         self.task = task or sim_task(config.task, Path(config.data_dir) if config.data_dir else None)
         consistency = Consistency(ConsistencyModel(config.consistency), config.ssp_bound)
         spec = RuleSpec.parse(config.rule, dict(config.options))
-        refusal = dylu_refusal(spec.options, consistency.model) or pull_grace_refusal(spec.options, consistency.model)
+        refusal = consistency_refusal(spec.options, consistency.model)
         if refusal is not None:
             raise SimulationError(refusal)
         self.now = 0.0

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from psserver.core.config import ShardConfig
 from psserver.core.consistency import ConsistencyModel
-from psserver.core.local_steps import LocalSteps
+from psserver.core.local_steps import LocalSteps, dylu_refusal
 from psserver.core.observer import NullObserver, ShardObserver
 from psserver.core.rules import RuleOptions, UpdateRule
 from psserver.core.rules.diloco import pull_grace_of
@@ -131,3 +131,9 @@ def pull_grace_refusal(options: RuleOptions, consistency: ConsistencyModel) -> s
     if pull_grace_of(options) > 0 and consistency is ConsistencyModel.BSP:
         return PULL_GRACE_UNDER_BSP
     return None
+
+
+def consistency_refusal(options: RuleOptions, consistency: ConsistencyModel) -> str | None:
+    """Why these rule options' scheduling (DyLU, a pull grace) cannot run under ``consistency``, or None:
+    the one check the serve CLI and the simulator make before building a shard."""
+    return dylu_refusal(options, consistency) or pull_grace_refusal(options, consistency)

@@ -9,9 +9,9 @@ import torch
 
 from psproto import codec
 from psserver.core.consistency import Consistency, ConsistencyModel
-from psserver.core.local_steps import DyluSettings, LocalSteps
+from psserver.core.local_steps import DYLU_UNDER_BSP, DyluSettings, LocalSteps
 from psserver.core.observer import NullObserver
-from psserver.core.pull_hold import PULL_GRACE_UNDER_BSP, PullHold, PullHolds, pull_grace_refusal
+from psserver.core.pull_hold import PULL_GRACE_UNDER_BSP, PullHold, PullHolds, consistency_refusal, pull_grace_refusal
 from psserver.core.rules import PayloadKind, RuleOptionError, RuleOptions, RuleSpec, UpdateRule
 from psserver.core.shard import Shard, ShardConfig
 from psserver.core.workers import WorkerRecord
@@ -42,6 +42,17 @@ def test_pushes_within_the_grace_of_a_batchs_first_share_its_end() -> None:
     assert holds.after_push(_rule(period="4")) is None  # grace 0: pull at once
     assert holds.after_push(RuleSpec.parse("diloco", {}).build(LENGTH)) is None
     assert holds.after_push(None) is None
+
+
+def test_consistency_refusal_names_whichever_scheduling_option_bsp_cannot_run() -> None:
+    def refusal(options: dict[str, str], model: ConsistencyModel) -> str | None:
+        return consistency_refusal(RuleSpec.parse("diloco-dn", options).options, model)
+
+    assert refusal({"dylu": "true"}, ConsistencyModel.BSP) == DYLU_UNDER_BSP
+    assert refusal({"pull_grace": "0.5"}, ConsistencyModel.BSP) == PULL_GRACE_UNDER_BSP
+    assert refusal({"dylu": "true", "pull_grace": "0.5"}, ConsistencyModel.BSP) == DYLU_UNDER_BSP
+    assert refusal({"dylu": "true", "pull_grace": "0.5"}, ConsistencyModel.ASYNC) is None
+    assert refusal({}, ConsistencyModel.BSP) is None
 
 
 def test_pull_grace_is_refused_under_bsp_and_when_negative() -> None:
