@@ -12,7 +12,7 @@ CLAIMS = ("agn", "ab32", "ga", "gem", "ormo", "ttt")
 
 def test_fashion_has_a_variant_of_every_claim_on_the_fashion_cnn() -> None:
     fashion = experiments(False, None, ["fashion"])
-    assert [e.key for e in fashion] == [f"{key}-fashion" for key in (*CLAIMS, "diloco", "diloco-limits")]
+    assert [e.key for e in fashion] == [f"{key}-fashion" for key in (*CLAIMS, "diloco", "diloco-long")]
     for exp in fashion:
         assert exp.task == "fashion" and exp.title.endswith("(Fashion-MNIST CNN)")
         assert {p.config.task for p in exp.points} == {"fashion"}
