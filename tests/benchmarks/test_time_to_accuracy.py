@@ -13,7 +13,15 @@ import torch
 
 from benchmarks.harness.race import RunResult
 from benchmarks.harness.snapshots import score
-from benchmarks.time_to_accuracy import SWEPT_LRS, SYSTEMS, UNSWEPT_LRS, choose_lrs, main, parse_mix
+from benchmarks.time_to_accuracy import (
+    LOCAL_SGD_CANDIDATES,
+    SWEPT_LRS,
+    SYSTEMS,
+    UNSWEPT_LRS,
+    choose_lrs,
+    main,
+    parse_mix,
+)
 from benchmarks.tta_report import aggregate, local_sgd_targets, targets
 from psworker.tasks import LOSS, digits
 from tests.benchmarks.namespaces import network_namespace_available
@@ -59,6 +67,14 @@ def test_scoring_between_races_gives_every_run_its_score_in_order(tmp_path: Path
     assert results["scoring"] == "between races"
     assert [(run["system"], run["seed"]) for run in results["runs"]] == [("asgd", 0), ("asgd", 1)]
     assert all(run["accuracy_at_budget"] > 0.3 and run["scoring_seconds"] > 0 for run in results["runs"])
+
+
+def test_the_local_sgd_candidates_are_delayed_nesterov_with_dylu_with_and_without_a_pull_grace() -> None:
+    plain, graced = (SYSTEMS[name] for name in LOCAL_SGD_CANDIDATES)
+    assert plain.rule == graced.rule == "diloco-dn" and plain.consistency == graced.consistency == "async"
+    assert set(graced.options) - set(plain.options) == {"pull_grace=0.1"} and "dylu=true" in plain.options
+    # The grace variant runs at its twin's rate until a sweep covers it.
+    assert UNSWEPT_LRS[graced.name] == SWEPT_LRS[plain.name]
 
 
 def test_every_system_has_a_learning_rate_swept_or_named_as_unswept() -> None:
