@@ -72,6 +72,7 @@ TINYLM = LocalSgdScale(
     higher_is_better=False,
     metric_words="final validation loss",
     variant=" (tinylm byte-level transformer)",
+    long_steps=1600,
 )
 FASHION = LocalSgdScale(
     "fashion",

@@ -18,6 +18,7 @@ from benchmarks.repro_local_sgd import (
     NOTEBOOK_GRACE,
     PULL_GRACE,
     SYNC,
+    TINYLM,
     VARIANTS,
     judge_local_sgd,
     judge_longer_budget,
@@ -27,8 +28,8 @@ from benchmarks.repro_report import aggregate
 
 def test_each_task_runs_every_variant_at_both_mixes_with_the_same_options() -> None:
     by_key = {e.key: e for e in experiments(False, None, ["tinylm", "fashion"]) if e.key.startswith("diloco")}
-    assert set(by_key) == {"diloco-tinylm", "diloco-fashion", "diloco-long-fashion"}
-    assert [e.key for e in experiments(False, None, ["tinylm"])] == ["diloco-tinylm"]
+    assert set(by_key) == {"diloco-tinylm", "diloco-fashion", "diloco-long-tinylm", "diloco-long-fashion"}
+    assert [e.key for e in experiments(False, None, ["tinylm"])] == ["diloco-tinylm", "diloco-long-tinylm"]
     by_key = {key: exp for key, exp in by_key.items() if "long" not in key}
     for key, exp in by_key.items():
         assert {p.config.task for p in exp.points} == {key.removeprefix("diloco-")}
@@ -93,15 +94,16 @@ def test_a_diverged_runs_missing_loss_aggregates_as_infinite() -> None:
 
 
 def test_the_longer_budget_runs_the_claim_s_series_with_the_main_experiment_s_options_at_four_times_it() -> None:
-    main = experiments(False, {"diloco-fashion"}, ["fashion"])[0]
-    long = experiments(False, {"diloco-long-fashion"}, ["fashion"])[0]
-    assert {(p.series, p.x) for p in long.points} == {(s, x) for s in LONG_SERIES for x in MIXES}
-    assert {p.config.steps for p in long.points} == {4 * FASHION.steps} == {FASHION.long_steps}
-    same = {(p.series, p.x): p.config for p in main.points}
-    for point in long.points:
-        twin = same[(point.series, point.x)]
-        assert point.config.options == twin.options and point.config.speeds == twin.speeds
-        assert (point.config.rule, point.config.consistency) == (twin.rule, twin.consistency)
+    for scale in (TINYLM, FASHION):
+        main = experiments(False, {f"diloco-{scale.task}"}, [scale.task])[0]
+        long = experiments(False, {f"diloco-long-{scale.task}"}, [scale.task])[0]
+        assert {(p.series, p.x) for p in long.points} == {(s, x) for s in LONG_SERIES for x in MIXES}
+        assert {p.config.steps for p in long.points} == {4 * scale.steps} == {scale.long_steps}
+        same = {(p.series, p.x): p.config for p in main.points}
+        for point in long.points:
+            twin = same[(point.series, point.x)]
+            assert point.config.options == twin.options and point.config.speeds == twin.speeds
+            assert (point.config.rule, point.config.consistency) == (twin.rule, twin.consistency)
 
 
 def test_the_longer_budget_verdict_counts_the_mixes_where_dn_dylu_matches_sync() -> None:
