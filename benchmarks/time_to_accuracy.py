@@ -104,7 +104,7 @@ SWEPT_LRS: dict[str, float] = {
 }
 # Systems no sweep has covered yet run at these rates and the results name them as unswept
 # (the grace variant at its twin's swept rate).
-UNSWEPT_LRS: dict[str, float] = {"diloco-dn+dylu+grace": 0.35}
+UNSWEPT_LRS: dict[str, float] = {"diloco-dn+dylu+grace": SWEPT_LRS["diloco-dn+dylu"]}
 MIXES = ("1:1:2:4", "1:1:1:8", "1:1:1:1")
 
 
