@@ -14,14 +14,16 @@ from psproto.layout import Layout
 
 
 class ModelBinding:
-    def __init__(self, model: nn.Module, num_shards: int = 1) -> None:
+    def __init__(self, model: nn.Module, num_shards: int = 1, pin: bool | None = None) -> None:
+        """``pin``: page-lock the host buffers (default: when the model is on CUDA, where it lets the
+        copies run without a staging copy; ``False`` keeps pageable buffers, for comparison)."""
         self.model = model
         self.named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not self.named:
             raise ValueError("the model has no trainable parameters")
         self.layout = Layout.from_named_shapes(((name, tuple(p.shape)) for name, p in self.named), num_shards)
         self.device = self.named[0][1].device
-        pin = self.device.type == "cuda"
+        pin = self.device.type == "cuda" if pin is None else pin
         total = self.layout.total_length
         self.params = torch.zeros(total, pin_memory=pin)
         self.grads = torch.zeros(total, pin_memory=pin)

@@ -1,0 +1,72 @@
+"""``benchmarks.gpu_step``: a real ResNet-18 step against a live shard, phase by phase, and its refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.gpu_step import PHASES, main
+from benchmarks.harness.models import resnet18_shapes
+from benchmarks.harness.resnet import ResNet18
+
+
+def test_the_trainable_resnet_has_the_shapes_the_data_path_benchmarks_use() -> None:
+    model = ResNet18()
+    assert [(name, tuple(p.shape)) for name, p in model.named_parameters()] == resnet18_shapes()
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 1000)
+
+
+def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_step.json"
+    main(
+        [
+            "--variants",
+            "cpu",
+            "--steps",
+            "2",
+            "--cpu-steps",
+            "2",
+            "--batch",
+            "2",
+            "--image-size",
+            "32",
+            "--out",
+            str(out),
+        ]
+    )
+    results = json.loads(out.read_text())
+    cpu = results["variants"]["cpu"]
+    assert set(cpu) == set(PHASES)
+    assert all(cpu[phase]["n"] == 2 and cpu[phase]["median"] > 0 for phase in PHASES)
+    # The parts add up to the whole step (each a median, so only roughly).
+    parts = sum(cpu[phase]["median"] for phase in PHASES if phase != "step")
+    assert parts == pytest.approx(cpu["step"]["median"], rel=0.5)
+    assert results["ratios"] == {}  # nothing to compare a lone variant with
+    assert results["command"].startswith("python -m benchmarks.gpu_step --variants cpu")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--variants", "tpu"], "choose from cuda, cuda-pageable, cpu"),
+        (["--variants", "cpu", "--steps", "0"], "must be at least 1"),
+    ],
+)
+def test_wrong_options_exit_2_with_what_to_fix(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a host without CUDA")
+def test_a_cuda_variant_without_a_gpu_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--variants", "cuda"])
+    assert exited.value.code == 2
+    assert "no CUDA device is available" in capsys.readouterr().err

@@ -1,0 +1,60 @@
+"""The worker on a CUDA device: pinned host buffers, and training against a live server.
+
+Skipped where torch sees no CUDA device (CI has none); run on a GPU host with
+``python -m pytest tests/integration/test_cuda_integ.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from psworker.binding import ModelBinding
+from tests.integration.conftest import StartServer
+from tests.integration.workers import start_train, train_command
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_a_cuda_model_crosses_through_pinned_buffers_exactly() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)).cuda()
+    binding = ModelBinding(model)
+    assert binding.params.is_pinned() and binding.grads.is_pinned()
+    model(torch.randn(8, 64, device="cuda")).sum().backward()
+    grads = binding.gather_grads()
+    expected = torch.cat([p.grad.flatten().cpu() for p in model.parameters()])  # type: ignore[union-attr]
+    assert torch.equal(grads, expected)
+    binding.params.copy_(torch.arange(binding.layout.total_length, dtype=torch.float32))
+    binding.scatter_params()
+    assert torch.equal(torch.cat([p.detach().flatten().cpu() for p in model.parameters()]), binding.params)
+
+
+def test_a_pageable_binding_gives_the_same_crossing() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4).cuda()
+    model(torch.randn(3, 16, device="cuda")).sum().backward()
+    pinned, pageable = ModelBinding(model), ModelBinding(model, pin=False)
+    assert not pageable.grads.is_pinned()
+    assert torch.equal(pinned.gather_grads(), pageable.gather_grads())
+
+
+def test_a_cuda_worker_trains_digits_against_a_live_server(start_psserver: StartServer, tmp_path: Path) -> None:
+    address = start_psserver("asgd", lr=0.05)
+    command = train_command(
+        address, "gpu0", 1000, eval_every=200, log=tmp_path / "gpu0.jsonl", extra=["--device", "cuda"]
+    )
+    process = start_train(command)
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["device"].startswith("cuda")
+    assert summary["final_clock"] >= 1000
+    assert summary["test_accuracy"] >= 0.90, summary
