@@ -5,7 +5,7 @@
 #
 #     scripts/gpu_checks.sh OUT_DIR [PYTHON]
 #
-# Writes OUT_DIR/{pytest_cuda.log,gpu_step.json,gpu_step.log,cuda_transfer.json,cuda_transfer.log,
+# Writes OUT_DIR/{pytest_cuda.log,gpu_step.json,gpu_step.log,gpu_step_int8.{json,log},cuda_transfer.json,cuda_transfer.log,
 # throughput.json,throughput.log,host.txt}; each step runs even if one before it failed.
 set -u
 out=${1:?usage: scripts/gpu_checks.sh OUT_DIR [PYTHON]}
@@ -23,6 +23,9 @@ timeout 150 "$python" -m pytest -q -p no:cacheprovider tests/integration/test_cu
 echo "pytest rc=$?" >>"$out/host.txt"
 timeout 150 "$python" -m benchmarks.gpu_step --out "$work/gpu_step.json" >"$out/gpu_step.log" 2>&1
 echo "gpu_step rc=$?" >>"$out/host.txt"
+timeout 100 "$python" -m benchmarks.gpu_step --wire int8/bf16 --variants cuda,cpu --cpu-steps 3 \
+  --out "$work/gpu_step_int8.json" >"$out/gpu_step_int8.log" 2>&1
+echo "gpu_step int8/bf16 rc=$?" >>"$out/host.txt"
 timeout 60 "$python" -m benchmarks.cuda_transfer --out "$work/cuda_transfer.json" >"$out/cuda_transfer.log" 2>&1
 echo "cuda_transfer rc=$?" >>"$out/host.txt"
 timeout 330 "$python" -m benchmarks.throughput --quick --out "$work/throughput.json" >"$out/throughput.log" 2>&1
