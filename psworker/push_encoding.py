@@ -4,17 +4,18 @@ With the 8-bit block codec (``codec.INT8_BLOCK``) and error feedback on (the def
 shard slice keeps a residual ``e`` on the worker, never sent (ALGORITHMS.md, "8-bit block codec
 for pushes"): it starts at 0; to push ``p`` the worker sends ``Q(p + e)`` and sets
 ``e ← (p + e) − x̂``, so the sum of what the server decodes trails the sum of the true pushes
-by ``e`` alone. A push is encoded once, whatever its retries: a retried push id resends the same
-bytes, and the residual moves once. The residual is dropped (back to 0) when the worker joins a
-shard again, as the server may have lost what it had applied; and it is not moved by a push
-whose scales are NaN or Inf (the server refuses it, NON_FINITE), so one bad step does not poison
-the next. Float dtypes are encoded lazily chunk by chunk as before (they are exact to resend).
+by ``e`` alone. A push is encoded once, chunk by chunk as it is first sent, whatever its
+retries: a retried push id resends the same bytes, and the residual moves once. The residual is
+dropped (back to 0) when the worker joins a shard again, as the server may have lost what it
+had applied; and it is not moved by a push whose scales are NaN or Inf (the server refuses it,
+NON_FINITE), so one bad step does not poison the next. Float dtypes are encoded lazily chunk by
+chunk too, and made again for a retry (they are exact to resend).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -36,20 +37,59 @@ def wire_dtypes(
 
 
 class OnePush:
-    """One push of ``flat``: each shard's chunks, encoded at its first attempt, the same bytes for its retries."""
+    """One push of ``flat``: each shard's chunks, encoded as its first attempt sends them, the same
+    bytes for its retries."""
 
     def __init__(self, encoder: PushEncoder, flat: torch.Tensor) -> None:
         self._encoder = encoder
         self._flat = flat
-        self._encoded: dict[int, list[codec.ChunkPayload]] = {}
+        self._encoded: dict[int, Iterable[codec.ChunkPayload]] = {}
 
     def chunks(self, shard: ShardRange) -> Iterable[codec.ChunkPayload]:
         part = self._flat[shard.offset : shard.end]
         if self._encoder.dtype != codec.INT8_BLOCK:
             return self._encoder.chunks(shard.index, part)  # lazy, and exact to make again
         if shard.index not in self._encoded:
-            self._encoded[shard.index] = list(self._encoder.chunks(shard.index, part))
+            self._encoded[shard.index] = self._encoder.chunks(shard.index, part)
         return self._encoded[shard.index]
+
+
+class BlockPush:
+    """One shard's 8-bit chunks of one push, each encoded when it is first sent and kept for retries.
+
+    Encoding chunk by chunk as the transport asks for them overlaps the encode with the sending
+    (a whole ResNet-18-sized push is one pass over 47 MB, made before the first byte left when it
+    was encoded at once). With error feedback, each chunk's new residual goes into a buffer of its
+    own; it replaces the shard's residual when the last chunk is encoded, and only if every scale
+    is finite (a push the server will refuse leaves the residual as it was)."""
+
+    def __init__(self, encoder: PushEncoder, shard: int, part: torch.Tensor) -> None:
+        self._encoder = encoder
+        self._shard = shard
+        self._part = part
+        self._residual = encoder.residual(shard) if encoder.error_feedback else None
+        self._updated = torch.empty(part.numel(), dtype=torch.float32) if encoder.error_feedback else None
+        self._spans = codec.chunk_spans(part.numel(), codec.INT8_BLOCK)
+        self._encoded: list[codec.ChunkPayload] = []
+        self._finite = True
+
+    def __iter__(self) -> Iterator[codec.ChunkPayload]:
+        for index, span in enumerate(self._spans):
+            if index == len(self._encoded):
+                self._encoded.append(self._encode(span))
+            yield self._encoded[index]
+
+    def _encode(self, span: range) -> codec.ChunkPayload:
+        piece = self._part[span.start : span.stop]
+        if self._updated is None:
+            values, scales = blocks.encode(piece)
+        else:
+            previous = None if self._residual is None else self._residual[span.start : span.stop]
+            values, scales, _ = blocks.encode_with_feedback(piece, previous, self._updated[span.start : span.stop])
+        self._finite = self._finite and bool(torch.isfinite(scales).all())
+        if self._updated is not None and self._finite and span.stop == self._part.numel():
+            self._encoder.keep_residual(self._shard, self._updated)
+        return codec.block_payload(span.start, values, scales)
 
 
 class PushEncoder:
@@ -63,7 +103,13 @@ class PushEncoder:
 
     def residual(self, shard: int) -> torch.Tensor | None:
         """Shard ``shard``'s residual ``e`` (None: zero, nothing pushed since the last reset)."""
-        return self._residuals.get(shard)
+        with self._lock:
+            return self._residuals.get(shard)
+
+    def keep_residual(self, shard: int, residual: torch.Tensor) -> None:
+        """``residual`` is shard ``shard``'s ``e`` from now on (a push of it was encoded, all finite)."""
+        with self._lock:
+            self._residuals[shard] = residual
 
     def one_push(self, flat: torch.Tensor) -> OnePush:
         """What one push of ``flat`` (all its shards, all its attempts) sends."""
@@ -75,26 +121,9 @@ class PushEncoder:
             self._residuals.pop(shard, None)
 
     def chunks(self, shard: int, part: torch.Tensor) -> Iterable[codec.ChunkPayload]:
-        """The chunks of ``part`` (shard ``shard``'s slice of the update). For INT8_BLOCK a list,
-        made now (the residual moves now); for a float dtype a lazy iterator over ``part``."""
+        """The chunks of ``part`` (shard ``shard``'s slice of the update), made as they are iterated:
+        for INT8_BLOCK a :class:`BlockPush` (iterate it again for the same bytes; the residual moves
+        when its last chunk is made); for a float dtype an iterator over ``part``."""
         if self.dtype != codec.INT8_BLOCK:
             return codec.payloads(part, self.dtype)
-        if not self.error_feedback:
-            return list(codec.payloads(part, self.dtype))
-        with self._lock:
-            residual = self._residuals.get(shard)
-        # One compiled pass per block makes v = p + e, its blocks and the new residual v − x̂, in
-        # a new buffer: the old one stays until this push is known to be finite.
-        values, scales, updated = blocks.encode_with_feedback(part, residual)
-        chunks = [
-            codec.block_payload(
-                span.start,
-                values[span.start : span.stop],
-                scales[span.start // blocks.BLOCK : blocks.block_count(span.stop)],
-            )
-            for span in codec.chunk_spans(part.numel(), self.dtype)
-        ]
-        if bool(torch.isfinite(scales).all()):
-            with self._lock:
-                self._residuals[shard] = updated
-        return chunks
+        return BlockPush(self, shard, part)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import pytest
 import torch
 
-from psproto import codec
+from psproto import blocks, codec
 from psproto.blocks import BLOCK
 from psproto.layout import Layout
 from psworker.push_encoding import PushEncoder, wire_dtypes
@@ -62,8 +62,8 @@ def test_without_error_feedback_small_values_are_lost_for_good() -> None:
 def test_each_shard_keeps_its_own_residual_until_it_is_reset() -> None:
     encoder = PushEncoder(codec.INT8_BLOCK)
     push = torch.tensor([1.0, 0.003, -0.002])
-    encoder.chunks(0, push)
-    encoder.chunks(1, push * 2)
+    list(encoder.chunks(0, push))
+    list(encoder.chunks(1, push * 2))
     first, second = encoder.residual(0), encoder.residual(1)
     assert first is not None and second is not None and not torch.equal(first, second)
     encoder.reset(0)
@@ -72,13 +72,41 @@ def test_each_shard_keeps_its_own_residual_until_it_is_reset() -> None:
 
 def test_a_push_with_non_finite_values_leaves_the_residual_as_it_was() -> None:
     encoder = PushEncoder(codec.INT8_BLOCK)
-    encoder.chunks(0, torch.tensor([1.0, 0.003]))
+    list(encoder.chunks(0, torch.tensor([1.0, 0.003])))
     before = encoder.residual(0)
     assert before is not None
     kept = before.clone()
     (chunk,) = encoder.chunks(0, torch.tensor([float("nan"), 0.003]))
     assert not torch.isfinite(torch.frombuffer(bytearray(chunk.scales), dtype=torch.float32)).all()
     assert torch.equal(encoder.residual(0), kept)  # type: ignore[arg-type]
+
+
+def test_a_push_of_many_chunks_is_encoded_as_it_is_sent_with_the_bytes_of_a_whole_encode() -> None:
+    length = 3 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop + 5  # three full chunks and a short one
+    generator = torch.Generator().manual_seed(5)
+    pushes = [torch.randn(length, generator=generator) for _ in range(2)]
+    encoder = PushEncoder(codec.INT8_BLOCK)
+    list(encoder.chunks(0, pushes[0]))
+    residual = encoder.residual(0)
+    assert residual is not None
+    values, scales, updated = blocks.encode_with_feedback(pushes[1], residual)
+    lazy = encoder.chunks(0, pushes[1])
+    iterator = iter(lazy)
+    sent = [next(iterator) for _ in range(3)]
+    # Three of four chunks out: the residual has not moved yet, and a retry resends the same three.
+    assert encoder.residual(0) is residual
+    again = list(lazy)
+    assert again[:3] == sent and len(again) == 4
+    assert torch.equal(encoder.residual(0), updated)  # type: ignore[arg-type]
+    assert torch.equal(torch.cat([torch.frombuffer(bytearray(c.data), dtype=torch.int8) for c in again]), values)
+    assert torch.equal(torch.cat([torch.frombuffer(bytearray(c.scales), dtype=torch.float32) for c in again]), scales)
+
+
+def test_a_push_sent_only_in_part_leaves_the_residual_as_it_was() -> None:
+    encoder = PushEncoder(codec.INT8_BLOCK)
+    length = 2 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop
+    next(iter(encoder.chunks(0, torch.ones(length))))
+    assert encoder.residual(0) is None
 
 
 def test_float_dtypes_are_encoded_lazily_and_keep_no_residual() -> None:
