@@ -122,12 +122,10 @@ class LocalSteps:
 
     @classmethod
     def of(cls, config: ShardConfig) -> LocalSteps:
-        """The shard's: on when its rule's options say ``dylu=true`` (ValueError under BSP), measuring
-        only when they set ``pull_grace``, whose holds ask when each worker will push next."""
+        """The shard's: on when its rule's options say ``dylu=true``, measuring only when they set
+        ``pull_grace``, whose holds ask when each worker will push next. (The shard refuses DyLU under
+        BSP before building it: ``pull_hold.consistency_refusal``.)"""
         options = config.rule.options
-        refusal = dylu_refusal(options, config.consistency.model)
-        if refusal is not None:
-            raise ValueError(refusal)
         grace = pull_grace_of(options) > 0
         return cls(DyluSettings.of(options), options.window if grace and isinstance(options, WindowedOptions) else None)
 

@@ -78,10 +78,8 @@ class PullHolds:
         local_steps: LocalSteps,
         observer: ShardObserver,
     ) -> PullHolds:
-        """The shard's; ValueError when its rule's ``pull_grace`` cannot run under its consistency."""
-        refusal = pull_grace_refusal(config.rule.options, config.consistency.model)
-        if refusal is not None:
-            raise ValueError(refusal)
+        """The shard's. (The shard refuses a ``pull_grace`` under BSP before building it:
+        :func:`consistency_refusal`.)"""
         return cls(now, live, local_steps, observer)
 
     def active(self, worker: WorkerRecord) -> PullHold | None:
@@ -135,5 +133,5 @@ def pull_grace_refusal(options: RuleOptions, consistency: ConsistencyModel) -> s
 
 def consistency_refusal(options: RuleOptions, consistency: ConsistencyModel) -> str | None:
     """Why these rule options' scheduling (DyLU, a pull grace) cannot run under ``consistency``, or None:
-    the one check the serve CLI and the simulator make before building a shard."""
+    the one check the serve CLI, the simulator and the shard itself make."""
     return dylu_refusal(options, consistency) or pull_grace_refusal(options, consistency)

@@ -15,7 +15,7 @@ from psserver.core.local_steps import (
     reference_speed,
 )
 from psserver.core.rules import RuleSpec
-from psserver.core.shard import ShardConfig
+from psserver.core.shard import Shard, ShardConfig
 from psserver.core.workers import WorkerRecord
 
 
@@ -136,4 +136,4 @@ def test_dylu_under_bsp_is_refused() -> None:
     assert dylu_refusal(spec.options, ConsistencyModel.ASYNC) is None
     assert dylu_refusal(RuleSpec.parse("diloco", {}).options, ConsistencyModel.BSP) is None
     with pytest.raises(ValueError, match="DyLU"):
-        LocalSteps.of(ShardConfig(spec, consistency=Consistency(ConsistencyModel.BSP)))
+        Shard(ShardConfig(spec, consistency=Consistency(ConsistencyModel.BSP)))
