@@ -68,9 +68,9 @@ SYSTEMS = {
         System("diloco+dylu", "diloco", options=("dylu=true",)),
         System("diloco-dn", "diloco-dn"),
         System("diloco-dn+dylu", "diloco-dn", options=("dylu=true",)),
-        # With a pull grace that covers DyLU's rounding: 0.1 s is two steps of a 1× worker at the
-        # default --step-time (the simulator's reproduction uses two step times).
-        System("diloco-dn+dylu+grace", "diloco-dn", options=("dylu=true", "pull_grace=0.1")),
+        # With a pull grace that covers DyLU's rounding: two steps of a 1× worker (0.1 s at the
+        # default --step-time), as in the simulator's reproduction.
+        System("diloco-dn+dylu+grace", "diloco-dn", options=("dylu=true",), grace_steps=2.0),
     )
 }
 # The local-SGD systems the local-SGD targets judge (each against synchronous DiLoCo and the per-step rules).
@@ -341,7 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         **run_header_for(args),
         "race": asdict(settings),
         "mixes": mixes,
-        "systems": {name: asdict(SYSTEMS[name]) for name in systems},
+        "systems": {
+            name: asdict(SYSTEMS[name]) | {"rule_options": list(SYSTEMS[name].rule_options(settings.step_seconds))}
+            for name in systems
+        },
         "seeds": seeds,
     }
     scorer = None if args.score_between_races else BackgroundScorer(settings.task, settings.data_dir)

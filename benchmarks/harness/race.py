@@ -37,10 +37,18 @@ class System:
     rule: str = "ddp"
     consistency: str = "async"
     options: tuple[str, ...] = ()
+    # A pull grace of this many 1× step times (``pull_grace`` in seconds follows the race's step time).
+    grace_steps: float = 0.0
 
     @property
     def is_ddp(self) -> bool:
         return self.rule == "ddp"
+
+    def rule_options(self, step_seconds: float) -> tuple[str, ...]:
+        """The server's ``--rule-opt`` values in a race whose 1× step lasts ``step_seconds``."""
+        if self.grace_steps <= 0:
+            return self.options
+        return (*self.options, f"pull_grace={self.grace_steps * step_seconds:g}")
 
 
 @dataclass(frozen=True)
@@ -187,7 +195,8 @@ def race_once(
                 ]
             else:
                 extra = ["--consistency", system.consistency]
-                server, address = start_server(log_dir, system.rule, lr, system.options, extra_args=extra)
+                options = system.rule_options(settings.step_seconds)
+                server, address = start_server(log_dir, system.rule, lr, options, extra_args=extra)
                 processes = [
                     context.Process(target=hetps_worker, args=(spec, [address], start, messages)) for spec in specs
                 ]
