@@ -429,7 +429,10 @@ class PSClient:
         params = (message for message in replies if isinstance(message, wire.PulledChunk))
         clock = receive_params(params, pull_into[session.range.offset : session.range.end])
         self.pulled_clocks[session.range.index] = clock
-        self._observe_clock(session.range.index, clock)
+        # The acknowledgement's clock is the shard's after this push, from the same process as the
+        # parameters: parameters older than it are a version still being sent that the shard shared
+        # (``--pull-versions``), not a rollback, and only a clock below both is one.
+        self._observe_clock(session.range.index, clock if first.duplicate else max(clock, first.clock))
         return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry), first.local_steps)
 
     def _held_deadline(self, session: ShardSession, *wire_dtypes: int) -> float:

@@ -7,6 +7,7 @@ decisions runs against a real in-process server.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
@@ -18,6 +19,7 @@ from psproto.errors import Reason, rich_status
 from psproto.layout import Layout
 from psproto.reasons import TransientLimit
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psproto.wire import PulledChunk
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.server import RunningServer, start_server
@@ -260,6 +262,47 @@ def test_a_push_refused_for_a_future_base_clock_is_sent_against_the_shard_clock(
         assert bases == [7, 0]
         assert result.clock == shard.clock == 1
         assert client.rollbacks == [Rollback(0, 7, 0)]
+
+
+def _params_clock_lowered_by(client: PSClient, lag: int) -> None:
+    """The client's PushPull answers as a shard sharing a version still in flight: parameters ``lag``
+    clocks older than the push's acknowledgement."""
+    data = client.sessions[0].data
+    real = data.push_pull
+
+    def shared(*args: object, **kwargs: object) -> Iterator[object]:
+        for message in real(*args, **kwargs):
+            older = isinstance(message, PulledChunk)
+            yield dataclasses.replace(message, clock=message.clock - lag) if older else message
+
+    data.push_pull = shared  # type: ignore[assignment]
+
+
+def test_a_push_pull_answered_with_an_older_shared_version_is_no_rollback(served: tuple[Shard, str]) -> None:
+    shard, address = served
+    with PSClient([address], LAYOUT, name="shared", retry=FAST) as client:
+        client.init(torch.zeros(4))
+        for _ in range(5):
+            client.push(torch.ones(4))
+        assert client.seen_clocks[0] == 5
+        _params_clock_lowered_by(client, 2)
+        out = torch.empty(4)
+        (result,) = client.push(torch.ones(4), pull_into=out)
+        assert result.clock == shard.clock == 6
+        assert client.pulled_clocks[0] == 4  # the version's own clock, for the next push's staleness
+        assert client.rollbacks == []
+
+
+def test_a_push_pull_from_a_shard_behind_what_the_client_saw_is_a_rollback(served: tuple[Shard, str]) -> None:
+    _, address = served
+    with PSClient([address], LAYOUT, name="behind", retry=FAST) as client:
+        client.init(torch.zeros(4))
+        client.pull(torch.empty(4))
+        # As after a restart from an older checkpoint: this client saw clock 9, the shard is at 0.
+        client.seen_clocks[0] = 9
+        _params_clock_lowered_by(client, 0)
+        client.push(torch.ones(4), pull_into=torch.empty(4))
+        assert client.rollbacks == [Rollback(0, 9, 1)]
 
 
 def test_a_push_refused_for_another_reason_is_not_resent(served: tuple[Shard, str]) -> None:
