@@ -1,9 +1,9 @@
 """A whole ResNet-18 worker step against a hetps shard: on CUDA with pinned buffers, with pageable ones, on CPU.
 
     python -m benchmarks.gpu_step [--variants cuda,cuda-pageable,cpu] [--steps 20] [--cpu-steps 5]
-        [--batch 32] [--image-size 224] [--wire fp32] [--out benchmarks/results/gpu_step.json]
+        [--batch 32] [--image-size 224] [--wire fp32] [--shards 1] [--out benchmarks/results/gpu_step.json]
 
-One ``psserver serve`` process (ASGD, one shard) on loopback; one worker client per variant
+``--shards`` ``psserver serve`` processes (ASGD, one shard each) on loopback; one worker client per variant
 in this process, each with a real ResNet-18 (``benchmarks.harness.resnet``, 11,689,512
 parameters) on its device and psworker's ``ModelBinding``. A step is what ``psworker train``
 does: forward and backward on a random batch (synchronised), gather the gradients into the
@@ -32,7 +32,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.harness.processes import Fleet
+from benchmarks.harness.processes import Fleet, HetpsJob
 from benchmarks.harness.report import prepare_output, run_header, write_results
 from benchmarks.harness.resnet import ResNet18
 from benchmarks.harness.settings import Settings
@@ -81,12 +81,12 @@ class Worker:
                 self.samples[phase].append(seconds)
 
 
-def start_worker(variant: str, address: str, batch: int, image_size: int, wire: str) -> Worker:
+def start_worker(variant: str, addresses: list[str], batch: int, image_size: int, wire: str) -> Worker:
     device = torch.device("cpu" if variant == "cpu" else "cuda")
     model = ResNet18().to(device)
-    binding = ModelBinding(model, pin=variant == "cuda")
+    binding = ModelBinding(model, num_shards=len(addresses), pin=variant == "cuda")
     push, _, pull = wire.partition("/")
-    client = PSClient(address, binding.layout, name=f"gpu-step-{variant}", wire_dtype=pull or push, push_dtype=push)
+    client = PSClient(addresses, binding.layout, name=f"gpu-step-{variant}", wire_dtype=pull or push, push_dtype=push)
     if not client.initialized:
         client.init(binding.gather_params())
     client.pull(binding.params)
@@ -132,7 +132,7 @@ def ratios(results: dict[str, dict[str, Summary]]) -> dict[str, float]:
 def print_results(results: dict[str, Any], console: Console) -> None:
     console.print(
         f"{results['device']}: ResNet-18, batch {results['batch']} at {results['image_size']}², "
-        f"wire {results['wire']}, one hetps shard (ASGD) on loopback"
+        f"wire {results['wire']}, {results['shards']} hetps shard(s) (ASGD) on loopback"
     )
     table = Table("variant", *(f"{phase} ms" for phase in PHASES), "steps")
     for variant, phases in results["variants"].items():
@@ -150,14 +150,15 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--wire", default="fp32", help="wire dtype, or PUSH/PULL such as int8/bf16")
+    parser.add_argument("--shards", type=int, default=1, help="hetps shards, each a server process of its own")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_step.json"))
     args = parser.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown or not args.variants:
         parser.error(f"--variants: {', '.join(unknown) or 'none given'}; choose from {', '.join(VARIANTS)}")
-    if min(args.steps, args.cpu_steps, args.batch, args.image_size) < 1:
-        parser.error("--steps, --cpu-steps, --batch and --image-size must be at least 1")
+    if min(args.steps, args.cpu_steps, args.batch, args.image_size, args.shards) < 1:
+        parser.error("--steps, --cpu-steps, --batch, --image-size and --shards must be at least 1")
     if any(v.startswith("cuda") for v in args.variants) and not torch.cuda.is_available():
         parser.error("a cuda variant was asked for but no CUDA device is available (try --variants cpu)")
     return args
@@ -174,12 +175,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "batch": args.batch,
         "image_size": args.image_size,
         "wire": args.wire,
+        "shards": args.shards,
     }
     fleet = Fleet(log_dir)
     workers: list[Worker] = []
     try:
-        server = fleet.start_hetps("gpu-step", "resnet18", "asgd", (), 0, 1)
-        workers = [start_worker(v, server.address, args.batch, args.image_size, args.wire) for v in args.variants]
+        jobs = [
+            HetpsJob(f"gpu-step-{index}", "resnet18", "asgd", (), index, args.shards) for index in range(args.shards)
+        ]
+        addresses = [server.address for server in fleet.start_all(jobs).values()]
+        workers = [start_worker(v, addresses, args.batch, args.image_size, args.wire) for v in args.variants]
         measure(workers, args.steps, args.cpu_steps)
     finally:
         for worker in workers:

@@ -19,7 +19,8 @@ def test_the_trainable_resnet_has_the_shapes_the_data_path_benchmarks_use() -> N
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 1000)
 
 
-def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path, shards: int) -> None:
     out = tmp_path / "gpu_step.json"
     main(
         [
@@ -33,6 +34,8 @@ def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path) -> None:
             "2",
             "--image-size",
             "32",
+            "--shards",
+            str(shards),
             "--out",
             str(out),
         ]
@@ -45,6 +48,7 @@ def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path) -> None:
     parts = sum(cpu[phase]["median"] for phase in PHASES if phase != "step")
     assert parts == pytest.approx(cpu["step"]["median"], rel=0.5)
     assert results["ratios"] == {}  # nothing to compare a lone variant with
+    assert results["shards"] == shards
     assert results["command"].startswith("python -m benchmarks.gpu_step --variants cpu")
 
 
@@ -53,6 +57,7 @@ def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path) -> None:
     [
         (["--variants", "tpu"], "choose from cuda, cuda-pageable, cpu"),
         (["--variants", "cpu", "--steps", "0"], "must be at least 1"),
+        (["--variants", "cpu", "--shards", "0"], "must be at least 1"),
     ],
 )
 def test_wrong_options_exit_2_with_what_to_fix(
