@@ -14,7 +14,8 @@ the model. Each phase is timed on its own. Variants:
 - ``cuda-pageable``: the same with pageable host buffers (what pinning saves);
 - ``cpu``: the same model and batch on CPU tensors (no crossing at all).
 
-Variants take turns step by step, so a busy machine slows them alike. ``--cpu-steps`` bounds
+The benchmark process runs under the allocator settings of a ``psworker`` process
+(``psproto.tuning``). Variants take turns step by step, so a busy machine slows them alike. ``--cpu-steps`` bounds
 the CPU variant's timed steps (a 224×224 batch takes seconds there). Prints the phases'
 medians and the ratios; writes them, with the device's name, as JSON.
 """
@@ -37,6 +38,7 @@ from benchmarks.harness.report import prepare_output, run_header, write_results
 from benchmarks.harness.resnet import ResNet18
 from benchmarks.harness.settings import Settings
 from benchmarks.harness.stats import Summary, scaled, summarize
+from psproto.tuning import apply_malloc_tuning
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
 
@@ -199,4 +201,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    apply_malloc_tuning()  # the allocator settings a psworker process runs under
     main()

@@ -15,6 +15,7 @@ chunk too, and made again for a retry (they are exact to resend).
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -67,8 +68,9 @@ class BlockPush:
         self._encoder = encoder
         self._shard = shard
         self._part = part
+        self._generation = encoder.generation(shard)
         self._residual = encoder.residual(shard) if encoder.error_feedback else None
-        self._updated = torch.empty(part.numel(), dtype=torch.float32) if encoder.error_feedback else None
+        self._updated = encoder.residual_buffer(shard, part.numel()) if encoder.error_feedback else None
         self._spans = codec.chunk_spans(part.numel(), codec.INT8_BLOCK)
         self._encoded: list[codec.ChunkPayload] = []
         self._finite = True
@@ -88,7 +90,7 @@ class BlockPush:
             values, scales, _ = blocks.encode_with_feedback(piece, previous, self._updated[span.start : span.stop])
         self._finite = self._finite and bool(torch.isfinite(scales).all())
         if self._updated is not None and self._finite and span.stop == self._part.numel():
-            self._encoder.keep_residual(self._shard, self._updated)
+            self._encoder.keep_residual(self._shard, self._updated, self._generation)
         return codec.block_payload(span.start, values, scales)
 
 
@@ -99,17 +101,43 @@ class PushEncoder:
         self.dtype = dtype
         self.error_feedback = error_feedback and dtype == codec.INT8_BLOCK
         self._residuals: dict[int, torch.Tensor] = {}
+        # A residual that was replaced, kept to be written over by the next push's.
+        self._spares: dict[int, torch.Tensor] = {}
+        self._generations: Counter[int] = Counter()
         self._lock = threading.Lock()
 
     def residual(self, shard: int) -> torch.Tensor | None:
-        """Shard ``shard``'s residual ``e`` (None: zero, nothing pushed since the last reset)."""
+        """Shard ``shard``'s residual ``e`` (None: zero, nothing pushed since the last reset); its
+        memory is written over by the push after next."""
         with self._lock:
             return self._residuals.get(shard)
 
-    def keep_residual(self, shard: int, residual: torch.Tensor) -> None:
-        """``residual`` is shard ``shard``'s ``e`` from now on (a push of it was encoded, all finite)."""
+    def generation(self, shard: int) -> int:
+        """How many times shard ``shard``'s residual was reset: a push begun before a reset keeps its bytes
+        for its retries but moves no residual."""
         with self._lock:
+            return self._generations[shard]
+
+    def keep_residual(self, shard: int, residual: torch.Tensor, generation: int) -> None:
+        """``residual`` is shard ``shard``'s ``e`` from now on (a push of it was encoded, all finite,
+        with no reset since it began: ``generation``); the one it replaces is no longer read and
+        becomes the buffer of the next push's."""
+        with self._lock:
+            if generation != self._generations[shard]:
+                return
+            replaced = self._residuals.get(shard)
             self._residuals[shard] = residual
+            if replaced is not None and replaced.numel() == residual.numel():
+                self._spares[shard] = replaced
+
+    def residual_buffer(self, shard: int, length: int) -> torch.Tensor:
+        """A buffer for shard ``shard``'s next residual, never the current one: the two alternate, so
+        a push allocates (and faults in) no shard-sized tensor."""
+        with self._lock:
+            spare = self._spares.pop(shard, None)
+        if spare is not None and spare.numel() == length:
+            return spare
+        return torch.empty(length, dtype=torch.float32)
 
     def one_push(self, flat: torch.Tensor) -> OnePush:
         """What one push of ``flat`` (all its shards, all its attempts) sends."""
@@ -119,6 +147,8 @@ class PushEncoder:
         """Drop shard ``shard``'s residual (the worker joined it again)."""
         with self._lock:
             self._residuals.pop(shard, None)
+            self._spares.pop(shard, None)
+            self._generations[shard] += 1
 
     def chunks(self, shard: int, part: torch.Tensor) -> Iterable[codec.ChunkPayload]:
         """The chunks of ``part`` (shard ``shard``'s slice of the update), made as they are iterated:

@@ -102,6 +102,35 @@ def test_a_push_of_many_chunks_is_encoded_as_it_is_sent_with_the_bytes_of_a_whol
     assert torch.equal(torch.cat([torch.frombuffer(bytearray(c.scales), dtype=torch.float32) for c in again]), scales)
 
 
+def test_two_residual_buffers_alternate_from_push_to_push() -> None:
+    encoder = PushEncoder(codec.INT8_BLOCK)
+    generator = torch.Generator().manual_seed(7)
+    pushes = [torch.randn(BLOCK + 3, generator=generator) for _ in range(4)]
+    buffers = []
+    for push in pushes:
+        residual = encoder.residual(0)
+        expected = None if residual is None else blocks.encode_with_feedback(push, residual)[2]
+        list(encoder.chunks(0, push))
+        current = encoder.residual(0)
+        assert current is not None and current is not residual
+        if expected is not None:
+            assert torch.equal(current, expected)  # written over the spare, the bits are the same
+        buffers.append(current.data_ptr())
+    assert buffers[2] == buffers[0] and buffers[3] == buffers[1] and buffers[0] != buffers[1]
+
+
+def test_a_push_begun_before_a_reset_resends_its_bytes_but_moves_no_residual() -> None:
+    encoder = PushEncoder(codec.INT8_BLOCK)
+    length = 2 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop
+    list(encoder.chunks(0, torch.full((length,), 0.3)))
+    push = encoder.chunks(0, torch.full((length,), 0.2))
+    first = next(iter(push))
+    encoder.reset(0)  # the worker joined the shard again mid-push
+    again = list(push)
+    assert again[0] is first and len(again) == 2
+    assert encoder.residual(0) is None
+
+
 def test_a_push_sent_only_in_part_leaves_the_residual_as_it_was() -> None:
     encoder = PushEncoder(codec.INT8_BLOCK)
     length = 2 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop
