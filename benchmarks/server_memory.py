@@ -34,6 +34,7 @@ from benchmarks.harness.memory import RSS_FACTOR, RSS_SLACK_MB, rss_limit_mb, ru
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.pool import PoolTarget, WorkerPool
 from benchmarks.harness.processes import Fleet, HetpsJob, vm_mb
+from benchmarks.harness.refusals import refused_during, rejected_requests
 from benchmarks.harness.report import parse_settings, prepare_output, print_targets, run_header, target, write_results
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.steps import initialize_parameters
@@ -178,13 +179,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         fleet.checkpoint("workers joined")
         try:
             results["asgd_load"] = {}
-            for pool_target in targets[:-1]:
+            for job, pool_target in zip(jobs, targets[:-1], strict=True):
+                metrics_port = by_label[job.label].ready.metrics_port
+                before = rejected_requests(metrics_port)
                 with console.status(f"{pool_target.model} server under load"):
                     reports = pool.burst(pool_target.key, pool_target.workers, settings.rss_seconds)
                 results["asgd_load"][pool_target.model] = {
                     "workers": pool_target.workers,
                     "aggregate_steps_per_s": sum(r["steps"] / r["elapsed"] for r in reports),
                     "errors": sum(int(r["errors"]) for r in reports),
+                    # What a limit that refuses pushes cost: refusals the workers retried.
+                    "refused": refused_during(before, rejected_requests(metrics_port)),
                 }
             results["gap_aware_load"] = load_gap_aware(settings, pool, console)
             fleet.checkpoint("load")
@@ -198,6 +203,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results["targets"] = memory_targets(results["memory"])
     results["wall_seconds"] = time.perf_counter() - started
     print_memory_table(results["memory"], console)
+    for model, load in results["asgd_load"].items():
+        refused = ", ".join(f"{count} {reason}" for reason, count in load["refused"].items()) or "none"
+        console.print(
+            f"{model}, {load['workers']} workers: {load['aggregate_steps_per_s']:.2f} steps/s, "
+            f"{load['errors']} errors, refused {refused}"
+        )
     print_targets(results["targets"], console)
     write_results("server_memory", argv, results, out, console)
     return results

@@ -1,0 +1,37 @@
+"""What a hetps server refused, read from its Prometheus endpoint: a benchmark's load counts its cost.
+
+``hetps_rejected_requests_total`` has one series per reason (psserver/metrics.py). A limit that
+bounds memory by refusing pushes (``--max-receiving-pushes``, ``--receive-buffers``) is paid for
+in refusals its workers retry after a backoff; a benchmark reads the counts before and after a
+load and reports the difference beside the memory it saved.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections import Counter
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REJECTED = "hetps_rejected_requests"
+
+
+def rejected_requests(metrics_port: int | None) -> Counter[str]:
+    """Requests refused so far, by reason (empty when the server serves no metrics)."""
+    counts: Counter[str] = Counter()
+    if metrics_port is None:
+        return counts
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name != REJECTED:
+            continue
+        for sample in family.samples:
+            if sample.name == REJECTED + "_total":
+                counts[sample.labels.get("reason", "")] += int(sample.value)
+    return counts
+
+
+def refused_during(before: Counter[str], after: Counter[str]) -> dict[str, int]:
+    """The refusals between two readings, by reason (reasons with none left out)."""
+    return {reason: after[reason] - before[reason] for reason in sorted(after) if after[reason] > before[reason]}
