@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TypeVar
 
 import grpc
@@ -45,6 +46,7 @@ from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2
 from psworker.channels import DEFAULT_KEEPALIVE_S, check_keepalive, open_channel
 from psworker.deadlines import DeadlinePolicy, payload_bytes
+from psworker.fan_out import fan_out
 from psworker.push_encoding import OnePush, PushEncoder, wire_dtypes
 from psworker.service import PushResult
 from psworker.sessions import (
@@ -59,6 +61,7 @@ from psworker.sessions import (
     first_join,
     is_future_clock,
     join_shard,
+    observe_clock,
     reconnect_note,
     recovery_for,
 )
@@ -219,21 +222,7 @@ class PSClient:
             return session
 
     def _observe_clock(self, index: int, clock: int) -> None:
-        seen = self.seen_clocks[index]
-        if clock < seen:
-            rollback = Rollback(index, seen, clock)
-            self.stats.rollbacks.append(rollback)
-            _LOGGER.warning(
-                "%s: shard %d is back at clock %d after %d: %d update(s) were lost",
-                self.name,
-                index,
-                clock,
-                seen,
-                rollback.lost_updates,
-            )
-            self.seen_clocks[index] = clock
-        else:
-            self.seen_clocks[index] = max(seen, clock)
+        observe_clock(self.seen_clocks, index, clock, self.stats, self.name)
 
     def _call(self, index: int, call: Callable[[ShardSession], ResultT]) -> ResultT:
         """Run ``call`` on shard ``index``, retrying with backoff, reconnecting and re-joining as needed.
@@ -306,22 +295,11 @@ class PSClient:
         return all(s.join.initialized for s in self.sessions)
 
     def _fan_out(self, call: Callable[..., ResultT], *args: object) -> list[ResultT]:
-        """Run ``call(session, *args)`` for every shard concurrently, each with retries; re-raises the first error.
-
-        The last shard's call runs on this thread (with one shard, every call does): a hand-off to
-        the pool and back costs two thread switches per call, a visible share of a small model's step."""
-        last = len(self.sessions) - 1
-        futures = [
-            self._pool.submit(self._call, index, lambda session, call=call: call(session, *args))
-            for index in range(last)
-        ]
-        try:
-            mine = self._call(last, lambda session: call(session, *args))
-        except BaseException:
-            for future in futures:
-                future.result()  # an earlier shard's error comes first, as the pool's order gives it
-            raise
-        return [*(f.result() for f in futures), mine]
+        """Run ``call(session, *args)`` for every shard concurrently, each with retries; re-raises the first error."""
+        return fan_out(
+            self._pool,
+            [partial(self._call, index, lambda session: call(session, *args)) for index in range(len(self.sessions))],
+        )
 
     # -- parameters -------------------------------------------------------------------
 

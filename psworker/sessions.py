@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -26,6 +27,9 @@ from psproto.layout import ShardRange
 from psproto.reasons import TransientLimit
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psworker.transfer import DataPath
+
+# The client's own logger: what it logs is the client's, whichever module decides it.
+_LOGGER = logging.getLogger("psworker.client")
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,26 @@ class ClientStats:
     reconnects: int = 0
     duplicate_acks: int = 0
     rollbacks: list[Rollback] = field(default_factory=list)
+
+
+def observe_clock(seen_clocks: list[int], index: int, clock: int, stats: ClientStats, name: str) -> None:
+    """Shard ``index`` showed ``clock`` (pulled, joined at, heartbeat): raise ``seen_clocks``, or, when it is
+    below the highest seen, record (and log) a rollback and start again from it."""
+    seen = seen_clocks[index]
+    if clock >= seen:
+        seen_clocks[index] = clock
+        return
+    rollback = Rollback(index, seen, clock)
+    stats.rollbacks.append(rollback)
+    _LOGGER.warning(
+        "%s: shard %d is back at clock %d after %d: %d update(s) were lost",
+        name,
+        index,
+        clock,
+        seen,
+        rollback.lost_updates,
+    )
+    seen_clocks[index] = clock
 
 
 class ServerMismatchError(RuntimeError):

@@ -1,9 +1,11 @@
-"""ResNet-18 as a trainable module, without torchvision: the same tensors, names and order.
+"""ResNet-18 for 3×224×224 images, as a trainable module without torchvision: its tensors, names and order.
 
 ``benchmarks.harness.models.resnet18_shapes`` lists its 11,689,512 parameters; this is the
-network those shapes belong to (He et al. 2016, torchvision's layout: 7×7 stem, four stages
-of two basic blocks, a 1×1 projection where a stage changes width), so a worker step can
-run a real forward and backward pass on any device.
+network those shapes belong to (He et al. 2016, torchvision's layout): the ImageNet stem (7×7
+stride-2 convolution and a max-pool) in front of the basic blocks of
+``psworker.models.resnet``, which the ``fashion-resnet18`` task uses with a small-image stem.
+Like that task's model it keeps no batch-norm running statistics (a parameter server carries
+parameters, not buffers), so a worker step runs a real forward and backward pass on any device.
 """
 
 from __future__ import annotations
@@ -11,48 +13,28 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-class BasicBlock(nn.Module):
-    def __init__(self, in_channels: int, channels: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(channels)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(channels)
-        self.downsample: nn.Module | None = None
-        if stride != 1 or in_channels != channels:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(in_channels, channels, 1, stride=stride, bias=False), nn.BatchNorm2d(channels)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        activated: torch.Tensor = self.relu(out + identity)
-        return activated
+from psworker.models.resnet import BasicBlock
 
 
 class ResNet18(nn.Module):
     def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
+        self.bn1 = nn.BatchNorm2d(64, track_running_stats=False)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        stages = []
         in_channels = 64
-        for index, channels in enumerate((64, 128, 256, 512), start=1):
-            stride = 1 if index == 1 else 2
-            stage = nn.Sequential(BasicBlock(in_channels, channels, stride), BasicBlock(channels, channels, 1))
-            self.add_module(f"layer{index}", stage)
+        for index, channels in enumerate((64, 128, 256, 512)):
+            stride = 1 if index == 0 else 2
+            stages.append(nn.Sequential(BasicBlock(in_channels, channels, stride), BasicBlock(channels, channels, 1)))
             in_channels = channels
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(512, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        for index in range(1, 5):
-            x = getattr(self, f"layer{index}")(x)
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         logits: torch.Tensor = self.fc(torch.flatten(self.avgpool(x), 1))
         return logits
