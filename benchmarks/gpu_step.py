@@ -38,6 +38,7 @@ from benchmarks.harness.report import prepare_output, run_header, write_results
 from benchmarks.harness.resnet import ResNet18
 from benchmarks.harness.settings import Settings
 from benchmarks.harness.stats import Summary, scaled, summarize
+from benchmarks.harness.steps import hetps_client, wire_problem
 from psproto.tuning import apply_malloc_tuning
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
@@ -67,8 +68,8 @@ class Worker:
     def step(self, record: bool) -> None:
         started = time.perf_counter()
         self.model.zero_grad(set_to_none=False)
-        nn_loss = torch.nn.functional.cross_entropy(self.model(self.inputs), self.targets)
-        nn_loss.backward()  # type: ignore[no-untyped-call]
+        loss = torch.nn.functional.cross_entropy(self.model(self.inputs), self.targets)
+        loss.backward()  # type: ignore[no-untyped-call]
         self.synchronize()
         computed = time.perf_counter()
         grads = self.binding.gather_grads()
@@ -87,8 +88,7 @@ def start_worker(variant: str, addresses: list[str], batch: int, image_size: int
     device = torch.device("cpu" if variant == "cpu" else "cuda")
     model = ResNet18().to(device)
     binding = ModelBinding(model, num_shards=len(addresses), pin=variant == "cuda")
-    push, _, pull = wire.partition("/")
-    client = PSClient(addresses, binding.layout, name=f"gpu-step-{variant}", wire_dtype=pull or push, push_dtype=push)
+    client = hetps_client(addresses, binding.layout, f"gpu-step-{variant}", wire)
     if not client.initialized:
         client.init(binding.gather_params())
     client.pull(binding.params)
@@ -159,6 +159,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown or not args.variants:
         parser.error(f"--variants: {', '.join(unknown) or 'none given'}; choose from {', '.join(VARIANTS)}")
+    problem = wire_problem(args.wire)
+    if problem is not None:
+        parser.error(f"--wire {args.wire}: {problem}")
     if min(args.steps, args.cpu_steps, args.batch, args.image_size, args.shards) < 1:
         parser.error("--steps, --cpu-steps, --batch, --image-size and --shards must be at least 1")
     if any(v.startswith("cuda") for v in args.variants) and not torch.cuda.is_available():

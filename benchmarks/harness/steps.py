@@ -22,6 +22,7 @@ from benchmarks.harness.settings import LR
 from psproto import codec
 from psproto.layout import Layout
 from psworker.client import PSClient
+from psworker.push_encoding import wire_dtypes
 
 
 class StepSystem(Protocol):
@@ -32,12 +33,28 @@ class StepSystem(Protocol):
     def close(self) -> None: ...
 
 
+def hetps_client(addresses: list[str], layout: Layout, name: str, wire: str) -> PSClient:
+    """A worker's client whose ``wire`` is a dtype for both ways or ``PUSH/PULL`` ("int8/bf16": 8-bit
+    pushes, bf16 pulls); a ValueError names a dtype that does not exist (:func:`wire_problem`)."""
+    push, _, pull = wire.partition("/")
+    return PSClient(addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push)
+
+
+def wire_problem(wire: str) -> str | None:
+    """What is wrong with a ``--wire`` value such as ``fp32`` or ``int8/bf16``, or None."""
+    push, _, pull = wire.partition("/")
+    try:
+        wire_dtypes(pull or push, push, None)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 class HetpsStep:
     client_pids: tuple[int, ...] = ()
 
     def __init__(self, addresses: list[str], layout: Layout, name: str, wire_dtype: str, flat: torch.Tensor) -> None:
-        push, _, pull = wire_dtype.partition("/")  # "int8/bf16": 8-bit pushes, bf16 pulls
-        self.client = PSClient(addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push)
+        self.client = hetps_client(addresses, layout, name, wire_dtype)
         if not self.client.initialized:
             self.client.init(flat)
         self.client.pull(torch.empty_like(flat))

@@ -58,6 +58,8 @@ def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path, shards: int) -> None
         (["--variants", "tpu"], "choose from cuda, cuda-pageable, cpu"),
         (["--variants", "cpu", "--steps", "0"], "must be at least 1"),
         (["--variants", "cpu", "--shards", "0"], "must be at least 1"),
+        (["--variants", "cpu", "--wire", "int9"], "--wire int9: pull dtype 'int9' is not one of"),
+        (["--variants", "cpu", "--wire", "bf16/int8"], "--wire bf16/int8:"),
     ],
 )
 def test_wrong_options_exit_2_with_what_to_fix(
