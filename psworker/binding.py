@@ -24,6 +24,8 @@ class ModelBinding:
         self.layout = Layout.from_named_shapes(((name, tuple(p.shape)) for name, p in self.named), num_shards)
         self.device = self.named[0][1].device
         pin = self.device.type == "cuda" if pin is None else pin
+        if pin and not torch.cuda.is_available():
+            raise ValueError("pinned host buffers need a CUDA device, and torch sees none; leave pin unset")
         total = self.layout.total_length
         self.params = torch.zeros(total, pin_memory=pin)
         self.grads = torch.zeros(total, pin_memory=pin)

@@ -222,7 +222,10 @@ class PSClient:
             return session
 
     def _observe_clock(self, index: int, clock: int) -> None:
-        observe_clock(self.seen_clocks, index, clock, self.stats, self.name)
+        rollback = observe_clock(self.seen_clocks, index, clock)
+        if rollback is not None:
+            self.stats.rollbacks.append(rollback)
+            _LOGGER.warning("%s: %s", self.name, rollback)
 
     def _call(self, index: int, call: Callable[[ShardSession], ResultT]) -> ResultT:
         """Run ``call`` on shard ``index``, retrying with backoff, reconnecting and re-joining as needed.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import logging
 import random
 import time
 from collections.abc import Callable
@@ -27,9 +26,6 @@ from psproto.layout import ShardRange
 from psproto.reasons import TransientLimit
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psworker.transfer import DataPath
-
-# The client's own logger: what it logs is the client's, whichever module decides it.
-_LOGGER = logging.getLogger("psworker.client")
 
 
 @dataclass(frozen=True)
@@ -119,6 +115,12 @@ class Rollback:
     def lost_updates(self) -> int:
         return self.seen_clock - self.clock
 
+    def __str__(self) -> str:
+        return (
+            f"shard {self.shard} is back at clock {self.clock} after {self.seen_clock}: "
+            f"{self.lost_updates} update(s) were lost"
+        )
+
 
 @dataclass
 class ClientStats:
@@ -130,24 +132,14 @@ class ClientStats:
     rollbacks: list[Rollback] = field(default_factory=list)
 
 
-def observe_clock(seen_clocks: list[int], index: int, clock: int, stats: ClientStats, name: str) -> None:
-    """Shard ``index`` showed ``clock`` (pulled, joined at, heartbeat): raise ``seen_clocks``, or, when it is
-    below the highest seen, record (and log) a rollback and start again from it."""
+def observe_clock(seen_clocks: list[int], index: int, clock: int) -> Rollback | None:
+    """Shard ``index`` showed ``clock`` (pulled, joined at, heartbeat): raise ``seen_clocks``; when it is
+    below the highest seen, the rollback, and ``seen_clocks`` starts again from it."""
     seen = seen_clocks[index]
-    if clock >= seen:
-        seen_clocks[index] = clock
-        return
-    rollback = Rollback(index, seen, clock)
-    stats.rollbacks.append(rollback)
-    _LOGGER.warning(
-        "%s: shard %d is back at clock %d after %d: %d update(s) were lost",
-        name,
-        index,
-        clock,
-        seen,
-        rollback.lost_updates,
-    )
     seen_clocks[index] = clock
+    if clock >= seen:
+        return None
+    return Rollback(index, seen, clock)
 
 
 class ServerMismatchError(RuntimeError):

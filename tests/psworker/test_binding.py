@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -40,3 +41,10 @@ def test_gather_grads_zeroes_missing_gradients() -> None:
     binding2 = ModelBinding(model2)
     binding2.grads.fill_(7.0)
     assert torch.equal(binding2.gather_grads(), torch.zeros(22))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a host without CUDA")
+def test_pinned_buffers_without_cuda_are_refused_with_what_to_do() -> None:
+    with pytest.raises(ValueError, match="pinned host buffers need a CUDA device"):
+        ModelBinding(_model(), pin=True)
+    assert not ModelBinding(_model(), pin=False).params.is_pinned()

@@ -29,6 +29,7 @@ from psworker.sessions import (
     ShardSession,
     is_future_clock,
     join_recovery_for,
+    observe_clock,
     recovery_for,
 )
 
@@ -400,3 +401,12 @@ def test_a_first_join_without_answer_is_retried_on_a_new_channel(
         assert client.sessions[0].channel is channels[1]
         with pytest.raises(ValueError, match="closed channel"):
             stubs[0].Status(ps_pb2.StatusRequest(), timeout=1)
+
+
+def test_a_clock_below_the_highest_seen_is_a_rollback_and_the_count_starts_again_from_it() -> None:
+    seen = [5, 0]
+    assert observe_clock(seen, 0, 7) is None and seen == [7, 0]
+    rollback = observe_clock(seen, 0, 3)
+    assert rollback == Rollback(0, 7, 3) and seen == [3, 0]
+    assert str(rollback) == "shard 0 is back at clock 3 after 7: 4 update(s) were lost"
+    assert observe_clock(seen, 0, 3) is None
