@@ -36,7 +36,6 @@ from rich.table import Table
 from benchmarks.harness.processes import Fleet, HetpsJob
 from benchmarks.harness.report import prepare_output, run_header, write_results
 from benchmarks.harness.resnet import ResNet18
-from benchmarks.harness.settings import Settings
 from benchmarks.harness.stats import Summary, scaled, summarize
 from benchmarks.harness.steps import hetps_client, wire_problem
 from psproto.tuning import apply_malloc_tuning
@@ -173,8 +172,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     console, log_dir = prepare_output(args.out)
     started = time.perf_counter()
-    results: dict[str, Any] = run_header(Settings())
-    del results["settings"]  # the throughput family's settings do not apply here
+    results: dict[str, Any] = run_header(None)
     results |= {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu only",
         "batch": args.batch,

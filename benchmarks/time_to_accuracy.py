@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(2)
     began = time.monotonic()
     results: dict[str, Any] = {
-        **run_header_for(args),
+        **run_header(None),
         "race": asdict(settings),
         "mixes": mixes,
         "systems": {
@@ -383,14 +383,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.write_text(json.dumps(results, indent=2, default=_json_default))
     console.print(f"wrote {out} ({results['wall_seconds']:.0f} s)")
     return 0
-
-
-def run_header_for(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.harness.settings import Settings
-
-    header = run_header(Settings.smoke() if args.smoke else Settings.quick() if args.quick else Settings())
-    header.pop("settings", None)
-    return header
 
 
 def _json_default(value: object) -> object:

@@ -21,7 +21,6 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.harness.report import print_targets, run_header, target, write_results
-from benchmarks.harness.settings import Settings
 from benchmarks.harness.stats import scaled, summarize
 from psworker.tasks import load_task
 
@@ -83,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     console.print(table)
     goals = [target("tinylm step, wall ms", measured["wall_ms"], STEP_TARGET_MS, at_least=False)]
     print_targets(goals, console)
-    results = {**run_header(Settings()), **measured, "targets": goals, "wall_seconds": time.perf_counter() - started}
+    results = {**run_header(None), **measured, "targets": goals, "wall_seconds": time.perf_counter() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_results("tinylm_step", argv, results, args.out, console)
 

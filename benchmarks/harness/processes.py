@@ -72,6 +72,13 @@ def child_environment(environment: Mapping[str, str] | None = None) -> dict[str,
     return env | dict(environment or {})
 
 
+def _entry(server: str, profile: Path | None) -> list[str]:
+    """The interpreter arguments that start ``server`` (``psserver`` or ``bare``), profiled if ``profile`` is given."""
+    if profile is not None:
+        return ["-m", "benchmarks.harness.profiled", "--stats", str(profile), server]
+    return ["-m", "psserver"] if server == "psserver" else ["-m", "benchmarks.harness.bare_grpc"]
+
+
 class HetpsJob(NamedTuple):
     """A hetps server to start: what :meth:`Fleet.start_hetps` takes."""
 
@@ -151,9 +158,11 @@ class Fleet:
         num_shards: int,
         extra_args: Sequence[str] = (),
         environment: Mapping[str, str] | None = None,
+        profile: Path | None = None,
     ) -> ServerProcess:
-        """``psserver serve`` on a free loopback port; its log is ``LOG_DIR/LABEL.log``."""
-        command = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0"]
+        """``psserver serve`` on a free loopback port; its log is ``LOG_DIR/LABEL.log``. With
+        ``profile`` it runs under ``benchmarks.harness.profiled``, which writes its profile there."""
+        command = [sys.executable, *_entry("psserver", profile), "serve", "--host", "127.0.0.1", "--port", "0"]
         command += ["--rule", rule, "--lr", repr(LR), "--shard-index", str(shard_index)]
         command += ["--num-shards", str(num_shards), "--torch-threads", str(TORCH_THREADS), "--metrics-port", "0"]
         for option in rule_opts:
@@ -169,10 +178,16 @@ class Fleet:
             started = list(pool.map(lambda job: self.start_hetps(*job), jobs))
         return {server.label: server for server in started}
 
-    def start_helper(self, label: str, kind: str, module: str, extra_args: Sequence[str] = ()) -> ServerProcess:
+    def start_helper(
+        self, label: str, kind: str, module: str, extra_args: Sequence[str] = (), profile: Path | None = None
+    ) -> ServerProcess:
         """A comparison server (``benchmarks.harness.bare_grpc``, ``benchmarks.harness.torch_rpc_peer``) of ``kind``,
-        with the torch thread count of a hetps server (and, set by its entry point, the same allocator settings)."""
-        command = [sys.executable, "-m", module, "--torch-threads", str(TORCH_THREADS), *extra_args]
+        with the torch thread count of a hetps server (and, set by its entry point, the same allocator settings).
+        With ``profile`` (the bare mover only) it runs under ``benchmarks.harness.profiled``."""
+        if profile is not None and module != "benchmarks.harness.bare_grpc":
+            raise ValueError(f"only the bare gRPC mover runs profiled, not {module}")
+        entry = ["-m", module] if profile is None else _entry("bare", profile)
+        command = [sys.executable, *entry, "--torch-threads", str(TORCH_THREADS), *extra_args]
         process, ready = self._start(label, command, None)
         return self._add(ServerProcess(label, kind, process, ready))
 

@@ -61,9 +61,10 @@ def prepare_output(out: Path) -> tuple[Console, Path]:
     return console, log_dir
 
 
-def run_header(settings: Settings) -> dict[str, Any]:
-    """The date, the machine and the settings a results file opens with."""
-    return {
+def run_header(settings: Settings | None) -> dict[str, Any]:
+    """The date, the machine and the settings a results file opens with (a script outside the
+    throughput family, which has settings of its own, passes None and records its own)."""
+    header = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {
             "platform": platform.platform(),
@@ -74,10 +75,12 @@ def run_header(settings: Settings) -> dict[str, Any]:
             "grpc": grpc.__version__,
             "malloc_tuning": {key: os.environ.get(key, "") for key in MALLOC_SETTINGS},
         },
-        "settings": asdict(settings),
         "torch_threads_per_process": TORCH_THREADS,
         "chunk_bytes": codec.DEFAULT_CHUNK_BYTES,
     }
+    if settings is not None:
+        header["settings"] = asdict(settings)
+    return header
 
 
 def write_results(name: str, argv: Sequence[str] | None, results: dict[str, Any], out: Path, console: Console) -> None:

@@ -1,0 +1,324 @@
+"""Where a worker step's CPU goes: hetps and the bare gRPC mover, servers and clients, under a profiler.
+
+    python -m benchmarks.step_profile [--quick | --smoke] [--model resnet18] [--wire fp32] [--steps N]
+                                      [--out benchmarks/results/step_profile.json]
+
+``benchmarks.step_round_trip`` times hetps against the transport's ceiling (the bare mover, the
+same chunking, one copy each way); this says where hetps's extra time goes. One ASGD shard and
+one bare mover run under ``benchmarks.harness.profiled`` (yappi, CPU clock, builtins counted);
+this process steps each of them ``--steps`` times as one worker under yappi too, after the same
+warm-up as the timed benchmarks, and first as many steps unprofiled, for each side's CPU per
+step in its Python threads and in gRPC's C-core threads (``/proc``), which the profile's groups
+are read against. Every function's own CPU time is put in one group (the gRPC
+Python layer, whose calls into gRPC's C core do the socket writes and the copies into the
+transport; thread hand-offs; buffer copies; the finiteness sum; tensor math, which on a server is
+the rule's apply; hetps's own Python; the 8-bit codec; the bare mover's code), and the CPU of the
+gRPC C-core threads that yappi cannot see (event engine: polling, socket reads) comes from
+``/proc``. The tables give CPU milliseconds per step for each process, and hetps minus bare.
+
+Profiling slows every process, so the step times printed are not speeds (``step_round_trip``
+measures those); the shares are what this is for. A deterministic profiler adds about a
+microsecond to every call it counts, so groups made of many small calls (hetps's Python code,
+the libraries) come out larger than they are: hetps's wire helpers take ~10 µs per message
+unprofiled, and ~1 ms per step profiled. Groups of a few large calls (copies, the rule's math,
+the gRPC layer's calls into C) are what the CPU really spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.harness.models import MODELS
+from benchmarks.harness.processes import REPO_ROOT, Fleet, ServerProcess, cpu_seconds
+from benchmarks.harness.profiled import thread_cpu_seconds
+from benchmarks.harness.report import prepare_output, run_header, write_results
+from benchmarks.harness.settings import TORCH_THREADS
+from benchmarks.harness.steps import BareStep, HetpsStep, StepSystem, warm_up, wire_problem
+from psproto.layout import Layout
+
+SYSTEMS = ("hetps", "bare")
+WIRES = ("fp32", "bf16", "fp16")  # what both systems send; the bare mover has no 8-bit codec
+PROFILE_WAIT_S = 60.0
+
+# Groups of a function's own CPU time, first match wins.
+GROUPS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
+    ("gRPC Python layer (+ its C calls)", lambda module, name: "/grpc/" in module),
+    ("thread hand-offs", lambda module, name: module.endswith(("threading.py", "queue.py", "thread.py"))),
+    ("buffer copies", lambda module, name: re.search(r"'(copy_|join|tobytes)'|^bytes$", name) is not None),
+    ("finiteness sum", lambda module, name: "'sum'" in name),
+    ("8-bit codec", lambda module, name: "block" in name or "numba" in module),
+    (
+        "tensor math",
+        lambda module, name: re.search(r"'(add_|mul_|sub_|addcmul_|lerp_|div_|neg_|mul|add)'", name) is not None,
+    ),
+    ("bare mover's code (its copies included)", lambda module, name: module.endswith("bare_grpc.py")),
+    ("hetps Python code", lambda module, name: module.startswith(str(REPO_ROOT))),
+)
+OTHER = "other Python (libraries, interpreter)"
+C_THREADS = "gRPC C-core threads (event engine)"
+
+
+def group_of(module: str, name: str) -> str:
+    for group, matches in GROUPS:
+        if matches(module, name):
+            return group
+    return OTHER
+
+
+def grouped(functions: list[dict[str, Any]], steps: int) -> dict[str, float]:
+    """Milliseconds of own CPU per step in each group (every function counted once)."""
+    totals: dict[str, float] = defaultdict(float)
+    for function in functions:
+        totals[group_of(function["module"], function["name"])] += function["own_s"] * 1e3 / steps
+    return dict(totals)
+
+
+def c_thread_ms(before: Mapping[str, float], after: Mapping[str, float], steps: int) -> float:
+    """CPU milliseconds per step of the threads that run no Python (named other than the interpreter)."""
+    return sum(
+        (seconds - before.get(thread, 0.0)) * 1e3 / steps
+        for thread, seconds in after.items()
+        if not python_thread(thread)
+    )
+
+
+def top_functions(functions: list[dict[str, Any]], steps: int, count: int) -> list[dict[str, Any]]:
+    ranked = sorted(functions, key=lambda f: f["own_s"], reverse=True)[:count]
+    return [
+        {
+            "function": f"{Path(f['module']).name}:{f['line']} {f['name']}",
+            "group": group_of(f["module"], f["name"]),
+            "own_ms_per_step": f["own_s"] * 1e3 / steps,
+            "calls_per_step": f["calls"] / steps,
+        }
+        for f in ranked
+    ]
+
+
+def _signal_and_wait(server: ServerProcess, signal_number: int, marker: Path) -> None:
+    """Send ``signal_number`` to ``server`` and wait until it wrote ``marker``."""
+    marker.unlink(missing_ok=True)
+    os.kill(server.pid, signal_number)
+    deadline = time.monotonic() + PROFILE_WAIT_S
+    while not marker.exists():
+        if time.monotonic() > deadline or server.process.poll() is not None:
+            raise RuntimeError(f"{server.label} did not answer signal {signal_number} (no {marker})")
+        time.sleep(0.05)
+
+
+def python_thread(name: str) -> bool:
+    """Whether an OS thread (``NAME/TID`` from /proc) runs Python: the interpreter's threads keep its name."""
+    return name.startswith(("python", "pt_main_thread"))
+
+
+def _unprofiled(
+    system: StepSystem, server: ServerProcess, update: torch.Tensor, out: torch.Tensor, steps: int
+) -> dict[str, float]:
+    """``steps`` steps with no profiler running: the step's wall time and each side's CPU per step,
+    split between gRPC's C-core threads and the rest, the Python threads (from /proc)."""
+    pids = {"server": server.pid, "client": os.getpid()}
+    threads_before = {side: thread_cpu_seconds(pid) for side, pid in pids.items()}
+    process_before = {side: cpu_seconds(pid) for side, pid in pids.items()}
+    samples = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        system.step(update, out)
+        samples.append(time.perf_counter() - started)
+    measured = {"step_ms": statistics.median(samples) * 1e3}
+    for side, pid in pids.items():
+        # gRPC's C-core threads live as long as the process; its Python layer starts threads per
+        # call on the client, which end between two readings, so Python's share is the rest.
+        c_threads = c_thread_ms(threads_before[side], thread_cpu_seconds(pid), steps)
+        measured[f"{side}_c_threads_ms"] = c_threads
+        measured[f"{side}_python_threads_ms"] = (cpu_seconds(pid) - process_before[side]) * 1e3 / steps - c_threads
+    return measured
+
+
+def profile_system(
+    name: str, system: StepSystem, server: ServerProcess, path: Path, steps: int, warmup: int, length: int
+) -> dict[str, Any]:
+    """Warm ``system`` up, then profile ``steps`` steps of it on both sides."""
+    import yappi
+
+    update = torch.randn(length) * 1e-3
+    out = torch.empty(length)
+    warm_up(system, update, out, warmup, lambda: 0.0)
+    unprofiled = _unprofiled(system, server, update, out, steps)
+    _signal_and_wait(server, signal.SIGUSR2, path.with_suffix(path.suffix + ".started"))
+    client_before = thread_cpu_seconds(os.getpid())
+    yappi.clear_stats()
+    yappi.set_clock_type("cpu")
+    yappi.start(builtins=True)
+    samples = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        system.step(update, out)
+        samples.append(time.perf_counter() - started)
+    yappi.stop()
+    client_functions = [
+        {"module": s.module, "name": s.name, "line": s.lineno, "calls": s.ncall, "own_s": s.tsub, "total_s": s.ttot}
+        for s in yappi.get_func_stats()
+    ]
+    client_after = thread_cpu_seconds(os.getpid())
+    _signal_and_wait(server, signal.SIGUSR1, path.with_suffix(path.suffix + ".done"))
+    profile = json.loads(path.read_text())
+    return {
+        "system": name,
+        "steps": steps,
+        "unprofiled": unprofiled,
+        "step_ms_under_profiler": statistics.median(samples) * 1e3,
+        "server": _side(profile["functions"], profile["os_threads_at_start"], profile["os_threads"], steps),
+        "client": _side(client_functions, client_before, client_after, steps),
+    }
+
+
+def _side(
+    functions: list[dict[str, Any]], threads_before: Mapping[str, float], threads_after: Mapping[str, float], steps: int
+) -> dict[str, Any]:
+    groups = grouped(functions, steps)
+    groups[C_THREADS] = c_thread_ms(threads_before, threads_after, steps)
+    return {"groups_ms_per_step": groups, "top": top_functions(functions, steps, 25)}
+
+
+def print_tables(results: dict[str, Any], console: Console) -> None:
+    hetps, bare = (results["systems"][name] for name in SYSTEMS)
+    table = Table(
+        title=f"CPU ms per step, {results['model']} ({results['parameters']:,} parameters), {results['wire']}"
+    )
+    for column in ("where", "hetps server", "bare server", "server: hetps − bare", "hetps client", "bare client"):
+        table.add_column(column, justify="left" if column == "where" else "right")
+    names = [group for group, _ in GROUPS] + [OTHER, C_THREADS]
+    totals = [0.0, 0.0, 0.0, 0.0]
+    for group in names:
+        values = [
+            hetps["server"]["groups_ms_per_step"].get(group, 0.0),
+            bare["server"]["groups_ms_per_step"].get(group, 0.0),
+            hetps["client"]["groups_ms_per_step"].get(group, 0.0),
+            bare["client"]["groups_ms_per_step"].get(group, 0.0),
+        ]
+        totals = [t + v for t, v in zip(totals, values, strict=True)]
+        table.add_row(
+            group,
+            f"{values[0]:.1f}",
+            f"{values[1]:.1f}",
+            f"{values[0] - values[1]:+.1f}",
+            *(f"{v:.1f}" for v in values[2:]),
+        )
+    table.add_row(
+        "all",
+        f"{totals[0]:.1f}",
+        f"{totals[1]:.1f}",
+        f"{totals[0] - totals[1]:+.1f}",
+        f"{totals[2]:.1f}",
+        f"{totals[3]:.1f}",
+        style="bold",
+    )
+    for label, key in (
+        ("unprofiled: Python threads", "python_threads_ms"),
+        ("unprofiled: C-core threads", "c_threads_ms"),
+    ):
+        values = [system["unprofiled"][f"{side}_{key}"] for system in (hetps, bare) for side in ("server", "client")]
+        table.add_row(
+            label,
+            f"{values[0]:.1f}",
+            f"{values[2]:.1f}",
+            f"{values[0] - values[2]:+.1f}",
+            f"{values[1]:.1f}",
+            f"{values[3]:.1f}",
+        )
+    table.add_row(
+        "step, wall ms (unprofiled)",
+        f"{hetps['unprofiled']['step_ms']:.1f}",
+        f"{bare['unprofiled']['step_ms']:.1f}",
+        "",
+        "",
+        "",
+    )
+    table.add_row(
+        "step, wall ms (under the profiler)",
+        f"{hetps['step_ms_under_profiler']:.1f}",
+        f"{bare['step_ms_under_profiler']:.1f}",
+        "",
+        "",
+        "",
+    )
+    console.print(table)
+    top = Table(title="hetps server: the functions with the most own CPU")
+    for column in ("function", "group", "ms/step", "calls/step"):
+        top.add_column(column, justify="left" if column in ("function", "group") else "right")
+    for row in hetps["server"]["top"][:15]:
+        top.add_row(row["function"][:90], row["group"], f"{row['own_ms_per_step']:.2f}", f"{row['calls_per_step']:.1f}")
+    console.print(top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer steps")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model and a few steps (tests)")
+    parser.add_argument("--model", default=None, choices=sorted(MODELS), help="default resnet18 (tiny with --smoke)")
+    parser.add_argument("--wire", default="fp32", help=f"the wire dtype of both systems: {', '.join(WIRES)}")
+    parser.add_argument("--steps", type=int, default=None, help="profiled steps of each system (default 60, 20 quick)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_profile.json"))
+    args = parser.parse_args(argv)
+    if args.wire not in WIRES:
+        problem = wire_problem(args.wire) or "the bare mover sends no 8-bit pushes"
+        parser.error(f"--wire {args.wire}: {problem}; profile one of {', '.join(WIRES)}")
+    steps = args.steps if args.steps is not None else 3 if args.smoke else 20 if args.quick else 60
+    if steps < 1:
+        parser.error("--steps must be at least 1")
+    model = args.model or ("tiny" if args.smoke else "resnet18")
+    started = time.perf_counter()
+    torch.set_num_threads(TORCH_THREADS)
+    console, log_dir = prepare_output(args.out)
+    layout = Layout.from_named_shapes(MODELS[model](), 1)
+    flat = torch.randn(layout.total_length, generator=torch.Generator().manual_seed(0)) * 0.01
+    results: dict[str, Any] = {
+        **run_header(None),
+        "model": model,
+        "parameters": layout.total_length,
+        "wire": args.wire,
+        "steps": steps,
+        "systems": {},
+    }
+    fleet = Fleet(log_dir)
+    try:
+        for name in SYSTEMS:
+            path = log_dir / f"{name}.profile.json"
+            system: StepSystem
+            if name == "hetps":
+                server = fleet.start_hetps("hetps-profiled", model, "asgd", (), 0, 1, profile=path)
+                system = HetpsStep([server.address], layout, "profiled", args.wire, flat)
+            else:
+                server = fleet.start_helper("bare-profiled", "bare", "benchmarks.harness.bare_grpc", profile=path)
+                system = BareStep([server.address], layout, "profiled", args.wire, flat)
+            try:
+                results["systems"][name] = profile_system(
+                    name, system, server, path, steps, 1 if args.smoke else 3, layout.total_length
+                )
+            finally:
+                system.close()
+    finally:
+        fleet.stop()
+    print_tables(results, console)
+    results["wall_seconds"] = time.perf_counter() - started
+    write_results("step_profile", argv, results, args.out, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

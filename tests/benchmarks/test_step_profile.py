@@ -1,0 +1,65 @@
+"""``benchmarks.step_profile``: both systems profiled on both sides, CPU put in groups, wrong options refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.step_profile import C_THREADS, GROUPS, OTHER, group_of, grouped, main
+
+
+def test_functions_fall_into_the_groups_that_name_them() -> None:
+    assert group_of("/x/site-packages/grpc/_server.py", "_send_response") == "gRPC Python layer (+ its C calls)"
+    assert group_of("builtins", "<method 'copy_' of 'torch._C.TensorBase' objects>") == "buffer copies"
+    assert group_of("builtins", "<method 'join' of 'bytes' objects>") == "buffer copies"
+    assert group_of("builtins", "<method 'sum' of 'torch._C.TensorBase' objects>") == "finiteness sum"
+    assert group_of("builtins", "<method 'add_' of 'torch._C.TensorBase' objects>") == "tensor math"
+    assert group_of("/usr/lib/python3.11/threading.py", "Condition.wait") == "thread hand-offs"
+    assert group_of("/somewhere/else.py", "f") == OTHER
+    # Own times per step add up: 30 ms over 3 steps in two groups.
+    functions = [
+        {"module": "builtins", "name": "<method 'copy_' of 'torch._C.TensorBase' objects>", "own_s": 0.02},
+        {"module": "builtins", "name": "<method 'sum' of 'torch._C.TensorBase' objects>", "own_s": 0.01},
+    ]
+    assert grouped(functions, 3) == pytest.approx({"buffer copies": 20 / 3, "finiteness sum": 10 / 3})
+
+
+def test_a_smoke_run_profiles_both_servers_and_clients(tmp_path: Path) -> None:
+    out = tmp_path / "step_profile.json"
+    assert main(["--smoke", "--steps", "4", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["steps"] == 4 and results["model"] == "tiny"
+    hetps, bare = results["systems"]["hetps"], results["systems"]["bare"]
+    names = {group for group, _ in GROUPS} | {OTHER, C_THREADS}
+    for side in (hetps["server"], bare["server"], hetps["client"], bare["client"]):
+        assert set(side["groups_ms_per_step"]) <= names
+        assert sum(side["groups_ms_per_step"].values()) > 0
+        assert side["top"] and all(row["own_ms_per_step"] >= 0 for row in side["top"])
+    # Only hetps's server runs the rule (tensor math) and its own code; only the bare one runs the mover's.
+    hetps_server, bare_server = hetps["server"]["groups_ms_per_step"], bare["server"]["groups_ms_per_step"]
+    assert hetps_server.get("hetps Python code", 0) > 0 and bare_server.get("hetps Python code", 0) == 0
+    assert hetps_server.get("tensor math", 0) > 0
+    assert bare_server.get("bare mover's code (its copies included)", 0) > 0
+    assert hetps_server.get("bare mover's code (its copies included)", 0) == 0
+    assert results["command"].startswith("python -m benchmarks.step_profile --smoke")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--wire", "int8/bf16"], "the bare mover sends no 8-bit pushes"),
+        (["--wire", "int9"], "int9"),
+        (["--steps", "0"], "must be at least 1"),
+        (["--model", "vgg"], "invalid choice"),
+    ],
+)
+def test_wrong_options_exit_2_with_what_to_fix(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--out", str(tmp_path / "out.json")])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
