@@ -62,10 +62,11 @@ from psworker.sessions import (
     is_future_clock,
     join_shard,
     observe_clock,
+    pulled_shard_clock,
     reconnect_note,
     recovery_for,
 )
-from psworker.transfer import init_requests, push_requests, receive_params
+from psworker.transfer import init_requests, push_requests, receive_params, shard_clock
 
 __all__ = [
     "NO_RETRY",
@@ -337,7 +338,7 @@ class PSClient:
         messages = session.data.pull(request, timeout=timeout, metadata=self._metadata)
         clock = receive_params(messages, out[session.range.offset : session.range.end])
         self.pulled_clocks[session.range.index] = clock
-        self._observe_clock(session.range.index, clock)
+        self._observe_clock(session.range.index, pulled_shard_clock(clock, shard_clock(messages)))
         return clock
 
     def push(
@@ -413,17 +414,17 @@ class PSClient:
             reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)
             return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry), reply.local_steps)
         timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
-        replies = iter(session.data.push_pull(requests, timeout=timeout, metadata=self._metadata))
+        call = session.data.push_pull(requests, timeout=timeout, metadata=self._metadata)
+        replies = iter(call)
         first = next(replies)
         if not isinstance(first, ps_pb2.PushResponse):
             raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
         params = (message for message in replies if isinstance(message, wire.PulledChunk))
         clock = receive_params(params, pull_into[session.range.offset : session.range.end])
         self.pulled_clocks[session.range.index] = clock
-        # The acknowledgement's clock is the shard's after this push, from the same process as the
-        # parameters: parameters older than it are a version still being sent that the shard shared
-        # (``--pull-versions``), not a rollback, and only a clock below both is one.
-        self._observe_clock(session.range.index, clock if first.duplicate else max(clock, first.clock))
+        # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.
+        ack_clock = None if first.duplicate else first.clock
+        self._observe_clock(session.range.index, pulled_shard_clock(clock, shard_clock(call), ack_clock))
         return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry), first.local_steps)
 
     def _held_deadline(self, session: ShardSession, *wire_dtypes: int) -> float:

@@ -142,6 +142,18 @@ def observe_clock(seen_clocks: list[int], index: int, clock: int) -> Rollback | 
     return Rollback(index, seen, clock)
 
 
+def pulled_shard_clock(version_clock: int, shard_clock: int | None, ack_clock: int | None = None) -> int:
+    """The shard's clock that a pull reply shows, to be checked for a rollback (``observe_clock``).
+
+    The parameters may be an older version the shard still sends to other workers (``--pull-versions``),
+    so their ``version_clock`` is not the shard's. The server says its own, ``shard_clock``, with the
+    reply; without it (an older server) the best known is the version's clock, or PushPull's
+    acknowledgement (``ack_clock``: the shard's clock after the push, from the same process) if higher."""
+    if shard_clock is not None:
+        return shard_clock
+    return version_clock if ack_clock is None else max(version_clock, ack_clock)
+
+
 class ServerMismatchError(RuntimeError):
     """The shards the client reached do not agree with the model it holds."""
 

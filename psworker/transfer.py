@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 import grpc
 import torch
 
-from psproto import codec, wire
+from psproto import codec, metadata, wire
 from psproto.v1 import ps_pb2
 
 _SERVICE = "/psproto.v1.ParameterServer/"
@@ -75,3 +75,18 @@ def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor) -> 
         assembler.add(message.chunk)
     assembler.finish()
     return clock
+
+
+def shard_clock(call: object) -> int | None:
+    """The shard's clock when it admitted the pull that ``call`` answers (its trailing metadata, there
+    once the reply was read): at least the clock of the parameters sent, which may be an older
+    version shared with other readers.
+
+    None when the server sends none (an older server), or when ``call`` is no gRPC call."""
+    if not isinstance(call, grpc.Call):
+        return None
+    for key, value in call.trailing_metadata() or ():
+        if key == metadata.SHARD_CLOCK:
+            text = value.decode() if isinstance(value, bytes) else value
+            return int(text) if text.isascii() and text.isdigit() else None
+    return None

@@ -13,11 +13,12 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from psproto import wire
+from psproto import metadata, wire
 from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer, CheckpointError
 from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.pull_versions import PullEncoder
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import PendingPush, PullResult, Shard
 from psserver.core.status import WorkerView
@@ -265,10 +266,19 @@ class ParameterServerServicer:
     @_translate_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Yields already serialised PullResponse messages (registered with an identity serializer)."""
-        result = self.shard.pull(
-            request.worker_id, request.wire_dtype, request.reserve, PULL_RESPONSE, abandoned=_abandoned(context)
-        )
+        result = self._pull(context, request.worker_id, request.wire_dtype, PULL_RESPONSE, request.reserve)
         return _send(result, self.shard.watch_stream(request.worker_id, "Pull", context.cancel))
+
+    def _pull(
+        self, context: grpc.ServicerContext, worker_id: int, dtype: int, encoder: PullEncoder, reserve: bool = False
+    ) -> PullResult:
+        """The shard's pull, its clock at admission sent after the reply (``psproto.metadata.SHARD_CLOCK``):
+        the version may be an older one still being sent to others, whose clock is not the shard's."""
+        clocks: list[int] = []
+        result = self.shard.pull(worker_id, dtype, reserve, encoder, _abandoned(context), admitted=clocks.append)
+        # Trailing: it goes out with the call's status, in no frame of its own as initial metadata would.
+        context.set_trailing_metadata(((metadata.SHARD_CLOCK, str(clocks[0])),))
+        return result
 
     def _receive_push(
         self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext, then_pull: bool
@@ -316,9 +326,7 @@ class ParameterServerServicer:
     ) -> Iterator[bytes]:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
         header, outcome = self._receive_push(request_iterator, context, then_pull=True)
-        result = self.shard.pull(
-            header.worker_id, header.pull_dtype, encoder=PUSH_PULL_PARAMS, abandoned=_abandoned(context)
-        )
+        result = self._pull(context, header.worker_id, header.pull_dtype, PUSH_PULL_PARAMS)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         return _send(result, self.shard.watch_stream(header.worker_id, "PushPull", context.cancel), ack)
 
