@@ -46,7 +46,7 @@ from rich.table import Table
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.processes import REPO_ROOT, Fleet, ServerProcess, cpu_seconds
 from benchmarks.harness.profiled import thread_cpu_seconds
-from benchmarks.harness.report import prepare_output, run_header, write_results
+from benchmarks.harness.report import prepare_output, run_header, run_size, write_results
 from benchmarks.harness.settings import TORCH_THREADS
 from benchmarks.harness.steps import BareStep, HetpsStep, StepSystem, warm_up, wire_problem
 from psproto.layout import Layout
@@ -278,10 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.wire not in WIRES:
         problem = wire_problem(args.wire) or "the bare mover sends no 8-bit pushes"
         parser.error(f"--wire {args.wire}: {problem}; profile one of {', '.join(WIRES)}")
-    steps = args.steps if args.steps is not None else 3 if args.smoke else 20 if args.quick else 60
-    if steps < 1:
-        parser.error("--steps must be at least 1")
-    model = args.model or ("tiny" if args.smoke else "resnet18")
+    steps, model = run_size(parser, args, args.steps, "--steps")
     started = time.perf_counter()
     torch.set_num_threads(TORCH_THREADS)
     console, log_dir = prepare_output(args.out)

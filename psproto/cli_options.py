@@ -7,6 +7,7 @@ importing the server (or the other way round).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,41 @@ def client_security_from_flags(
         raise click.UsageError(str(error)) from None
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib|gib)?\s*$", re.IGNORECASE | re.ASCII)
+_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_byte_size(text: str) -> int | None:
+    """A whole number of bytes, KiB, MiB or GiB (``4MiB``, ``65536``); None when ``text`` is not one."""
+    match = _SIZE.match(text)
+    if match is None:
+        return None
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
+
+
+def parse_chunk_size(text: str, max_message_bytes: int | None = None, param_hint: str = "--chunk-size") -> int:
+    """``--chunk-size``: bytes, KiB or MiB, within ``codec.chunk_bytes_problem``'s bounds (a usage error otherwise)."""
+    size = parse_byte_size(text)
+    if size is None:
+        raise click.BadParameter(
+            f"{text!r}: give a whole number of bytes, KiB or MiB (e.g. 1MiB)", param_hint=param_hint
+        )
+    problem = codec.chunk_bytes_problem(size, max_message_bytes)
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint=param_hint)
+    return size
+
+
+def _chunk_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    return parse_chunk_size(value, codec.DEFAULT_MAX_MESSAGE_BYTES)
+
+
+CHUNK_SIZE_HELP = (
+    "largest payload of one message (bytes, or 512KiB, 1MiB...): what a step's tensors are cut into; "
+    "at least 64KiB, at most half of the largest message"
+)
+
+
 def _pull_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and value not in codec.WIRE_DTYPE_NAMES:
         raise click.BadParameter(codec.pull_dtype_problem(value))
@@ -55,7 +91,8 @@ def _pull_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 def wire_dtype_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--wire-dtype (pushes and pulls), --push-dtype, --pull-dtype, --error-feedback/--no-error-feedback.
+    """--wire-dtype (pushes and pulls), --push-dtype, --pull-dtype, --chunk-size (what pushes are cut
+    into), --error-feedback/--no-error-feedback.
 
     ``int8`` (the 8-bit block codec) is a push dtype only; asked for pulls (through --wire-dtype
     or --pull-dtype) it is a usage error saying so."""
@@ -82,6 +119,13 @@ def wire_dtype_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 type=names,
                 callback=_pull_dtype,
                 help="what pulled parameters travel in (default: --wire-dtype); never int8",
+            ),
+            click.option(
+                "--chunk-size",
+                default=f"{codec.DEFAULT_CHUNK_BYTES // 1024**2}MiB",
+                show_default=True,
+                callback=_chunk_size,
+                help=f"pushes and Init: the {CHUNK_SIZE_HELP}",
             ),
             click.option(
                 "--error-feedback/--no-error-feedback",

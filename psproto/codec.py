@@ -23,7 +23,28 @@ import torch
 from psproto import blocks
 from psproto.v1 import ps_pb2
 
-DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
+# A chunk and its copies fit a core's L2 cache on common hosts (1 MiB): on a 2-core host a
+# ResNet-18-sized step was 1.04-1.18x faster than with 2 MiB, and slower again at 512 KiB (more
+# messages) and 4 MiB (benchmarks/chunk_size.py; docs/performance.md, "Chunk size").
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+# The largest message workers send and receive (and servers, by default: --max-message-mb).
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Below this a ResNet-18-sized step is hundreds of messages, each with its Python and gRPC overhead.
+MIN_CHUNK_BYTES = 64 * 1024
+
+
+def chunk_bytes_problem(chunk_bytes: int, max_message_bytes: int | None = None) -> str | None:
+    """Why ``chunk_bytes`` cannot be a chunk size (None when it can): at least ``MIN_CHUNK_BYTES``,
+    and at most half the largest message, so a chunk and its header always fit."""
+    if chunk_bytes < MIN_CHUNK_BYTES:
+        return f"a chunk of {chunk_bytes} bytes is below the smallest, {MIN_CHUNK_BYTES} (64KiB)"
+    if max_message_bytes is not None and chunk_bytes > max_message_bytes // 2:
+        return (
+            f"a chunk of {chunk_bytes} bytes is above half the largest message ({max_message_bytes} bytes); "
+            "give a smaller chunk or a larger message limit"
+        )
+    return None
+
 
 DTypeValue: TypeAlias = ps_pb2.DType.ValueType
 

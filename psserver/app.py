@@ -24,7 +24,6 @@ from types import TracebackType
 
 import torch
 
-from psproto import codec
 from psproto.security import SecurityConfigError, read_token_file
 from psserver.core import checkpoint
 from psserver.core.consistency import Consistency
@@ -216,7 +215,7 @@ class ServerConfig:
             transfer_pace=self.limits.transfer_pace,
             pull_versions=self.limits.pull_versions,
             # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
-            chunk_bytes=min(codec.DEFAULT_CHUNK_BYTES, self.transport.max_message_bytes // 2),
+            chunk_bytes=self.transport.reply_chunk_bytes,
         )
 
 

@@ -11,6 +11,7 @@ import re
 
 import click
 
+from psproto.cli_options import parse_byte_size
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.rpc.server import MAX_RECEIVE_WINDOW_BYTES, MIN_RECEIVE_WINDOW_BYTES
 
@@ -57,21 +58,16 @@ def parse_checkpoint_every(text: str) -> tuple[int, float]:
     return updates, seconds
 
 
-_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib|gib)?\s*$", re.IGNORECASE | re.ASCII)
-_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
-
-
 def parse_receive_window(text: str) -> int | None:
     """``auto`` (None: gRPC probes the link) or a whole number of bytes, KiB, MiB or GiB (``4MiB``)."""
     if text.strip().lower() == "auto":
         return None
-    match = _SIZE.match(text)
-    if match is None:
+    size = parse_byte_size(text)
+    if size is None:
         raise click.BadParameter(
             f"{text!r}: give 'auto' or a whole number of bytes, KiB, MiB or GiB (e.g. 4MiB)",
             param_hint="--receive-window",
         )
-    size = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
     if not MIN_RECEIVE_WINDOW_BYTES <= size <= MAX_RECEIVE_WINDOW_BYTES:
         raise click.BadParameter(
             f"{text!r} is {size} bytes; a window is 64KiB ({MIN_RECEIVE_WINDOW_BYTES}) to "

@@ -22,7 +22,8 @@ from types import FrameType
 import click
 from click.core import ParameterSource
 
-from psproto.cli_options import path_option
+from psproto import codec
+from psproto.cli_options import CHUNK_SIZE_HELP, parse_chunk_size, path_option
 from psserver.allocator import (
     DEFAULT_ARENAS,
     DEFAULT_MMAP_MIB,
@@ -135,6 +136,12 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 @path_option("--auth-token-file", "require 'authorization: Bearer <token>' on every RPC but health")
 @click.option(
     "--max-message-mb", default=64, show_default=True, type=click.IntRange(1, 2047), help="largest gRPC message"
+)
+@click.option(
+    "--chunk-size",
+    default=None,
+    help=f"pulled parameters: the {CHUNK_SIZE_HELP} "
+    f"[default: {codec.DEFAULT_CHUNK_BYTES // 1024**2}MiB, or half of --max-message-mb if smaller]",
 )
 @click.option(
     "--max-concurrent-rpcs",
@@ -266,6 +273,7 @@ def serve(
     tls_client_ca: Path | None,
     auth_token_file: Path | None,
     max_message_mb: int,
+    chunk_size: str | None,
     max_concurrent_rpcs: int,
     max_streams_per_connection: int,
     max_workers: int,
@@ -285,6 +293,7 @@ def serve(
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     every_updates, every_seconds = parse_checkpoint_every(checkpoint_every)
     receive_window_bytes = parse_receive_window(receive_window)
+    chunk_bytes = None if chunk_size is None else parse_chunk_size(chunk_size, max_message_mb * 1024 * 1024)
     if (tls_cert is None) != (tls_key is None):
         raise click.BadParameter("give both --tls-cert and --tls-key, or neither", param_hint="--tls-cert/--tls-key")
     if tls_client_ca is not None and tls_cert is None:
@@ -317,7 +326,11 @@ def serve(
         torch_threads=torch_threads,
         drain_seconds=drain_seconds,
         transport=ServerLimits(
-            max_message_mb * 1024 * 1024, max_concurrent_rpcs, max_streams_per_connection, receive_window_bytes
+            max_message_mb * 1024 * 1024,
+            max_concurrent_rpcs,
+            max_streams_per_connection,
+            receive_window_bytes,
+            chunk_bytes,
         ),
         limits=ShardLimits(
             max_workers=max_workers,

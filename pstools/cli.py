@@ -42,9 +42,13 @@ def _parse_slowdowns(text: str) -> list[float]:
     return values
 
 
-def _dtype_args(push_dtype: str | None, pull_dtype: str | None, error_feedback: bool) -> tuple[str, ...]:
-    """The `psworker train` options that carry the cluster's push and pull dtypes to its workers."""
-    args: tuple[str, ...] = () if error_feedback else ("--no-error-feedback",)
+def _dtype_args(
+    push_dtype: str | None, pull_dtype: str | None, error_feedback: bool, chunk_bytes: int
+) -> tuple[str, ...]:
+    """The `psworker train` options that carry the cluster's push and pull dtypes and chunk size to its workers."""
+    args: tuple[str, ...] = ("--chunk-size", str(chunk_bytes))
+    if not error_feedback:
+        args += ("--no-error-feedback",)
     if push_dtype is not None:
         args += ("--push-dtype", push_dtype)
     if pull_dtype is not None:
@@ -113,6 +117,7 @@ def cluster(
     wire_dtype: str,
     push_dtype: str | None,
     pull_dtype: str | None,
+    chunk_size: int,
     error_feedback: bool,
     device: str,
     seed: int,
@@ -142,10 +147,11 @@ def cluster(
         device,
         seed,
         timeout_s=timeout,
-        server_args=("--consistency", consistency, "--ssp-bound", str(ssp_bound)),
+        # One chunk size both ways: the servers cut pulled parameters as the workers cut pushes.
+        server_args=("--consistency", consistency, "--ssp-bound", str(ssp_bound), "--chunk-size", str(chunk_size)),
         data_dir=data_dir,
         shard_data=shard_data,
-        worker_args=_dtype_args(push_dtype, pull_dtype, error_feedback),
+        worker_args=_dtype_args(push_dtype, pull_dtype, error_feedback, chunk_size),
     )
     console = Console()
     console.print(

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import grpc
 
+from psproto import codec
+
 # Pings every 10 s: a dead link is noticed within 15 s; on a live one a ping costs 17 bytes.
 DEFAULT_KEEPALIVE_S = 10.0
 # Twice the server's accepted ping interval, so timer jitter never counts as a ping too many.
 MIN_KEEPALIVE_S = 1.0
-_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
 
 
 def check_keepalive(keepalive_seconds: float) -> None:
@@ -39,8 +41,8 @@ def channel_options(keepalive_seconds: float = DEFAULT_KEEPALIVE_S) -> list[tupl
     interval_ms = round(keepalive_seconds * 1000)
     answer_ms = interval_ms // 2
     return [
-        ("grpc.max_receive_message_length", _MESSAGE_BYTES),
-        ("grpc.max_send_message_length", _MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         # Reconnect soon after a server restart or a dropped connection (gRPC's default starts at 1 s).
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 2000),

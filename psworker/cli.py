@@ -171,6 +171,7 @@ def train_command(
     wire_dtype: str,
     push_dtype: str | None,
     pull_dtype: str | None,
+    chunk_size: int,
     error_feedback: bool,
     log_file: Path | None,
     progress: bool,
@@ -227,6 +228,7 @@ def train_command(
         push_dtype=push_dtype,
         pull_dtype=pull_dtype,
         error_feedback=error_feedback,
+        chunk_bytes=chunk_size,
     )
     try:
         summary = train(config, loaded)

@@ -106,9 +106,11 @@ class PSClient:
         push_dtype: str | None = None,
         pull_dtype: str | None = None,
         error_feedback: bool = True,
+        chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
     ) -> None:
         """``wire_dtype``: pushes' and pulls' dtype unless ``push_dtype``/``pull_dtype`` says otherwise
-        (``int8`` pushes only; ``error_feedback``: its residual, ``psworker.push_encoding``).
+        (``int8`` pushes only; ``error_feedback``: its residual, ``psworker.push_encoding``);
+        ``chunk_bytes``: what pushes and Init are cut into (``codec.chunk_bytes_problem`` bounds it).
         ``connect_timeout``: how long the first Join waits for each shard to come up.
         ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
         ``deadlines``: how long each call may take (``psworker.deadlines``)."""
@@ -130,7 +132,7 @@ class PSClient:
         self.device = device
         self.observer = observer
         self.wire_dtype = pull  # what pulls (and PushPull's parameters) come back in
-        self.push_encoder = PushEncoder(push, error_feedback)
+        self.push_encoder = PushEncoder(push, error_feedback, chunk_bytes)
         self.connect_timeout = connect_timeout
         self.retry = retry or RetryPolicy()
         # Called for the current parameters when a shard came back empty (restarted without a checkpoint).
@@ -314,7 +316,7 @@ class PSClient:
 
     def _init_shard(self, session: ShardSession, flat: torch.Tensor) -> bool:
         header = ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash)
-        requests = init_requests(header, flat[session.range.offset : session.range.end])
+        requests = init_requests(header, flat[session.range.offset : session.range.end], self.push_encoder.chunk_bytes)
         timeout = self.deadlines.transfer(payload_bytes(session.range.length, codec.FLOAT32))
         reply: ps_pb2.InitResponse = session.data.init(requests, timeout=timeout, metadata=self._metadata)
         return reply.applied

@@ -22,6 +22,7 @@ import torch
 
 from psproto import blocks, codec
 from psproto.layout import ShardRange
+from psworker.channels import MAX_MESSAGE_BYTES
 
 
 def wire_dtypes(
@@ -71,7 +72,7 @@ class BlockPush:
         self._generation = encoder.generation(shard)
         self._residual = encoder.residual(shard) if encoder.error_feedback else None
         self._updated = encoder.residual_buffer(shard, part.numel()) if encoder.error_feedback else None
-        self._spans = codec.chunk_spans(part.numel(), codec.INT8_BLOCK)
+        self._spans = codec.chunk_spans(part.numel(), codec.INT8_BLOCK, encoder.chunk_bytes)
         self._encoded: list[codec.ChunkPayload] = []
         self._finite = True
 
@@ -97,8 +98,14 @@ class BlockPush:
 class PushEncoder:
     """Turns a shard's slice of an update into the chunks a push sends."""
 
-    def __init__(self, dtype: codec.DTypeValue, error_feedback: bool = True) -> None:
+    def __init__(
+        self, dtype: codec.DTypeValue, error_feedback: bool = True, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    ) -> None:
+        problem = codec.chunk_bytes_problem(chunk_bytes, MAX_MESSAGE_BYTES)
+        if problem is not None:
+            raise ValueError(problem)
         self.dtype = dtype
+        self.chunk_bytes = chunk_bytes
         self.error_feedback = error_feedback and dtype == codec.INT8_BLOCK
         self._residuals: dict[int, torch.Tensor] = {}
         # A residual that was replaced, kept to be written over by the next push's.
@@ -155,5 +162,5 @@ class PushEncoder:
         for INT8_BLOCK a :class:`BlockPush` (iterate it again for the same bytes; the residual moves
         when its last chunk is made); for a float dtype an iterator over ``part``."""
         if self.dtype != codec.INT8_BLOCK:
-            return codec.payloads(part, self.dtype)
+            return codec.payloads(part, self.dtype, self.chunk_bytes)
         return BlockPush(self, shard, part)

@@ -14,6 +14,7 @@ from typing import IO, Any
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from psproto import codec
 from psproto.security import ClientTls
 from psworker.binding import ModelBinding
 from psworker.channels import DEFAULT_KEEPALIVE_S
@@ -61,6 +62,8 @@ class TrainConfig:
     push_dtype: str | None = None
     pull_dtype: str | None = None
     error_feedback: bool = True
+    # What pushes and Init are cut into (PSClient's chunk_bytes).
+    chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
 
 
 @dataclass
@@ -161,6 +164,7 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             push_dtype=config.push_dtype,
             pull_dtype=config.pull_dtype,
             error_feedback=config.error_feedback,
+            chunk_bytes=config.chunk_bytes,
             tls=config.tls,
             auth_token=config.auth_token,
             retry=RetryPolicy(give_up_seconds=config.retry_seconds),

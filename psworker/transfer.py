@@ -50,10 +50,12 @@ class DataPath:
         )
 
 
-def init_requests(header: ps_pb2.InitHeader, part: torch.Tensor) -> Iterator[ps_pb2.InitRequest | bytes]:
-    """An Init stream: the header, then ``part`` (one shard's slice, fp32) as chunks."""
+def init_requests(
+    header: ps_pb2.InitHeader, part: torch.Tensor, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+) -> Iterator[ps_pb2.InitRequest | bytes]:
+    """An Init stream: the header, then ``part`` (one shard's slice, fp32) as chunks of ``chunk_bytes``."""
     yield ps_pb2.InitRequest(header=header)
-    for payload in codec.payloads(part):
+    for payload in codec.payloads(part, codec.FLOAT32, chunk_bytes):
         yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 import torch
 
+from psproto import codec
 from psproto.layout import Layout
 from psproto.tuning import apply_malloc_tuning
 from psserver.allocator import default_server_environment
@@ -101,7 +102,7 @@ class BareClient:
         layout: Layout,
         key: str,
         wire_dtype: str = "fp32",
-        chunk_bytes: int = 2 * 1024 * 1024,
+        chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
     ) -> None:
         if len(servers) != layout.num_shards:
             raise ValueError(f"{len(servers)} servers for {layout.num_shards} shards")

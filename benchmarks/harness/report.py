@@ -50,6 +50,18 @@ def parse_settings(
     return settings, args.out
 
 
+def run_size(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, count: int | None, flag: str
+) -> tuple[int, str]:
+    """For a one-section script with ``--quick``, ``--smoke`` and ``--model``: how many timed repeats
+    (``count`` as given by ``flag``, else 60, 20 quick, 3 smoke; below 1 a usage error) and which
+    model (``--model``, else resnet18, tiny with ``--smoke``)."""
+    repeats = count if count is not None else 3 if args.smoke else 20 if args.quick else 60
+    if repeats < 1:
+        parser.error(f"{flag} must be at least 1")
+    return repeats, args.model or ("tiny" if args.smoke else "resnet18")
+
+
 def prepare_output(out: Path) -> tuple[Console, Path]:
     """A console for the tables, and the folder beside ``out`` where the servers' logs go."""
     console = Console()

@@ -33,11 +33,13 @@ class StepSystem(Protocol):
     def close(self) -> None: ...
 
 
-def hetps_client(addresses: list[str], layout: Layout, name: str, wire: str) -> PSClient:
+def hetps_client(
+    addresses: list[str], layout: Layout, name: str, wire: str, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+) -> PSClient:
     """A worker's client whose ``wire`` is a dtype for both ways or ``PUSH/PULL`` ("int8/bf16": 8-bit
     pushes, bf16 pulls); a ValueError names a dtype that does not exist (:func:`wire_problem`)."""
     push, _, pull = wire.partition("/")
-    return PSClient(addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push)
+    return PSClient(addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push, chunk_bytes=chunk_bytes)
 
 
 def wire_problem(wire: str) -> str | None:
@@ -53,8 +55,16 @@ def wire_problem(wire: str) -> str | None:
 class HetpsStep:
     client_pids: tuple[int, ...] = ()
 
-    def __init__(self, addresses: list[str], layout: Layout, name: str, wire_dtype: str, flat: torch.Tensor) -> None:
-        self.client = hetps_client(addresses, layout, name, wire_dtype)
+    def __init__(
+        self,
+        addresses: list[str],
+        layout: Layout,
+        name: str,
+        wire_dtype: str,
+        flat: torch.Tensor,
+        chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        self.client = hetps_client(addresses, layout, name, wire_dtype, chunk_bytes)
         if not self.client.initialized:
             self.client.init(flat)
         self.client.pull(torch.empty_like(flat))
@@ -69,8 +79,16 @@ class HetpsStep:
 class BareStep:
     client_pids: tuple[int, ...] = ()
 
-    def __init__(self, addresses: list[str], layout: Layout, key: str, wire_dtype: str, flat: torch.Tensor) -> None:
-        self.client = bare_grpc.BareClient(addresses, layout, key, wire_dtype, codec.DEFAULT_CHUNK_BYTES)
+    def __init__(
+        self,
+        addresses: list[str],
+        layout: Layout,
+        key: str,
+        wire_dtype: str,
+        flat: torch.Tensor,
+        chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        self.client = bare_grpc.BareClient(addresses, layout, key, wire_dtype, chunk_bytes)
         self.client.init(flat)
 
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:

@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from psproto import codec
 from psproto.errors import Reason
 from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer
@@ -38,7 +39,7 @@ else:
 _LOGGER = logging.getLogger(__name__)
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 # Large enough for chunks of a few MiB plus headers; clients never need more.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
 # HTTP/2 lets a stream's window be at most 2^31 - 1 bytes; below 64 KiB (about HTTP/2's
 # default of 65,535) a multi-MiB push would stall on window updates.
 MIN_RECEIVE_WINDOW_BYTES = 64 * 1024
@@ -46,9 +47,10 @@ MAX_RECEIVE_WINDOW_BYTES = 2**31 - 1
 # HTTP/2's largest frame (SETTINGS_MAX_FRAME_SIZE may be 16 KiB to 2^24 - 1).
 MAX_FRAME_BYTES = 2**24 - 1
 # Covers 4 GB/s at a 1 ms round trip, more than gRPC's Python layer moves per stream, and two
-# 2 MiB chunks, so a push does not wait for a window update in the middle of each chunk
-# (with 1 and 2 MiB a step was 8-15% slower than with gRPC's own sizing; with 4 MiB and frames
-# as large, within the run-to-run noise of it). See ServerLimits.receive_window_bytes.
+# chunks of up to 2 MiB, so a push does not wait for a window update in the middle of each chunk
+# (with 1 and 2 MiB windows and 2 MiB chunks a step was 8-15% slower than with gRPC's own sizing;
+# with 4 MiB and frames as large, within the run-to-run noise of it). See
+# ServerLimits.receive_window_bytes.
 DEFAULT_RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024
 # Clients ping over HTTP/2 to notice a silent link (psworker.channels: every keepalive interval,
 # at least 1 s, also between calls). gRPC's default server policy takes one ping per 5 minutes
@@ -79,8 +81,22 @@ class ServerLimits:
     # let 16 concurrently pushing workers add about 32 MiB each to the server's peak
     # (benchmarks/receive_window.py measures both).
     receive_window_bytes: int | None = DEFAULT_RECEIVE_WINDOW_BYTES
+    # Largest payload of a reply message (pulled parameters); None: ``codec.DEFAULT_CHUNK_BYTES``,
+    # or half the largest message when that is smaller, so a chunk and its header always fit.
+    chunk_bytes: int | None = None
+
+    @property
+    def reply_chunk_bytes(self) -> int:
+        """What pulled parameters are cut into."""
+        if self.chunk_bytes is not None:
+            return self.chunk_bytes
+        return min(codec.DEFAULT_CHUNK_BYTES, self.max_message_bytes // 2)
 
     def __post_init__(self) -> None:
+        if self.chunk_bytes is not None:
+            problem = codec.chunk_bytes_problem(self.chunk_bytes, self.max_message_bytes)
+            if problem is not None:
+                raise ValueError(problem)
         window = self.receive_window_bytes
         if window is not None and not MIN_RECEIVE_WINDOW_BYTES <= window <= MAX_RECEIVE_WINDOW_BYTES:
             raise ValueError(

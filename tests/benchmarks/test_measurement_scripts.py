@@ -23,6 +23,8 @@ SCRIPTS = [
     "throughput",
     "receive_window",
     "push_codec_accuracy",
+    "chunk_size",
+    "step_profile",
 ]
 
 

@@ -42,6 +42,9 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         (["--receive-window", "4MB"], "give 'auto' or a whole number of bytes, KiB, MiB or GiB"),
         (["--receive-window", "1.5MiB"], "give 'auto' or a whole number of bytes, KiB, MiB or GiB"),
         (["--receive-window", "large"], "--receive-window"),
+        (["--chunk-size", "32KiB"], "a chunk of 32768 bytes is below the smallest, 65536 (64KiB)"),
+        (["--chunk-size", "1.5MiB"], "give a whole number of bytes, KiB or MiB (e.g. 1MiB)"),
+        (["--chunk-size", "1MiB", "--max-message-mb", "1"], "above half the largest message (1048576 bytes)"),
         (["--ready-file", "/nonexistent/folder/ready.json"], "its folder /nonexistent/folder does not exist"),
         (["--pull-versions", "0"], "Invalid value for '--pull-versions': 0 is not in the range x>=1"),
         (["--pull-versions", "two"], "Invalid value for '--pull-versions'"),
@@ -99,6 +102,11 @@ def test_status_of_an_unreachable_server_is_a_clear_error() -> None:
 def test_serve_gives_the_server_the_receive_window_asked_for(
     flag: list[str], window: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    assert _limits_given(flag, monkeypatch).receive_window_bytes == window
+
+
+def _limits_given(flags: list[str], monkeypatch: pytest.MonkeyPatch) -> ServerLimits:
+    """The transport limits ``psserver serve FLAGS`` starts its server with (stopped before binding)."""
     given: list[ServerLimits] = []
 
     def start_server(*args: object, limits: ServerLimits, **kwargs: object) -> None:
@@ -106,9 +114,25 @@ def test_serve_gives_the_server_the_receive_window_asked_for(
         raise OSError("stopped by the test before binding")
 
     monkeypatch.setattr(app, "start_server", start_server)
-    result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flag], terminal_width=200)
+    result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flags], terminal_width=200)
     assert result.exit_code == 1 and "stopped by the test" in result.output
-    assert [limits.receive_window_bytes for limits in given] == [window]
+    assert len(given) == 1
+    return given[0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "chunk"),
+    [
+        ([], 1024**2),
+        (["--chunk-size", "2MiB"], 2 * 1024**2),
+        (["--chunk-size", "65536"], 64 * 1024),
+        (["--max-message-mb", "1"], 512 * 1024),  # the default, halved to fit the message limit
+    ],
+)
+def test_serve_cuts_pulled_parameters_into_the_chunks_asked_for(
+    flags: list[str], chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _limits_given(flags, monkeypatch).reply_chunk_bytes == chunk
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ def test_cluster_checks_the_slowdowns_before_starting_anything() -> None:
     assert result.exit_code == 2 and "3 slowdown(s) for 2 worker(s)" in result.output
 
 
-def test_cluster_passes_the_push_and_pull_dtypes_to_its_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_passes_the_push_and_pull_dtypes_and_the_chunk_size_on(monkeypatch: pytest.MonkeyPatch) -> None:
     configs: list[ClusterConfig] = []
 
     def stop_at_the_config(config: ClusterConfig) -> None:
@@ -39,9 +39,11 @@ def test_cluster_passes_the_push_and_pull_dtypes_to_its_workers(monkeypatch: pyt
         raise ClusterError("stopped before anything started")
 
     monkeypatch.setattr(cli, "run_cluster", stop_at_the_config)
-    flags = ["--push-dtype", "int8", "--pull-dtype", "bf16", "--no-error-feedback"]
+    flags = ["--push-dtype", "int8", "--pull-dtype", "bf16", "--no-error-feedback", "--chunk-size", "512KiB"]
     result = CliRunner().invoke(main, ["cluster", "--workers", "1", "--slowdowns", "1", *flags])
     assert result.exit_code != 0 and len(configs) == 1
-    assert configs[0].worker_args == ("--no-error-feedback", "--push-dtype", "int8", "--pull-dtype", "bf16")
+    chunk = ("--chunk-size", str(512 * 1024))
+    assert configs[0].worker_args == (*chunk, "--no-error-feedback", "--push-dtype", "int8", "--pull-dtype", "bf16")
+    assert configs[0].server_args[-2:] == chunk  # the servers cut pulled parameters the same way
     refused = CliRunner().invoke(main, ["cluster", "--pull-dtype", "int8"])
     assert refused.exit_code == 2 and "is for pushes only" in refused.output

@@ -15,6 +15,9 @@ from psworker.cli import main
         ("--keepalive-seconds", "soon", "'soon' is not a valid float"),
         ("--min-transfer-rate", "0", "0 is not in the range x>0"),
         ("--min-transfer-rate", "-1", "-1.0 is not in the range x>0"),
+        ("--chunk-size", "1KiB", "a chunk of 1024 bytes is below the smallest, 65536 (64KiB)"),
+        ("--chunk-size", "big", "give a whole number of bytes, KiB or MiB (e.g. 1MiB)"),
+        ("--chunk-size", "40MiB", "above half the largest message"),
     ],
 )
 def test_a_wrong_connection_flag_is_refused_with_its_name(flag: str, value: str, says: str) -> None:
@@ -42,5 +45,11 @@ def test_int8_pulls_are_a_usage_error(flags: list[str]) -> None:
 
 def test_the_dtype_flags_are_documented() -> None:
     text = " ".join(CliRunner().invoke(main, ["train", "--help"]).output.split())
-    for flag in ("--wire-dtype", "--push-dtype", "--pull-dtype", "--error-feedback / --no-error-feedback"):
+    for flag in (
+        "--wire-dtype",
+        "--push-dtype",
+        "--pull-dtype",
+        "--chunk-size",
+        "--error-feedback / --no-error-feedback",
+    ):
         assert flag in text
