@@ -20,7 +20,13 @@ _VARINT = 0
 _LEN = 2
 
 
+# Every key here and most small values are one byte: made once, not per message.
+_ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))
+
+
 def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     if value < 0:
         raise ValueError("varints here are never negative")
     out = bytearray()
@@ -99,6 +105,8 @@ class WireError(ValueError):
 
 
 def _read_varint(buffer: memoryview, position: int) -> tuple[int, int]:
+    if position < len(buffer) and buffer[position] < 0x80:
+        return buffer[position], position + 1  # keys, dtypes, small numbers: one byte
     value = 0
     shift = 0
     while True:
