@@ -9,12 +9,13 @@ one bare mover run under ``benchmarks.harness.profiled`` (yappi, CPU clock, buil
 this process steps each of them ``--steps`` times as one worker under yappi too, after the same
 warm-up as the timed benchmarks, and first as many steps unprofiled, for each side's CPU per
 step in its Python threads and in gRPC's C-core threads (``/proc``), which the profile's groups
-are read against. Every function's own CPU time is put in one group (the gRPC
-Python layer, whose calls into gRPC's C core do the socket writes and the copies into the
-transport; thread hand-offs; buffer copies; the finiteness sum; tensor math, which on a server is
-the rule's apply; hetps's own Python; the 8-bit codec; the bare mover's code), and the CPU of the
-gRPC C-core threads that yappi cannot see (event engine: polling, socket reads) comes from
-``/proc``. The tables give CPU milliseconds per step for each process, and hetps minus bare.
+are read against. Every function's own CPU time is put in one group (the gRPC Python layer,
+whose calls into gRPC's C core do the socket writes and the copies into the transport; thread
+hand-offs; the 8-bit codec; buffer copies and dtype conversions; the finiteness sum; tensor
+math, which on a server is the rule's apply; the bare mover's code; hetps's own Python), and the
+CPU of the gRPC C-core threads that yappi cannot see (event engine: polling, socket reads) comes
+from ``/proc``. The tables give CPU milliseconds per step for each process, and hetps minus bare.
+With 8-bit pushes (``--wire int8/bf16``) hetps is profiled alone: the bare mover has no codec.
 
 Profiling slows every process, so the step times printed are not speeds (``step_round_trip``
 measures those); the shares are what this is for. A deterministic profiler adds about a
@@ -27,6 +28,7 @@ the gRPC layer's calls into C) are what the CPU really spent.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -59,9 +61,12 @@ PROFILE_WAIT_S = 60.0
 GROUPS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
     ("gRPC Python layer (+ its C calls)", lambda module, name: "/grpc/" in module),
     ("thread hand-offs", lambda module, name: module.endswith(("threading.py", "queue.py", "thread.py"))),
-    ("buffer copies", lambda module, name: re.search(r"'(copy_|join|tobytes)'|^bytes$", name) is not None),
+    ("8-bit codec", lambda module, name: module.endswith(("_block_kernel.py", "blocks.py")) or "numba" in module),
+    (
+        "buffer copies and dtype conversions",
+        lambda module, name: re.search(r"'(copy_|join|tobytes|to)'|^bytes$", name) is not None,
+    ),
     ("finiteness sum", lambda module, name: "'sum'" in name),
-    ("8-bit codec", lambda module, name: "block" in name or "numba" in module),
     (
         "tensor math",
         lambda module, name: re.search(r"'(add_|mul_|sub_|addcmul_|lerp_|div_|neg_|mul|add)'", name) is not None,
@@ -195,68 +200,51 @@ def _side(
     return {"groups_ms_per_step": groups, "top": top_functions(functions, steps, 25)}
 
 
+def _cells(values: list[float | None]) -> list[str]:
+    """hetps server, bare server, their difference, hetps client, bare client; "—" where the bare mover did not run."""
+    hetps_server, bare_server, hetps_client, bare_client = values
+    difference = None if hetps_server is None or bare_server is None else hetps_server - bare_server
+    text = ["—" if value is None else f"{value:.1f}" for value in (hetps_server, bare_server, difference)]
+    if difference is not None:
+        text[2] = f"{difference:+.1f}"
+    return text + ["—" if value is None else f"{value:.1f}" for value in (hetps_client, bare_client)]
+
+
+def _both(
+    hetps: dict[str, Any], bare: dict[str, Any] | None, read: Callable[[dict[str, Any], str], float]
+) -> list[float | None]:
+    """``read(system, side)`` for hetps's server, the bare server, hetps's client, the bare client."""
+    return [
+        read(system, side) if system is not None else None for side in ("server", "client") for system in (hetps, bare)
+    ]
+
+
 def print_tables(results: dict[str, Any], console: Console) -> None:
-    hetps, bare = (results["systems"][name] for name in SYSTEMS)
+    hetps, bare = results["systems"]["hetps"], results["systems"].get("bare")
     table = Table(
         title=f"CPU ms per step, {results['model']} ({results['parameters']:,} parameters), {results['wire']}"
     )
     for column in ("where", "hetps server", "bare server", "server: hetps − bare", "hetps client", "bare client"):
         table.add_column(column, justify="left" if column == "where" else "right")
-    names = [group for group, _ in GROUPS] + [OTHER, C_THREADS]
-    totals = [0.0, 0.0, 0.0, 0.0]
-    for group in names:
-        values = [
-            hetps["server"]["groups_ms_per_step"].get(group, 0.0),
-            bare["server"]["groups_ms_per_step"].get(group, 0.0),
-            hetps["client"]["groups_ms_per_step"].get(group, 0.0),
-            bare["client"]["groups_ms_per_step"].get(group, 0.0),
-        ]
-        totals = [t + v for t, v in zip(totals, values, strict=True)]
-        table.add_row(
-            group,
-            f"{values[0]:.1f}",
-            f"{values[1]:.1f}",
-            f"{values[0] - values[1]:+.1f}",
-            *(f"{v:.1f}" for v in values[2:]),
-        )
-    table.add_row(
-        "all",
-        f"{totals[0]:.1f}",
-        f"{totals[1]:.1f}",
-        f"{totals[0] - totals[1]:+.1f}",
-        f"{totals[2]:.1f}",
-        f"{totals[3]:.1f}",
-        style="bold",
-    )
+    for group in [name for name, _ in GROUPS] + [OTHER, C_THREADS]:
+        read = functools.partial(_group_ms, group)
+        table.add_row(group, *_cells(_both(hetps, bare, read)))
+    totals = _both(hetps, bare, lambda system, side: sum(system[side]["groups_ms_per_step"].values()))
+    table.add_row("all", *_cells(totals), style="bold")
     for label, key in (
         ("unprofiled: Python threads", "python_threads_ms"),
         ("unprofiled: C-core threads", "c_threads_ms"),
     ):
-        values = [system["unprofiled"][f"{side}_{key}"] for system in (hetps, bare) for side in ("server", "client")]
-        table.add_row(
-            label,
-            f"{values[0]:.1f}",
-            f"{values[2]:.1f}",
-            f"{values[0] - values[2]:+.1f}",
-            f"{values[1]:.1f}",
-            f"{values[3]:.1f}",
-        )
-    table.add_row(
-        "step, wall ms (unprofiled)",
-        f"{hetps['unprofiled']['step_ms']:.1f}",
-        f"{bare['unprofiled']['step_ms']:.1f}",
-        "",
-        "",
-        "",
-    )
-    table.add_row(
-        "step, wall ms (under the profiler)",
-        f"{hetps['step_ms_under_profiler']:.1f}",
-        f"{bare['step_ms_under_profiler']:.1f}",
-        "",
-        "",
-        "",
-    )
+        table.add_row(label, *_cells(_both(hetps, bare, functools.partial(_unprofiled_ms, key))))
+    for label, field in (
+        ("step, wall ms (unprofiled)", None),
+        ("step, wall ms (under the profiler)", "step_ms_under_profiler"),
+    ):
+        steps = [
+            None if system is None else system["unprofiled"]["step_ms"] if field is None else system[field]
+            for system in (hetps, bare)
+        ]
+        table.add_row(label, *["—" if value is None else f"{value:.1f}" for value in steps], "", "", "")
     console.print(table)
     top = Table(title="hetps server: the functions with the most own CPU")
     for column in ("function", "group", "ms/step", "calls/step"):
@@ -266,18 +254,32 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
     console.print(top)
 
 
+def _group_ms(group: str, system: dict[str, Any], side: str) -> float:
+    return float(system[side]["groups_ms_per_step"].get(group, 0.0))
+
+
+def _unprofiled_ms(key: str, system: dict[str, Any], side: str) -> float:
+    return float(system["unprofiled"][f"{side}_{key}"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps")
     parser.add_argument("--smoke", action="store_true", help="a tiny model and a few steps (tests)")
     parser.add_argument("--model", default=None, choices=sorted(MODELS), help="default resnet18 (tiny with --smoke)")
-    parser.add_argument("--wire", default="fp32", help=f"the wire dtype of both systems: {', '.join(WIRES)}")
+    parser.add_argument(
+        "--wire",
+        default="fp32",
+        help=f"{', '.join(WIRES)} for both systems, or PUSH/PULL such as int8/bf16 (hetps alone)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="profiled steps of each system (default 60, 20 quick)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_profile.json"))
     args = parser.parse_args(argv)
-    if args.wire not in WIRES:
-        problem = wire_problem(args.wire) or "the bare mover sends no 8-bit pushes"
-        parser.error(f"--wire {args.wire}: {problem}; profile one of {', '.join(WIRES)}")
+    problem = wire_problem(args.wire)
+    if problem is not None:
+        parser.error(f"--wire {args.wire}: {problem}")
+    # The bare mover has no 8-bit codec: with 8-bit pushes hetps is profiled alone.
+    systems = SYSTEMS if args.wire in WIRES else ("hetps",)
     steps, model = run_size(parser, args, args.steps, "--steps")
     started = time.perf_counter()
     torch.set_num_threads(TORCH_THREADS)
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     fleet = Fleet(log_dir)
     try:
-        for name in SYSTEMS:
+        for name in systems:
             path = log_dir / f"{name}.profile.json"
             system: StepSystem
             if name == "hetps":

@@ -12,18 +12,27 @@ from benchmarks.step_profile import C_THREADS, GROUPS, OTHER, group_of, grouped,
 
 def test_functions_fall_into_the_groups_that_name_them() -> None:
     assert group_of("/x/site-packages/grpc/_server.py", "_send_response") == "gRPC Python layer (+ its C calls)"
-    assert group_of("builtins", "<method 'copy_' of 'torch._C.TensorBase' objects>") == "buffer copies"
-    assert group_of("builtins", "<method 'join' of 'bytes' objects>") == "buffer copies"
+    assert (
+        group_of("builtins", "<method 'copy_' of 'torch._C.TensorBase' objects>")
+        == "buffer copies and dtype conversions"
+    )
+    assert group_of("builtins", "<method 'join' of 'bytes' objects>") == "buffer copies and dtype conversions"
     assert group_of("builtins", "<method 'sum' of 'torch._C.TensorBase' objects>") == "finiteness sum"
     assert group_of("builtins", "<method 'add_' of 'torch._C.TensorBase' objects>") == "tensor math"
     assert group_of("/usr/lib/python3.11/threading.py", "Condition.wait") == "thread hand-offs"
+    assert (
+        group_of("builtins", "<method 'to' of 'torch._C.TensorBase' objects>") == "buffer copies and dtype conversions"
+    )
+    assert group_of("/repo/psproto/_block_kernel.py", "_encode") == "8-bit codec"
     assert group_of("/somewhere/else.py", "f") == OTHER
     # Own times per step add up: 30 ms over 3 steps in two groups.
     functions = [
         {"module": "builtins", "name": "<method 'copy_' of 'torch._C.TensorBase' objects>", "own_s": 0.02},
         {"module": "builtins", "name": "<method 'sum' of 'torch._C.TensorBase' objects>", "own_s": 0.01},
     ]
-    assert grouped(functions, 3) == pytest.approx({"buffer copies": 20 / 3, "finiteness sum": 10 / 3})
+    assert grouped(functions, 3) == pytest.approx(
+        {"buffer copies and dtype conversions": 20 / 3, "finiteness sum": 10 / 3}
+    )
 
 
 def test_a_smoke_run_profiles_both_servers_and_clients(tmp_path: Path) -> None:
@@ -46,10 +55,18 @@ def test_a_smoke_run_profiles_both_servers_and_clients(tmp_path: Path) -> None:
     assert results["command"].startswith("python -m benchmarks.step_profile --smoke")
 
 
+def test_with_8_bit_pushes_hetps_is_profiled_alone_and_its_worker_encodes(tmp_path: Path) -> None:
+    out = tmp_path / "step_profile.json"
+    assert main(["--smoke", "--wire", "int8/bf16", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert set(results["systems"]) == {"hetps"}
+    assert results["systems"]["hetps"]["client"]["groups_ms_per_step"].get("8-bit codec", 0) > 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--wire", "int8/bf16"], "the bare mover sends no 8-bit pushes"),
+        (["--wire", "bf16/int8"], "is for pushes only"),
         (["--wire", "int9"], "int9"),
         (["--steps", "0"], "must be at least 1"),
         (["--model", "vgg"], "invalid choice"),
