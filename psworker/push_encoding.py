@@ -71,7 +71,9 @@ class BlockPush:
         self._part = part
         self._generation = encoder.generation(shard)
         self._residual = encoder.residual(shard) if encoder.error_feedback else None
-        self._updated = encoder.residual_buffer(shard, part.numel()) if encoder.error_feedback else None
+        # Taken at the first chunk: a push given up before it sends anything leaves the spare buffer
+        # to the next push, which would otherwise allocate (and fault in) a shard-sized one.
+        self._updated: torch.Tensor | None = None
         self._spans = codec.chunk_spans(part.numel(), codec.INT8_BLOCK, encoder.chunk_bytes)
         self._encoded: list[codec.ChunkPayload] = []
         self._finite = True
@@ -84,6 +86,8 @@ class BlockPush:
 
     def _encode(self, span: range) -> codec.ChunkPayload:
         piece = self._part[span.start : span.stop]
+        if self._encoder.error_feedback and self._updated is None:
+            self._updated = self._encoder.residual_buffer(self._shard, self._part.numel())
         if self._updated is None:
             values, scales = blocks.encode(piece)
         else:

@@ -119,6 +119,18 @@ def test_two_residual_buffers_alternate_from_push_to_push() -> None:
     assert buffers[2] == buffers[0] and buffers[3] == buffers[1] and buffers[0] != buffers[1]
 
 
+def test_a_push_given_up_before_its_first_chunk_leaves_the_spare_buffer_to_the_next() -> None:
+    encoder = PushEncoder(codec.INT8_BLOCK)
+    pushes = [torch.full((BLOCK + 3,), value) for value in (0.1, 0.2, 0.3)]
+    list(encoder.chunks(0, pushes[0]))
+    first = encoder.residual(0)
+    list(encoder.chunks(0, pushes[1]))  # the first residual is the spare now
+    encoder.chunks(0, pushes[2])  # made, never sent (its call failed before asking for a chunk)
+    list(encoder.chunks(0, pushes[2]))
+    current = encoder.residual(0)
+    assert first is not None and current is not None and current.data_ptr() == first.data_ptr()
+
+
 def test_a_push_begun_before_a_reset_resends_its_bytes_but_moves_no_residual() -> None:
     encoder = PushEncoder(codec.INT8_BLOCK)
     length = 2 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop
