@@ -80,7 +80,7 @@ def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor) -> 
 
 
 def shard_clock(call: object) -> int | None:
-    """The shard's clock when it admitted the pull that ``call`` answers (its trailing metadata, there
+    """The shard's clock when it answered the pull that ``call`` is (its trailing metadata, there
     once the reply was read): at least the clock of the parameters sent, which may be an older
     version shared with other readers.
 

@@ -219,15 +219,13 @@ class Shard:
         reserve: bool = False,
         encoder: PullEncoder | None = None,
         abandoned: Abandoned | None = None,
-        admitted: Callable[[int], object] | None = None,
     ) -> PullResult:
         """The parameters and their clock: serialised by ``encoder`` (the transport's), or in the
         in-process form without one; made once per clock, dtype and form.
 
         Under SSP the pull waits while the worker is too far ahead. With ``reserve`` (GEM's
         atomic mode) no other worker's push is applied until this worker's next push. A wait
-        ends (ABANDONED, nothing taken) once ``abandoned`` says the client gave up. ``admitted`` is told
-        the shard's clock at admission (lock held): a shared version may be older, and cannot carry it.
+        ends (ABANDONED, nothing taken) once ``abandoned`` says the client gave up.
         """
         self._refuse_if(checks.dtype_refusal(wire_dtype))
         wire_dtype = wire_dtype or codec.FLOAT32
@@ -237,8 +235,6 @@ class Shard:
             rule = self._model.rule
             assert rule is not None
             self._admit_pull(worker, rule, reserve, abandoned)
-            if admitted is not None:
-                admitted(self._model.clock)
             share = admission.may_share_version_in_flight(self.config.consistency.model)
             kept = (lambda old: self.snapshots.get(old) is not None) if rule.needs_snapshot else None
             result = self._versions.cached(self._model.clock, wire_dtype, encoder) or self._versions.newest_in_flight(

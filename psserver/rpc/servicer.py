@@ -272,12 +272,12 @@ class ParameterServerServicer:
     def _pull(
         self, context: grpc.ServicerContext, worker_id: int, dtype: int, encoder: PullEncoder, reserve: bool = False
     ) -> PullResult:
-        """The shard's pull, its clock at admission sent after the reply (``psproto.metadata.SHARD_CLOCK``):
-        the version may be an older one still being sent to others, whose clock is not the shard's."""
-        clocks: list[int] = []
-        result = self.shard.pull(worker_id, dtype, reserve, encoder, _abandoned(context), admitted=clocks.append)
+        """The shard's pull; the shard's own clock goes with the reply's status (``psproto.metadata.SHARD_CLOCK``),
+        since the version may be an older one still being sent to others, whose clock is not the shard's."""
+        result = self.shard.pull(worker_id, dtype, reserve, encoder, _abandoned(context))
         # Trailing: it goes out with the call's status, in no frame of its own as initial metadata would.
-        context.set_trailing_metadata(((metadata.SHARD_CLOCK, str(clocks[0])),))
+        # The shard's clock only grows while it serves, so read now it is at least the version's.
+        context.set_trailing_metadata(((metadata.SHARD_CLOCK, str(self.shard.clock)),))
         return result
 
     def _receive_push(
