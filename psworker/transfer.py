@@ -79,14 +79,12 @@ def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor) -> 
     return clock
 
 
-def shard_clock(call: object) -> int | None:
+def shard_clock(call: grpc.Call) -> int | None:
     """The shard's clock when it answered the pull that ``call`` is (its trailing metadata, there
     once the reply was read): at least the clock of the parameters sent, which may be an older
     version shared with other readers.
 
-    None when the server sends none (an older server), or when ``call`` is no gRPC call."""
-    if not isinstance(call, grpc.Call):
-        return None
+    None when the server sends none (an older server)."""
     for key, value in call.trailing_metadata() or ():
         if key == metadata.SHARD_CLOCK:
             text = value.decode() if isinstance(value, bytes) else value

@@ -265,21 +265,32 @@ def test_a_push_refused_for_a_future_base_clock_is_sent_against_the_shard_clock(
         assert client.rollbacks == [Rollback(0, 7, 0)]
 
 
+class _OlderServersCall:
+    """A PushPull call as a server without ``hetps-shard-clock`` answers it, sharing a version still
+    in flight: parameters ``lag`` clocks older than the push's acknowledgement."""
+
+    def __init__(self, call: Iterator[object], lag: int) -> None:
+        self._call = call
+        self._lag = lag
+
+    def __iter__(self) -> Iterator[object]:
+        for message in self._call:
+            older = isinstance(message, PulledChunk)
+            yield dataclasses.replace(message, clock=message.clock - self._lag) if older else message
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+
 def _params_clock_lowered_by(client: PSClient, lag: int) -> None:
-    """The client's PushPull answers as a shard sharing a version still in flight: parameters ``lag``
-    clocks older than the push's acknowledgement."""
     data = client.sessions[0].data
     real = data.push_pull
-
-    def shared(*args: object, **kwargs: object) -> Iterator[object]:
-        for message in real(*args, **kwargs):
-            older = isinstance(message, PulledChunk)
-            yield dataclasses.replace(message, clock=message.clock - lag) if older else message
-
-    data.push_pull = shared  # type: ignore[assignment]
+    data.push_pull = lambda *args, **kwargs: _OlderServersCall(real(*args, **kwargs), lag)  # type: ignore[assignment]
 
 
-def test_a_push_pull_answered_with_an_older_shared_version_is_no_rollback(served: tuple[Shard, str]) -> None:
+def test_from_an_older_server_a_push_pull_with_an_older_shared_version_is_no_rollback(
+    served: tuple[Shard, str],
+) -> None:
     shard, address = served
     with PSClient([address], LAYOUT, name="shared", retry=FAST) as client:
         client.init(torch.zeros(4))

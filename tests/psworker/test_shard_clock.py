@@ -73,7 +73,6 @@ def test_without_the_metadata_there_is_no_shards_clock() -> None:
     assert shard_clock(FakeCall(())) is None  # an older server
     assert shard_clock(FakeCall(((SHARD_CLOCK_METADATA, "-3"),))) is None
     assert shard_clock(FakeCall(((SHARD_CLOCK_METADATA, "soon"),))) is None
-    assert shard_clock(iter(())) is None  # replies that are no gRPC call
 
 
 def test_the_shards_clock_decides_over_the_pulled_versions() -> None:
