@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks.chunk_size import main, parse_sizes
 from psproto import codec
+from tests.benchmarks.refused import assert_refused
 
 
 def test_sizes_are_parsed_sorted_and_checked() -> None:
@@ -42,7 +43,4 @@ def test_a_smoke_run_steps_both_systems_at_every_size(tmp_path: Path) -> None:
 def test_wrong_options_exit_2_with_what_to_fix(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as stopped:
-        main([*argv, "--out", str(tmp_path / "out.json")])
-    assert stopped.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_refused(main, argv, message, tmp_path, capsys)

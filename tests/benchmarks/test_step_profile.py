@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.step_profile import C_THREADS, GROUPS, OTHER, group_of, grouped, main
+from tests.benchmarks.refused import assert_refused
 
 
 def test_functions_fall_into_the_groups_that_name_them() -> None:
@@ -75,8 +76,4 @@ def test_with_8_bit_pushes_hetps_is_profiled_alone_and_its_worker_encodes(tmp_pa
 def test_wrong_options_exit_2_with_what_to_fix(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as stopped:
-        main([*argv, "--out", str(tmp_path / "out.json")])
-    assert stopped.value.code == 2
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "out.json").exists()
+    assert_refused(main, argv, message, tmp_path, capsys)

@@ -13,9 +13,9 @@ from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psserver.rpc.server import start_server
 from psworker.client import PSClient
 from psworker.push_encoding import PushEncoder
+from tests.psworker.live import serving
 
 LENGTH = 100_000  # 400,000 bytes of fp32: 7 chunks of 64 KiB, 1 of the default size
 SMALL = 64 * 1024
@@ -40,12 +40,8 @@ def test_a_chunk_size_out_of_bounds_is_refused_with_what_to_fix(chunk_bytes: int
 
 @pytest.fixture
 def small_chunks() -> Iterator[str]:
-    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "1.0"}), chunk_bytes=SMALL))
-    running = start_server(shard, "127.0.0.1:0")
-    try:
-        yield f"127.0.0.1:{running.port}"
-    finally:
-        running.server.stop(0).wait()
+    with serving(Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "1.0"}), chunk_bytes=SMALL))) as address:
+        yield address
 
 
 def test_a_step_in_small_chunks_both_ways_moves_every_element(small_chunks: str) -> None:

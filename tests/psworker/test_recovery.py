@@ -22,7 +22,6 @@ from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psproto.wire import PulledChunk
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psserver.rpc.server import RunningServer, start_server
 from psworker.client import PSClient, PushResult, RetryPolicy, Rollback
 from psworker.sessions import (
     Recovery,
@@ -32,6 +31,7 @@ from psworker.sessions import (
     observe_clock,
     recovery_for,
 )
+from tests.psworker.live import serving
 
 LAYOUT = Layout.from_named_shapes([("w", [4])], 1)
 FAST = RetryPolicy(give_up_seconds=10.0, initial_backoff=0.001, max_backoff=0.001)
@@ -184,11 +184,8 @@ def test_a_future_base_clock_is_recognised_by_its_reason() -> None:
 @pytest.fixture
 def served() -> Iterator[tuple[Shard, str]]:
     shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.1"})))
-    running: RunningServer = start_server(shard, "127.0.0.1:0")
-    try:
-        yield shard, f"127.0.0.1:{running.port}"
-    finally:
-        running.server.stop(0).wait()
+    with serving(shard) as address:
+        yield shard, address
 
 
 def test_the_client_joins_again_on_unknown_worker(served: tuple[Shard, str]) -> None:

@@ -24,6 +24,7 @@ from psserver.rpc.server import start_server
 from psworker.client import PSClient, RetryPolicy, Rollback
 from psworker.sessions import pulled_shard_clock
 from psworker.transfer import shard_clock
+from tests.psworker.live import serving
 
 LAYOUT = Layout.from_named_shapes([("w", [4])], 1)
 FAST = RetryPolicy(give_up_seconds=10.0, initial_backoff=0.001, max_backoff=0.001)
@@ -90,11 +91,8 @@ def test_the_shards_clock_decides_over_the_pulled_versions() -> None:
 @pytest.fixture
 def served() -> Iterator[tuple[Shard, str]]:
     shard = Shard(CONFIG)
-    running = start_server(shard, "127.0.0.1:0")
-    try:
-        yield shard, f"127.0.0.1:{running.port}"
-    finally:
-        running.server.stop(0).wait()
+    with serving(shard) as address:
+        yield shard, address
 
 
 def test_a_pull_answered_with_an_older_shared_version_is_no_rollback(served: tuple[Shard, str]) -> None:
