@@ -20,9 +20,9 @@ With 8-bit pushes (``--wire int8/bf16``) hetps is profiled alone: the bare mover
 Profiling slows every process, so the step times printed are not speeds (``step_round_trip``
 measures those); the shares are what this is for. A deterministic profiler adds about a
 microsecond to every call it counts, so groups made of many small calls (hetps's Python code,
-the libraries) come out larger than they are: hetps's wire helpers take ~10 µs per message
-unprofiled, and ~1 ms per step profiled. Groups of a few large calls (copies, the rule's math,
-the gRPC layer's calls into C) are what the CPU really spent.
+the libraries) come out larger than they are: read them against the unprofiled rows, which
+bound what the Python threads really spent. Groups of a few large calls (copies, the rule's
+math, the gRPC layer's calls into C) are what the CPU really spent.
 """
 
 from __future__ import annotations
