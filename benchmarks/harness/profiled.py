@@ -16,6 +16,7 @@ start and at the end.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -85,11 +86,12 @@ def write_profile(path: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 3 or argv[0] != "--stats" or argv[2] not in SERVERS:
-        servers = "|".join(SERVERS)
-        raise SystemExit(f"usage: python -m benchmarks.harness.profiled --stats OUT.json {{{servers}}} ARGS...")
-    out = Path(argv[1])
-    server, args = argv[2], argv[3:]
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.profiled", description=__doc__)
+    parser.add_argument("--stats", type=Path, required=True, help="where the profile is written (JSON)")
+    parser.add_argument("server", choices=SERVERS)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the server's own arguments")
+    parsed = parser.parse_args(argv)
+    out, server, args = parsed.stats, parsed.server, parsed.args
     from psproto.tuning import apply_malloc_tuning
 
     if server == "psserver":

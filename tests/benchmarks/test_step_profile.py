@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.profiled import main as profiled
 from benchmarks.step_profile import C_THREADS, GROUPS, OTHER, group_of, grouped, main
 from tests.benchmarks.refused import assert_refused
 
@@ -77,3 +78,10 @@ def test_wrong_options_exit_2_with_what_to_fix(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert_refused(main, argv, message, tmp_path, capsys)
+
+
+def test_the_profiled_wrapper_refuses_a_server_it_does_not_know(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        profiled(["--stats", "out.json", "nginx"])
+    assert stopped.value.code == 2
+    assert "invalid choice: 'nginx'" in capsys.readouterr().err
