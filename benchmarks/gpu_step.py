@@ -1,6 +1,6 @@
 """A whole ResNet-18 worker step against a hetps shard: on CUDA with pinned buffers, with pageable ones, on CPU.
 
-    python -m benchmarks.gpu_step [--variants cuda,cuda-pageable,cpu] [--steps 20] [--cpu-steps 5]
+    python -m benchmarks.gpu_step [--variants cuda,cuda-pageable,cuda-host-encode,cpu] [--steps 20] [--cpu-steps 5]
         [--batch 32] [--image-size 224] [--wire fp32] [--shards 1] [--out benchmarks/results/gpu_step.json]
 
 ``--shards`` ``psserver serve`` processes (ASGD, one shard each) on loopback; one worker client per variant
@@ -10,8 +10,12 @@ does: forward and backward on a random batch (synchronised), gather the gradient
 flat host buffer, push them and get the parameters back in one PushPull, scatter them into
 the model. Each phase is timed on its own. Variants:
 
-- ``cuda``: the worker's CUDA path, host buffers pinned, non-blocking copies, one synchronise;
+- ``cuda``: the worker's CUDA path, host buffers pinned, non-blocking copies, one synchronise; with
+  8-bit pushes (``--wire int8/...``) the push is encoded on the GPU and only its 8-bit values and
+  scales cross (``psworker train --encode-on device``, the default);
 - ``cuda-pageable``: the same with pageable host buffers (what pinning saves);
+- ``cuda-host-encode``: ``cuda`` with 8-bit pushes encoded on the host after the fp32 gradients
+  cross (``--encode-on host``; with a float push dtype the same as ``cuda``);
 - ``cpu``: the same model and batch on CPU tensors (no crossing at all).
 
 The benchmark process runs under the allocator settings of a ``psworker`` process
@@ -42,7 +46,7 @@ from psproto.tuning import apply_malloc_tuning
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
 
-VARIANTS = ("cuda", "cuda-pageable", "cpu")
+VARIANTS = ("cuda", "cuda-pageable", "cuda-host-encode", "cpu")
 PHASES = ("compute", "gather", "round_trip", "scatter", "step")
 WARMUP_STEPS = 2
 
@@ -71,7 +75,7 @@ class Worker:
         loss.backward()  # type: ignore[no-untyped-call]
         self.synchronize()
         computed = time.perf_counter()
-        grads = self.binding.gather_grads()
+        grads = self.binding.gradients_to_push()
         gathered = time.perf_counter()
         self.client.push(grads, pull_into=self.binding.params)
         returned = time.perf_counter()
@@ -86,7 +90,9 @@ class Worker:
 def start_worker(variant: str, addresses: list[str], batch: int, image_size: int, wire: str) -> Worker:
     device = torch.device("cpu" if variant == "cpu" else "cuda")
     model = ResNet18().to(device)
-    binding = ModelBinding(model, num_shards=len(addresses), pin=variant == "cuda")
+    push_on_device = variant == "cuda" and wire.partition("/")[0] == "int8"
+    pin = variant in ("cuda", "cuda-host-encode")
+    binding = ModelBinding(model, num_shards=len(addresses), pin=pin, push_on_device=push_on_device)
     client = hetps_client(addresses, binding.layout, f"gpu-step-{variant}", wire)
     if not client.initialized:
         client.init(binding.gather_params())
@@ -114,7 +120,8 @@ def summaries(worker: Worker) -> dict[str, Summary]:
 
 
 def ratios(results: dict[str, dict[str, Summary]]) -> dict[str, float]:
-    """Medians compared: CPU step over the CUDA step, and the pageable crossing over the pinned one."""
+    """Medians compared: CPU step over the CUDA step, the pageable crossing over the pinned one, and
+    the host's encode of an 8-bit push over the GPU's."""
     found: dict[str, float] = {}
 
     def crossing(variant: str) -> float:
@@ -126,6 +133,10 @@ def ratios(results: dict[str, dict[str, Summary]]) -> dict[str, float]:
         found["pageable crossing / pinned crossing"] = crossing("cuda-pageable") / crossing("cuda")
         found["pageable step / pinned step"] = (
             results["cuda-pageable"]["step"]["median"] / results["cuda"]["step"]["median"]
+        )
+    if "cuda" in results and "cuda-host-encode" in results:
+        found["host-encode step / gpu-encode step"] = (
+            results["cuda-host-encode"]["step"]["median"] / results["cuda"]["step"]["median"]
         )
     return found
 

@@ -77,6 +77,43 @@ def encode_with_feedback(
     return q, scales, updated
 
 
+def encode_tensors(
+    x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None, feedback: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`encode` (``feedback`` False) or :func:`encode_with_feedback` as torch operations on
+    the device that holds ``x`` (a GPU worker's update is encoded where it was computed, and only
+    the int8 values and scales cross to the host): (q, scales, e') with e' None without feedback.
+
+    The arithmetic is the compiled pass's to the bit: ``v = x + residual``, ``s = max|x| / 127``
+    as a division, ``q = clamp(round_half_even(v / s), −127, 127)``, ``e' = v − q·s`` as a product
+    then a difference (two operations, never fused); a block with a NaN or ±Inf gets that scale,
+    q = 0 and e' = v (the push will be refused)."""
+    values = x.float()
+    if feedback:
+        updated = out if out is not None else torch.empty_like(values)
+        if residual is None:
+            updated.copy_(values)
+        else:
+            torch.add(values, residual, out=updated)
+        values = updated
+    q = torch.empty(values.numel(), dtype=torch.int8, device=values.device)
+    scales = torch.empty(block_count(values.numel()), dtype=torch.float32, device=values.device)
+    for (rows, block_values), (_, q_row) in zip(_rows(values), _rows(q), strict=True):
+        largest = block_values.abs().amax(dim=1)  # NaN wins over Inf, Inf over any number, as in max
+        s = largest / LEVELS
+        s = torch.where((s == 0) & (largest > 0), _SMALLEST.to(s.device), s)
+        finite = torch.isfinite(s)
+        divisor = torch.where(s > 0, s, torch.ones_like(s))  # NaN > 0 is false: a NaN block divides by 1
+        levels = torch.div(block_values, divisor[:, None]).round_().clamp_(-LEVELS, LEVELS)
+        q_row.copy_(torch.where(finite[:, None], levels, torch.zeros_like(levels)))
+        scales[rows] = s
+        if feedback:
+            # q as float is the level with +0 for a rounded −0, as the int8 decodes; a refused block keeps e' = v.
+            decoded = q_row.float().mul_(torch.where(finite, s, torch.zeros_like(s))[:, None])
+            block_values.sub_(decoded)
+    return q, scales, values if feedback else None
+
+
 def reference_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`encode` as torch operations, block rows at a time: the equation's plain reading, kept
     to check the compiled pass against (and ten passes over the data where that makes two)."""

@@ -22,7 +22,7 @@ from psworker.client import DeadlinePolicy, ServerMismatchError
 from psworker.idx import IdxError
 from psworker.procedures import ProcedureError
 from psworker.tasks import TaskError, load_task
-from psworker.train import TrainConfig, train
+from psworker.train import ENCODE_PLACES, TrainConfig, train
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> NoReturn:
@@ -153,6 +153,14 @@ def main() -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="MiB/s a call's payload is given in its deadline (on top of a fixed allowance); lower it for slow links",
 )
+@click.option(
+    "--encode-on",
+    type=click.Choice(ENCODE_PLACES),
+    default="device",
+    show_default=True,
+    help="where a GPU worker encodes int8 pushes: on the GPU (only the 8-bit values cross to the host) "
+    "or on the host CPU after the fp32 gradients cross",
+)
 @client_security_options
 def train_command(
     servers: tuple[str, ...],
@@ -179,6 +187,7 @@ def train_command(
     retry_seconds: float,
     keepalive_seconds: float,
     min_transfer_rate: float,
+    encode_on: str,
     tls_ca: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
@@ -229,6 +238,7 @@ def train_command(
         pull_dtype=pull_dtype,
         error_feedback=error_feedback,
         chunk_bytes=chunk_size,
+        encode_on=encode_on,
     )
     try:
         summary = train(config, loaded)

@@ -122,7 +122,7 @@ class GradientProcedure(Procedure[GradientOptions]):
     options_type = GradientOptions
 
     def step(self, loss: float) -> StepOutcome:
-        grads = self.binding.gather_grads()
+        grads = self.binding.gradients_to_push()
         results = self.client.push(grads, ps_pb2.PAYLOAD_KIND_GRADIENT, pull_into=self.binding.params)
         self.binding.scatter_params()
         staleness, telemetry = _summarise(results)

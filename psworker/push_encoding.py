@@ -99,6 +99,39 @@ class BlockPush:
         return codec.block_payload(span.start, values, scales)
 
 
+class DeviceBlockPush:
+    """One shard's 8-bit chunks of one push of an update held on a GPU: the whole slice encoded on
+    the device when the push is first sent (the residual ``e`` stays there), the values and scales
+    copied to page-locked host memory, and cut into the same chunks a host encode would send."""
+
+    def __init__(self, encoder: PushEncoder, shard: int, part: torch.Tensor) -> None:
+        generation = encoder.generation(shard)
+        updated = encoder.residual_buffer(shard, part.numel(), part.device) if encoder.error_feedback else None
+        q, scales, _ = blocks.encode_tensors(part, encoder.residual(shard), updated, feedback=updated is not None)
+        pin = part.device.type == "cuda"
+        host_q = torch.empty(q.shape, dtype=q.dtype, pin_memory=pin)
+        host_scales = torch.empty(scales.shape, dtype=scales.dtype, pin_memory=pin)
+        host_q.copy_(q, non_blocking=pin)
+        host_scales.copy_(scales, non_blocking=pin)
+        if pin:
+            torch.cuda.current_stream(part.device).synchronize()
+        if updated is not None and bool(torch.isfinite(host_scales).all()):
+            encoder.keep_residual(shard, updated, generation)
+        spans = codec.chunk_spans(part.numel(), codec.INT8_BLOCK, encoder.chunk_bytes)
+        # Chunks hold whole blocks, so a chunk's blocks are the slice's blocks from its offset on.
+        self._chunks = [
+            codec.block_payload(
+                span.start,
+                host_q[span.start : span.stop],
+                host_scales[span.start // blocks.BLOCK : blocks.block_count(span.stop)],
+            )
+            for span in spans
+        ]
+
+    def __iter__(self) -> Iterator[codec.ChunkPayload]:
+        return iter(self._chunks)
+
+
 class PushEncoder:
     """Turns a shard's slice of an update into the chunks a push sends."""
 
@@ -141,14 +174,15 @@ class PushEncoder:
             if replaced is not None and replaced.numel() == residual.numel():
                 self._spares[shard] = replaced
 
-    def residual_buffer(self, shard: int, length: int) -> torch.Tensor:
-        """A buffer for shard ``shard``'s next residual, never the current one: the two alternate, so
-        a push allocates (and faults in) no shard-sized tensor."""
+    def residual_buffer(self, shard: int, length: int, device: torch.device | None = None) -> torch.Tensor:
+        """A buffer on ``device`` (default: the host) for shard ``shard``'s next residual, never the
+        current one: the two alternate, so a push allocates (and faults in) no shard-sized tensor."""
+        device = device or torch.device("cpu")
         with self._lock:
             spare = self._spares.pop(shard, None)
-        if spare is not None and spare.numel() == length:
+        if spare is not None and spare.numel() == length and spare.device == device:
             return spare
-        return torch.empty(length, dtype=torch.float32)
+        return torch.empty(length, dtype=torch.float32, device=device)
 
     def one_push(self, flat: torch.Tensor) -> OnePush:
         """What one push of ``flat`` (all its shards, all its attempts) sends."""
@@ -164,7 +198,11 @@ class PushEncoder:
     def chunks(self, shard: int, part: torch.Tensor) -> Iterable[codec.ChunkPayload]:
         """The chunks of ``part`` (shard ``shard``'s slice of the update), made as they are iterated:
         for INT8_BLOCK a :class:`BlockPush` (iterate it again for the same bytes; the residual moves
-        when its last chunk is made); for a float dtype an iterator over ``part``."""
+        when its last chunk is made), or a :class:`DeviceBlockPush` when ``part`` is on a GPU; for a
+        float dtype an iterator over ``part``."""
+        on_host = part.device.type == "cpu"
         if self.dtype != codec.INT8_BLOCK:
+            if not on_host:
+                part = part.to(device="cpu", dtype=codec.wire_dtype(self.dtype))
             return codec.payloads(part, self.dtype, self.chunk_bytes)
-        return BlockPush(self, shard, part)
+        return BlockPush(self, shard, part) if on_host else DeviceBlockPush(self, shard, part)

@@ -23,6 +23,9 @@ from psworker.pacing import Pace
 from psworker.startup import start_worker
 from psworker.tasks import Task, evaluate, load_task, perplexity
 
+# Where a GPU worker's 8-bit push is encoded (TrainConfig.encode_on).
+ENCODE_PLACES = ("device", "host")
+
 
 @dataclass
 class TrainConfig:
@@ -64,6 +67,9 @@ class TrainConfig:
     error_feedback: bool = True
     # What pushes and Init are cut into (PSClient's chunk_bytes).
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    # Where a GPU worker encodes its 8-bit pushes: "device" (only the 8-bit values cross to the
+    # host) or "host" (the fp32 gradients cross, then the host's CPU encodes them).
+    encode_on: str = "device"
 
 
 @dataclass
@@ -142,6 +148,8 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
     loaded from ``config.task`` and ``config.data_dir`` and cut to ``config.shard_data``."""
     if config.max_steps is None and config.until_clock is None and config.max_seconds is None:
         raise ValueError("give max_steps, until_clock or max_seconds, or training never ends")
+    if config.encode_on not in ENCODE_PLACES:
+        raise ValueError(f"encode_on {config.encode_on!r} is not one of {', '.join(ENCODE_PLACES)}")
     pace = Pace(config.slowdown, config.step_seconds)
     if task is None:
         task = load_task(config.task, config.data_dir)
@@ -149,7 +157,8 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             task = task.shard(*config.shard_data)
     device = pick_device(config.device)
     model = task.build_model().to(device)
-    binding = ModelBinding(model, num_shards=len(config.servers))
+    push_on_device = config.encode_on == "device" and (config.push_dtype or config.wire_dtype) == "int8"
+    binding = ModelBinding(model, num_shards=len(config.servers), push_on_device=push_on_device)
     generator = torch.Generator().manual_seed(config.seed)
     train_x = task.train_inputs.to(device)
     train_y = task.train_targets.to(device)

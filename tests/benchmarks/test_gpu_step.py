@@ -55,7 +55,7 @@ def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path, shards: int) -> None
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--variants", "tpu"], "choose from cuda, cuda-pageable, cpu"),
+        (["--variants", "tpu"], "choose from cuda, cuda-pageable, cuda-host-encode, cpu"),
         (["--variants", "cpu", "--steps", "0"], "must be at least 1"),
         (["--variants", "cpu", "--shards", "0"], "must be at least 1"),
         (["--variants", "cpu", "--wire", "int9"], "--wire int9: pull dtype 'int9' is not one of"),

@@ -13,7 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from psproto import codec
 from psworker.binding import ModelBinding
+from psworker.push_encoding import PushEncoder
 from tests.integration.conftest import StartServer
 from tests.integration.workers import start_train, train_command
 
@@ -46,10 +48,42 @@ def test_a_pageable_binding_gives_the_same_crossing() -> None:
     assert torch.equal(pinned.gather_grads(), pageable.gather_grads())
 
 
-def test_a_cuda_worker_trains_digits_against_a_live_server(start_psserver: StartServer, tmp_path: Path) -> None:
+def _sent(chunks: object) -> list[tuple[int, int, bytes, bytes]]:
+    return [(c.offset, c.dtype, bytes(c.data), bytes(c.scales)) for c in chunks]  # type: ignore[attr-defined]
+
+
+def test_an_update_on_the_gpu_is_encoded_there_with_the_host_encodes_bytes() -> None:
+    length = 3 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop + 4096 + 5
+    host, device = PushEncoder(codec.INT8_BLOCK), PushEncoder(codec.INT8_BLOCK)
+    generator = torch.Generator().manual_seed(0)
+    for index in range(3):
+        push = torch.randn(length, generator=generator) * (index + 1)
+        assert _sent(device.chunks(0, push.cuda())) == _sent(host.chunks(0, push))
+        on_gpu = device.residual(0)
+        assert on_gpu is not None and on_gpu.is_cuda
+        assert torch.equal(on_gpu.cpu(), host.residual(0))  # type: ignore[arg-type]
+    bf16 = PushEncoder(codec.BFLOAT16)
+    assert _sent(bf16.chunks(0, push.cuda())) == _sent(bf16.chunks(0, push))
+
+
+def test_a_binding_that_pushes_on_the_gpu_gathers_there() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)).cuda()
+    model(torch.randn(8, 64, device="cuda")).sum().backward()
+    binding = ModelBinding(model, push_on_device=True)
+    grads = binding.gradients_to_push()
+    assert grads.is_cuda and torch.equal(grads.cpu(), binding.gather_grads())
+
+
+@pytest.mark.parametrize(
+    "wire", [[], ["--push-dtype", "int8", "--pull-dtype", "bf16"]], ids=["fp32", "int8-encoded-on-gpu"]
+)
+def test_a_cuda_worker_trains_digits_against_a_live_server(
+    start_psserver: StartServer, tmp_path: Path, wire: list[str]
+) -> None:
     address = start_psserver("asgd", lr=0.05)
     command = train_command(
-        address, "gpu0", 1000, eval_every=200, log=tmp_path / "gpu0.jsonl", extra=["--device", "cuda"]
+        address, "gpu0", 1000, eval_every=200, log=tmp_path / "gpu0.jsonl", extra=["--device", "cuda", *wire]
     )
     process = start_train(command)
     out, err = process.communicate(timeout=240)

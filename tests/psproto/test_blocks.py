@@ -146,6 +146,42 @@ def test_the_fused_error_feedback_encode_is_encode_of_p_plus_e_and_its_remainder
     assert (residual is residual_in) is (in_place and with_residual)
 
 
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """The int32 bits of fp32 values, so that NaNs and signed zeros compare as the wire sends them."""
+    return x.view(torch.int32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_ANY_FLOAT32, st.booleans(), st.sampled_from([None, 0, BLOCK // 2]))
+def test_the_tensor_encode_gives_the_compiled_encodes_bits(
+    values: np.ndarray, feedback: bool, non_finite_at: int | None
+) -> None:
+    """The encode a GPU worker runs on its device, checked here on CPU tensors bit for bit."""
+    x = torch.from_numpy(values.copy())
+    if non_finite_at is not None and non_finite_at < x.numel():
+        x[non_finite_at] = float("nan") if non_finite_at else float("inf")
+    previous = torch.linspace(-0.5, 0.5, x.numel())
+    if feedback:
+        expected_q, expected_scales, expected_residual = blocks.encode_with_feedback(x, previous.clone())
+        q, scales, residual = blocks.encode_tensors(x, previous.clone(), feedback=True)
+        assert residual is not None and torch.equal(_bits(residual), _bits(expected_residual))
+    else:
+        expected_q, expected_scales = blocks.encode(x)
+        q, scales, residual = blocks.encode_tensors(x)
+        assert residual is None
+    assert torch.equal(q, expected_q)
+    assert torch.equal(_bits(scales), _bits(expected_scales))
+
+
+def test_the_tensor_encode_writes_the_residual_into_the_buffer_given() -> None:
+    x = torch.linspace(-3.0, 3.0, BLOCK + 5)
+    out = torch.full_like(x, 99.0)
+    _q, _scales, residual = blocks.encode_tensors(x, None, out, feedback=True)
+    assert residual is out
+    expected = blocks.encode_with_feedback(x, None)[2]
+    assert torch.equal(out, expected) and bool(out.abs().max() <= 3.0 / 127 / 2)
+
+
 @pytest.mark.parametrize(("bad", "scale_is_nan"), [(float("nan"), True), (float("inf"), False), (-float("inf"), False)])
 def test_a_block_with_nan_or_inf_gets_a_scale_the_server_refuses(bad: float, scale_is_nan: bool) -> None:
     x = torch.ones(2 * BLOCK)

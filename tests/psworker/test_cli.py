@@ -18,6 +18,7 @@ from psworker.cli import main
         ("--chunk-size", "1KiB", "a chunk of 1024 bytes is below the smallest, 65536 (64KiB)"),
         ("--chunk-size", "big", "give a whole number of bytes, KiB or MiB (e.g. 1MiB)"),
         ("--chunk-size", "40MiB", "above half the largest message"),
+        ("--encode-on", "gpu", "'gpu' is not one of 'device', 'host'"),
     ],
 )
 def test_a_wrong_connection_flag_is_refused_with_its_name(flag: str, value: str, says: str) -> None:
@@ -51,5 +52,6 @@ def test_the_dtype_flags_are_documented() -> None:
         "--pull-dtype",
         "--chunk-size",
         "--error-feedback / --no-error-feedback",
+        "--encode-on [device|host]",
     ):
         assert flag in text
