@@ -100,7 +100,9 @@ def encode_tensors(
     scales = torch.empty(block_count(values.numel()), dtype=torch.float32, device=values.device)
     for (rows, block_values), (_, q_row) in zip(_rows(values), _rows(q), strict=True):
         largest = block_values.abs().amax(dim=1)  # NaN wins over Inf, Inf over any number, as in max
-        s = largest / LEVELS
+        # A tensor divisor: CUDA turns division by a Python scalar into a product with its
+        # reciprocal, which is not the division's bits.
+        s = torch.div(largest, torch.full_like(largest, LEVELS))
         s = torch.where((s == 0) & (largest > 0), _SMALLEST.to(s.device), s)
         finite = torch.isfinite(s)
         divisor = torch.where(s > 0, s, torch.ones_like(s))  # NaN > 0 is false: a NaN block divides by 1

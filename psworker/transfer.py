@@ -3,7 +3,9 @@
 Chunks go out as wire bytes written straight from a slice of the caller's flat tensor
 (:func:`psproto.codec.payloads`, :func:`psproto.wire.chunk_in`) and come in through
 :class:`psproto.codec.Assembler` into a slice of the caller's flat buffer, so no model-sized
-temporary is made on either side.
+temporary is made on either side. Every chunk is made and taken in with torch's operations on
+the thread that moves it (psproto.inline_ops): waking the intra-op pool once per chunk costs
+more than the copy.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import grpc
 import torch
 
 from psproto import codec, metadata, wire
+from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.v1 import ps_pb2
 
 _SERVICE = "/psproto.v1.ParameterServer/"
@@ -55,7 +58,7 @@ def init_requests(
 ) -> Iterator[ps_pb2.InitRequest | bytes]:
     """An Init stream: the header, then ``part`` (one shard's slice, fp32) as chunks of ``chunk_bytes``."""
     yield ps_pb2.InitRequest(header=header)
-    for payload in codec.payloads(part, codec.FLOAT32, chunk_bytes):
+    for payload in inline_each(codec.payloads(part, codec.FLOAT32, chunk_bytes)):
         yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data)
 
 
@@ -64,7 +67,7 @@ def push_requests(
 ) -> Iterator[ps_pb2.PushRequest | bytes]:
     """A Push stream: the header, then one shard's slice as ``chunks`` (``psworker.push_encoding``)."""
     yield ps_pb2.PushRequest(header=header)
-    for payload in chunks:
+    for payload in inline_each(chunks):
         yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
 
 
@@ -72,9 +75,10 @@ def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor) -> 
     """Decode pulled chunks into ``part`` (one shard's slice of a flat fp32 buffer); returns their clock."""
     assembler = codec.Assembler(part, track_finite=False)
     clock = -1
-    for message in messages:
-        clock = message.clock
-        assembler.add(message.chunk)
+    with inline_torch_ops():
+        for message in messages:
+            clock = message.clock
+            assembler.add(message.chunk)
     assembler.finish()
     return clock
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from psproto import codec
+from psproto import blocks, codec
 from psworker.binding import ModelBinding
 from psworker.push_encoding import PushEncoder
 from tests.integration.conftest import StartServer
@@ -50,6 +50,20 @@ def test_a_pageable_binding_gives_the_same_crossing() -> None:
 
 def _sent(chunks: object) -> list[tuple[int, int, bytes, bytes]]:
     return [(c.offset, c.dtype, bytes(c.data), bytes(c.scales)) for c in chunks]  # type: ignore[attr-defined]
+
+
+def test_the_tensor_encode_on_the_gpu_gives_the_compiled_encodes_bits() -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(5 * 4096 + 7, generator=generator) * torch.logspace(-30, 30, 5 * 4096 + 7)
+    x[4096 : 2 * 4096] = 0.0
+    x[4096 + 5] = 1e-44  # a block of one subnormal: max / 127 underflows
+    residual = torch.randn(x.numel(), generator=generator) * 1e-3
+    expected_q, expected_scales, expected_residual = blocks.encode_with_feedback(x, residual.clone())
+    q, scales, updated = blocks.encode_tensors(x.cuda(), residual.cuda(), feedback=True)
+    assert updated is not None
+    assert torch.equal(scales.cpu().view(torch.int32), expected_scales.view(torch.int32))
+    assert int((q.cpu() != expected_q).sum()) == 0
+    assert torch.equal(updated.cpu().view(torch.int32), expected_residual.view(torch.int32))
 
 
 def test_an_update_on_the_gpu_is_encoded_there_with_the_host_encodes_bytes() -> None:

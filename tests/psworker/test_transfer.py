@@ -1,0 +1,43 @@
+"""The worker's bulk data path: chunks made and taken in on the thread that moves them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from psproto import codec, wire
+from psproto.v1 import ps_pb2
+from psworker.transfer import push_requests, receive_params
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_pulled_chunks_are_taken_in_with_one_intra_op_thread() -> None:
+    values = torch.arange(10, dtype=torch.float32)
+    threads_seen: list[int] = []
+
+    def replies() -> Iterator[wire.PulledChunk]:
+        for payload in codec.payloads(values, codec.BFLOAT16, chunk_bytes=8):
+            threads_seen.append(torch.get_num_threads())
+            chunk = ps_pb2.Chunk()
+            payload.fill(chunk)
+            yield wire.PulledChunk(clock=7, total_length=10, chunk=chunk)  # type: ignore[arg-type]
+
+    out = torch.zeros(10)
+    assert receive_params(replies(), out) == 7
+    assert torch.equal(out, values) and threads_seen == [1] * 3
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_pushed_chunks_are_made_with_one_intra_op_thread() -> None:
+    threads_seen: list[int] = []
+
+    def chunks() -> Iterator[codec.ChunkPayload]:
+        for payload in codec.payloads(torch.ones(6), codec.BFLOAT16, chunk_bytes=4):
+            threads_seen.append(torch.get_num_threads())
+            yield payload
+
+    requests = list(push_requests(ps_pb2.PushHeader(push_id=1), chunks()))
+    assert len(requests) == 4 and threads_seen == [1] * 3
