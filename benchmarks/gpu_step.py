@@ -1,7 +1,8 @@
 """A whole ResNet-18 worker step against a hetps shard: on CUDA with pinned buffers, with pageable ones, on CPU.
 
     python -m benchmarks.gpu_step [--variants cuda,cuda-pageable,cuda-host-encode,cpu] [--steps 20] [--cpu-steps 5]
-        [--batch 32] [--image-size 224] [--wire fp32] [--shards 1] [--out benchmarks/results/gpu_step.json]
+        [--batch 32] [--image-size 224] [--wire fp32] [--shards 1] [--torch-threads N]
+        [--out benchmarks/results/gpu_step.json]
 
 ``--shards`` ``psserver serve`` processes (ASGD, one shard each) on loopback; one worker client per variant
 in this process, each with a real ResNet-18 (``benchmarks.harness.resnet``, 11,689,512
@@ -19,9 +20,12 @@ the model. Each phase is timed on its own. Variants:
 - ``cpu``: the same model and batch on CPU tensors (no crossing at all).
 
 The benchmark process runs under the allocator settings of a ``psworker`` process
-(``psproto.tuning``). Variants take turns step by step, so a busy machine slows them alike. ``--cpu-steps`` bounds
-the CPU variant's timed steps (a 224×224 batch takes seconds there). Prints the phases'
-medians and the ratios; writes them, with the device's name, as JSON.
+(``psproto.tuning``), with torch's intra-op threads at ``--torch-threads`` (default: torch's own
+count, the cores; the CPU variant computes on them, and the worker moves its chunks on one thread
+whatever the count, ``psproto.inline_ops``). Variants take turns step by step, so a busy
+machine slows them alike. ``--cpu-steps`` bounds the CPU variant's timed steps (a 224×224 batch
+takes seconds there). Prints the phases' medians and the ratios; writes them, with the device's
+name, as JSON.
 """
 
 from __future__ import annotations
@@ -144,7 +148,8 @@ def ratios(results: dict[str, dict[str, Summary]]) -> dict[str, float]:
 def print_results(results: dict[str, Any], console: Console) -> None:
     console.print(
         f"{results['device']}: ResNet-18, batch {results['batch']} at {results['image_size']}², "
-        f"wire {results['wire']}, {results['shards']} hetps shard(s) (ASGD) on loopback"
+        f"wire {results['wire']}, {results['shards']} hetps shard(s) (ASGD) on loopback, "
+        f"{results['torch_threads']} torch thread(s)"
     )
     table = Table("variant", *(f"{phase} ms" for phase in PHASES), "steps")
     for variant, phases in results["variants"].items():
@@ -163,6 +168,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--wire", default="fp32", help="wire dtype, or PUSH/PULL such as int8/bf16")
     parser.add_argument("--shards", type=int, default=1, help="hetps shards, each a server process of its own")
+    parser.add_argument("--torch-threads", type=int, default=None, help="torch's intra-op threads (default: its own)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_step.json"))
     args = parser.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
@@ -172,8 +178,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     problem = wire_problem(args.wire)
     if problem is not None:
         parser.error(f"--wire {args.wire}: {problem}")
-    if min(args.steps, args.cpu_steps, args.batch, args.image_size, args.shards) < 1:
-        parser.error("--steps, --cpu-steps, --batch, --image-size and --shards must be at least 1")
+    threads = 1 if args.torch_threads is None else args.torch_threads
+    if min(args.steps, args.cpu_steps, args.batch, args.image_size, args.shards, threads) < 1:
+        parser.error("--steps, --cpu-steps, --batch, --image-size, --shards and --torch-threads must be at least 1")
     if any(v.startswith("cuda") for v in args.variants) and not torch.cuda.is_available():
         parser.error("a cuda variant was asked for but no CUDA device is available (try --variants cpu)")
     return args
@@ -181,6 +188,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
     console, log_dir = prepare_output(args.out)
     started = time.perf_counter()
     results: dict[str, Any] = run_header(None)
@@ -190,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "image_size": args.image_size,
         "wire": args.wire,
         "shards": args.shards,
+        "torch_threads": torch.get_num_threads(),
     }
     fleet = Fleet(log_dir)
     workers: list[Worker] = []

@@ -6,14 +6,15 @@
 #
 #     scripts/gpu_checks.sh OUT_DIR [CHECK ...]      (PYTHON=python3 by default)
 #
-# CHECK is any of tests, step, step-int8, transfer, throughput (default: all, in that order).
+# CHECK is any of tests, step, step-int8, threads, transfer, throughput (default: all, in that order);
+# threads times the CUDA step with torch's default intra-op threads and with one, one after the other.
 # Writes OUT_DIR/host.txt and, per check, its log and JSON (pytest_cuda.log, gpu_step.{json,log},
-# gpu_step_int8.{json,log}, cuda_transfer.{json,log}, throughput.{json,log}); each check runs even
+# gpu_step_int8.{json,log}, gpu_step_threads_{default,1}.{json,log}, cuda_transfer.{json,log}, throughput.{json,log}); each check runs even
 # if one before it failed, and host.txt records every exit status.
 set -u
-out=${1:?usage: scripts/gpu_checks.sh OUT_DIR [tests|step|step-int8|transfer|throughput ...]}
+out=${1:?usage: scripts/gpu_checks.sh OUT_DIR [tests|step|step-int8|threads|transfer|throughput ...]}
 shift
-checks=${*:-tests step step-int8 transfer throughput}
+checks=${*:-tests step step-int8 threads transfer throughput}
 python=${PYTHON:-python3}
 work=$(mktemp -d)
 mkdir -p "$out"
@@ -31,9 +32,14 @@ for check in $checks; do
     step-int8)
       timeout 150 "$python" -m benchmarks.gpu_step --wire int8/bf16 --variants cuda,cuda-host-encode \
         --out "$work/gpu_step_int8.json" >"$out/gpu_step_int8.log" 2>&1 ;;
+    threads)
+      timeout 90 "$python" -m benchmarks.gpu_step --variants cuda --steps 15 \
+        --out "$work/gpu_step_threads_default.json" >"$out/gpu_step_threads_default.log" 2>&1 &&
+        timeout 90 "$python" -m benchmarks.gpu_step --variants cuda --steps 15 --torch-threads 1 \
+          --out "$work/gpu_step_threads_1.json" >"$out/gpu_step_threads_1.log" 2>&1 ;;
     transfer) timeout 60 "$python" -m benchmarks.cuda_transfer --out "$work/cuda_transfer.json" >"$out/cuda_transfer.log" 2>&1 ;;
     throughput) timeout 330 "$python" -m benchmarks.throughput --quick --out "$work/throughput.json" >"$out/throughput.log" 2>&1 ;;
-    *) echo "unknown check $check (tests, step, step-int8, transfer, throughput)" >&2; exit 2 ;;
+    *) echo "unknown check $check (tests, step, step-int8, threads, transfer, throughput)" >&2; exit 2 ;;
   esac
   echo "$check rc=$? $(date -u +%T)" >>"$out/host.txt"
 done

@@ -36,6 +36,8 @@ def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path, shards: int) -> None
             "32",
             "--shards",
             str(shards),
+            "--torch-threads",
+            "1",
             "--out",
             str(out),
         ]
@@ -48,7 +50,7 @@ def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path, shards: int) -> None
     parts = sum(cpu[phase]["median"] for phase in PHASES if phase != "step")
     assert parts == pytest.approx(cpu["step"]["median"], rel=0.5)
     assert results["ratios"] == {}  # nothing to compare a lone variant with
-    assert results["shards"] == shards
+    assert results["shards"] == shards and results["torch_threads"] == 1
     assert results["command"].startswith("python -m benchmarks.gpu_step --variants cpu")
 
 
@@ -58,6 +60,7 @@ def test_a_cpu_step_is_timed_phase_by_phase(tmp_path: Path, shards: int) -> None
         (["--variants", "tpu"], "choose from cuda, cuda-pageable, cuda-host-encode, cpu"),
         (["--variants", "cpu", "--steps", "0"], "must be at least 1"),
         (["--variants", "cpu", "--shards", "0"], "must be at least 1"),
+        (["--variants", "cpu", "--torch-threads", "0"], "--torch-threads must be at least 1"),
         (["--variants", "cpu", "--wire", "int9"], "--wire int9: pull dtype 'int9' is not one of"),
         (["--variants", "cpu", "--wire", "bf16/int8"], "--wire bf16/int8:"),
     ],
