@@ -3,17 +3,20 @@
     python -m benchmarks.step_round_trip [--quick] [--repeats N] [--out benchmarks/results/step_round_trip.json]
 
 For a ResNet-18-sized model (11,689,512 fp32 parameters) and a ~100k-parameter model, one
-worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on the wire); a
-bare gRPC byte mover with the same chunking (``benchmarks.harness.bare_grpc``, the transport's
-ceiling); and a ``torch.distributed.rpc`` parameter server (``benchmarks.harness.torch_rpc_peer``,
-TensorPipe over TCP, fp32), plus, as a reference row only, the same peer on TensorPipe's
-default channels (its worker in a process of its own, ``benchmarks.harness.peer_remote``).
+worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on the wire, and 1
+shard with 8-bit pushes and bf16 pulls); a bare gRPC byte mover with the same chunking and bytes
+(``benchmarks.harness.bare_grpc``, the transport's ceiling); and a ``torch.distributed.rpc``
+parameter server (``benchmarks.harness.torch_rpc_peer``, TensorPipe over TCP, fp32), plus, as
+a reference row only, the same peer on TensorPipe's default channels (its worker in a process
+of its own, ``benchmarks.harness.peer_remote``).
 Every server runs in its own process on loopback, under hetps's allocator settings and torch
 thread count, and every system gets the same warm-up steps. Systems are interleaved step by
 step, so ratios compare like with like on a busy machine; around every step the CPU time of
 the system's servers and of its client is read.
-Targets: hetps 1 shard fp32 at least 0.8x the peer's speed, bf16 at least 1.3x; hetps at
-least 0.9x the bare mover's speed with the same shards and wire dtype. Before they are judged,
+Targets: hetps 1 shard fp32 at least 0.8x the peer's speed, bf16 at least 1.3x, 8-bit pushes
+with bf16 pulls at least 1.5x the peer's fp32 step (beside it, what the bare mover moving the
+same bytes reaches: the most this transport allows) and at most 0.4x fp32's bytes per step;
+hetps at least 0.9x the bare mover's speed with the same shards and wire dtype. Before they are judged,
 the baselines are checked (``benchmarks.harness.validity``: allocator settings, each against
 its own repeats, the peer against the bare mover); a target judged against a baseline that is
 out of line is INVALID, never PASS.
@@ -49,7 +52,7 @@ from benchmarks.harness.report import (
     write_results,
 )
 from benchmarks.harness.settings import TORCH_THREADS, Settings
-from benchmarks.harness.stats import scaled, speed_ratio, summarize
+from benchmarks.harness.stats import Summary, scaled, speed_ratio, summarize
 from benchmarks.harness.steps import BareStep, HetpsStep, PeerStep, StepSystem, time_steps, warm_up
 from benchmarks.harness.validity import (
     ceiling_check,
@@ -63,6 +66,9 @@ from psproto.layout import Layout
 from psproto.tuning import apply_malloc_tuning
 
 PEER_FP32, PEER_BF16 = 0.8, 1.3
+# 8-bit pushes with bf16 pulls against the peer's fp32 step; their bytes per step against fp32's.
+PEER_INT8, INT8_BYTES = 1.5, 0.4
+INT8 = "1shard-int8push-bf16pull"
 BARE_FRACTION = 0.9
 PEER = "peer-torch-rpc-fp32"
 # The reference row: the peer on TensorPipe's default channels (no target is judged on it).
@@ -83,8 +89,10 @@ def step_systems() -> list[SystemSpec]:
         for shards in (1, 2):
             for dtype in ("fp32", "bf16"):
                 specs.append(SystemSpec(f"{kind}-{shards}shard-{dtype}", kind, shards, dtype))
-    # 8-bit pushes (error feedback on) with bf16 pulls, "PUSH/PULL": hetps only (no block codec elsewhere).
-    specs.append(SystemSpec("hetps-1shard-int8push-bf16pull", "hetps", 1, "int8/bf16"))
+    # 8-bit pushes (error feedback on) with bf16 pulls, "PUSH/PULL"; the bare mover sends a buffer of
+    # the 8-bit push's size without encoding it (the transport's cost of those bytes).
+    specs.append(SystemSpec(f"hetps-{INT8}", "hetps", 1, "int8/bf16"))
+    specs.append(SystemSpec(f"bare-{INT8}", "bare", 1, "int8/bf16"))
     specs.append(SystemSpec(PEER, "peer", 1, "fp32"))
     specs.append(SystemSpec(PEER_DEFAULT, "peer-default", 1, "fp32"))
     return specs
@@ -292,9 +300,7 @@ def step_results(
                 },
             }
         pairs = [(spec.name, PEER) for spec in specs if spec.kind == "hetps"]
-        pairs += [
-            (s.name, s.name.replace("hetps", "bare")) for s in specs if s.kind == "hetps" and "/" not in s.wire_dtype
-        ]
+        pairs += [(s.name, s.name.replace("hetps", "bare")) for s in specs if s.kind == "hetps"]
         # The ceiling against the peer: the most any server on this gRPC stack could reach.
         pairs += [(spec.name, PEER) for spec in specs if spec.kind == "bare" and spec.shards == 1]
         if any(spec.name == PEER_DEFAULT for spec in specs):
@@ -367,6 +373,18 @@ def step_targets(settings: Settings, steps: dict[str, Any], validity: dict[str, 
             peer,
             validity,
         ),
+        invalidate(
+            target(
+                f"{model} step, 1 shard, int8 push + bf16 pull vs torch.rpc peer fp32",
+                ratios[f"hetps-{INT8} vs {PEER}"],
+                PEER_INT8,
+                True,
+                f"the bare mover moving the same bytes: {ratios[f'bare-{INT8} vs {PEER}']['median']:.2f}×",
+            ),
+            peer,
+            validity,
+        ),
+        bytes_target(model, steps[model]["systems"]),
     ]
     for name in settings.models:
         for key, summary in steps[name]["speed_ratios"].items():
@@ -376,6 +394,13 @@ def step_targets(settings: Settings, steps: dict[str, Any], validity: dict[str, 
                 judged = target(f"{name} step {system} vs bare gRPC", summary, BARE_FRACTION, True)
                 targets.append(invalidate(judged, [f"{name}:{other}"], validity))
     return targets
+
+
+def bytes_target(model: str, systems: dict[str, Any]) -> dict[str, Any]:
+    """Bytes per step (both directions, payloads) of an 8-bit push with a bf16 pull against fp32's."""
+    ratio = systems[f"hetps-{INT8}"]["wire_bytes_each_way"] / systems["hetps-1shard-fp32"]["wire_bytes_each_way"]
+    exact: Summary = {"median": ratio, "min": ratio, "max": ratio, "q1": ratio, "q3": ratio, "n": 1}
+    return target(f"{model} bytes per step, int8 push + bf16 pull vs fp32", exact, INT8_BYTES, False)
 
 
 def print_step_tables(steps: dict[str, Any], console: Console) -> None:

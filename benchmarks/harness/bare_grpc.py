@@ -9,7 +9,10 @@ server-streaming out) sends one step: the client streams its update as raw chunk
 answers with that buffer in chunks of the same size. Each side makes exactly the one copy
 between the socket and its tensor that hetps's design allows (DESIGN.md, performance
 principles), so this is the least any server with that design can do on the wire. The
-client here converts to and from the wire dtype exactly like a hetps worker. Once serving it
+client here converts to and from the wire dtype exactly like a hetps worker. With ``int8/bf16``
+(8-bit pushes, bf16 pulls) it pushes a buffer of an 8-bit push's size (int8 values and a scale
+per block) without encoding anything, and the server takes it into a buffer of that size
+(invocation metadata ``push-bytes`` at Init): the transport's cost of those bytes alone. Once serving it
 writes ``--ready-file`` in the format of ``psserver serve --ready-file`` (``psserver/ready.py``).
 """
 
@@ -49,29 +52,35 @@ class _Store:
     """Byte buffers by key; one step at a time per key."""
 
     def __init__(self) -> None:
-        self._buffers: dict[str, tuple[bytearray, int]] = {}
+        # key: (the buffer pulls answer with, the buffer pushes land in (the same one unless their
+        # sizes differ), chunk bytes)
+        self._buffers: dict[str, tuple[bytearray, bytearray, int]] = {}
         self._lock = threading.Lock()
 
     def init(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         meta = dict(context.invocation_metadata())
         key = str(meta["key"])
         chunk_bytes = int(meta["chunk-bytes"])
+        buffer = bytearray(request)
+        push_bytes = int(meta.get("push-bytes", len(buffer)))
+        pushed = buffer if push_bytes == len(buffer) else bytearray(push_bytes)
         with self._lock:
-            self._buffers[key] = (bytearray(request), chunk_bytes)
+            self._buffers[key] = (buffer, pushed, chunk_bytes)
         return b""
 
     def push_pull(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         key = str(dict(context.invocation_metadata())["key"])
         with self._lock:
-            buffer, chunk_bytes = self._buffers[key]
-        view = memoryview(buffer)
+            buffer, pushed, chunk_bytes = self._buffers[key]
+        into = memoryview(pushed)
         offset = 0
         for chunk in requests:
             # The one copy on the way in: socket bytes into the server's buffer.
-            view[offset : offset + len(chunk)] = chunk
+            into[offset : offset + len(chunk)] = chunk
             offset += len(chunk)
-        if offset != len(buffer):
-            context.abort(grpc.StatusCode.DATA_LOSS, f"received {offset} bytes, expected {len(buffer)}")
+        if offset != len(pushed):
+            context.abort(grpc.StatusCode.DATA_LOSS, f"received {offset} bytes, expected {len(pushed)}")
+        view = memoryview(buffer)
         for start in range(0, len(buffer), chunk_bytes):
             # The one copy on the way out: the buffer into a reply message.
             yield bytes(view[start : start + chunk_bytes])
@@ -108,9 +117,17 @@ class BareClient:
             raise ValueError(f"{len(servers)} servers for {layout.num_shards} shards")
         self.layout = layout
         self.key = key
-        self.dtype = WIRE_TORCH_DTYPES[wire_dtype]
+        push, _, pull = wire_dtype.partition("/")
+        self.dtype = WIRE_TORCH_DTYPES[pull or push]
         self.width = torch.empty((), dtype=self.dtype).element_size()
         self.chunk_bytes = max(self.width, chunk_bytes - chunk_bytes % self.width)
+        # 8-bit pushes: per shard, a buffer of the push's size, sent as it is (nothing to encode).
+        self._pushes: list[bytes] | None = None
+        if push == "int8":
+            shards = [layout.shard(index) for index in range(layout.num_shards)]
+            self._pushes = [bytes(codec.wire_bytes(shard.length, codec.INT8_BLOCK)) for shard in shards]
+        elif push not in WIRE_TORCH_DTYPES or (pull and pull != push):
+            raise ValueError(f"bare wire dtype {wire_dtype!r}: one of {', '.join(WIRE_TORCH_DTYPES)}, or int8/PULL")
         self.channels = [grpc.insecure_channel(address, options=OPTIONS) for address in servers]
         for channel in self.channels:
             grpc.channel_ready_future(channel).result(timeout=30)
@@ -122,14 +139,15 @@ class BareClient:
             c.stream_stream(f"/{SERVICE}/PushPull", request_serializer=_identity, response_deserializer=_identity)
             for c in self.channels
         ]
-        self._metadata = (("key", key), ("chunk-bytes", str(self.chunk_bytes)))
+        self._metadata: tuple[tuple[str, str], ...] = (("key", key), ("chunk-bytes", str(self.chunk_bytes)))
         self._pool = futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
 
     def init(self, flat: torch.Tensor) -> None:
         for index, call in enumerate(self._init):
             shard = self.layout.shard(index)
             wire = flat[shard.offset : shard.end].to(self.dtype)
-            call(wire.view(torch.uint8).numpy().tobytes(), metadata=self._metadata, timeout=120)
+            extra = () if self._pushes is None else (("push-bytes", str(len(self._pushes[index]))),)
+            call(wire.view(torch.uint8).numpy().tobytes(), metadata=(*self._metadata, *extra), timeout=120)
 
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:
         """Send ``update`` and receive the server's buffer into ``out`` (both flat fp32)."""
@@ -139,9 +157,13 @@ class BareClient:
 
     def _step_shard(self, index: int, update: torch.Tensor, out: torch.Tensor) -> None:
         shard = self.layout.shard(index)
-        source = update[shard.offset : shard.end]
-        wire = source if source.dtype == self.dtype else source.to(self.dtype)
-        data = wire.view(torch.uint8).numpy().data
+        data: memoryview | bytes
+        if self._pushes is None:
+            source = update[shard.offset : shard.end]
+            wire = source if source.dtype == self.dtype else source.to(self.dtype)
+            data = wire.view(torch.uint8).numpy().data
+        else:
+            data = self._pushes[index]
         chunk_bytes = self.chunk_bytes
 
         def chunks() -> Iterator[bytes]:

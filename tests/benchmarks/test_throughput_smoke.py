@@ -41,6 +41,8 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
     assert "hetps-1shard-bf16 vs peer-torch-rpc-fp32" in steps["speed_ratios"]
     assert "hetps-2shard-fp32 vs bare-2shard-fp32" in steps["speed_ratios"]
     assert "hetps-1shard-fp32 vs peer-torch-rpc-default-fp32" in steps["speed_ratios"]
+    assert "hetps-1shard-int8push-bf16pull vs bare-1shard-int8push-bf16pull" in steps["speed_ratios"]
+    assert "bare-1shard-int8push-bf16pull vs peer-torch-rpc-fp32" in steps["speed_ratios"]
 
     # Every server ran under the allocator settings of the hetps servers, and the baselines were checked.
     settings = list(results["server_settings"].values())
@@ -75,6 +77,13 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
     assert any("apply vs fused SGD" in name for name in names)
     assert any("workers aggregate" in name for name in names)
     assert any(name.startswith("peak RSS") for name in names)
+    by_name = {target["target"]: target for target in results["targets"]}
+    int8 = by_name["tiny step, 1 shard, int8 push + bf16 pull vs torch.rpc peer fp32"]
+    assert int8["threshold"] == 1.5 and "the bare mover moving the same bytes" in int8["detail"]
+    moved = by_name["tiny bytes per step, int8 push + bf16 pull vs fp32"]
+    # Values are a quarter of fp32's and pulls half, plus a scale per block of 4,096 values.
+    assert moved["measured"] == pytest.approx(0.375, abs=0.002) and moved["pass"]
+    assert "tiny step 1shard-int8push-bf16pull vs bare gRPC" in by_name
     assert all(isinstance(target["pass"], bool) for target in results["targets"])
     assert not any(target["pass"] and target.get("invalid") for target in results["targets"])
 

@@ -1,0 +1,55 @@
+"""The bare gRPC mover (the transport's ceiling): what it moves for each wire dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from benchmarks.harness import bare_grpc
+from psproto import codec
+from psproto.layout import Layout
+
+
+@pytest.fixture
+def address() -> Iterator[str]:
+    server, port = bare_grpc.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+@pytest.mark.parametrize(("wire", "back"), [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_a_float_step_sends_the_update_and_gets_it_back(address: str, wire: str, back: torch.dtype) -> None:
+    layout = Layout.from_named_shapes([("w", (3000,))], 1)
+    client = bare_grpc.BareClient([address], layout, f"float-{wire}", wire, chunk_bytes=1024)
+    try:
+        client.init(torch.zeros(3000))
+        update, out = torch.linspace(-1, 1, 3000), torch.empty(3000)
+        client.step(update, out)
+        assert torch.equal(out, update.to(back).float())  # the pushed buffer is what comes back
+    finally:
+        client.close()
+
+
+def test_an_8bit_push_moves_its_size_and_the_pull_stays_bf16(address: str) -> None:
+    length = 2 * 4096 + 10
+    layout = Layout.from_named_shapes([("w", (length,))], 1)
+    client = bare_grpc.BareClient([address], layout, "int8", "int8/bf16", chunk_bytes=1024)
+    try:
+        initial = torch.linspace(-2, 2, length)
+        client.init(initial)
+        out = torch.empty(length)
+        for _ in range(2):
+            client.step(torch.ones(length), out)
+            # The push landed in a buffer of its own size, so the parameters come back as they were.
+            assert torch.equal(out, initial.to(torch.bfloat16).float())
+        assert [len(push) for push in client._pushes or []] == [codec.wire_bytes(length, codec.INT8_BLOCK)]
+    finally:
+        client.close()
+
+
+def test_a_wire_dtype_the_mover_cannot_send_is_refused(address: str) -> None:
+    layout = Layout.from_named_shapes([("w", (10,))], 1)
+    with pytest.raises(ValueError, match="bare wire dtype 'bf16/fp32'"):
+        bare_grpc.BareClient([address], layout, "k", "bf16/fp32")
