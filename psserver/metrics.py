@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -33,6 +33,7 @@ from prometheus_client import (
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from psserver.core.workers import PushOutcome, WorkerRecord
@@ -52,14 +53,27 @@ RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 
 _WORKER = ("shard", "worker")
 
+_MetricT = TypeVar("_MetricT", bound=MetricWrapperBase)
+
 
 @dataclass
 class _WorkerSeries:
     """Who holds one worker label now, and what must be removed when the last of them goes."""
 
+    labels: tuple[str, str]
     worker_ids: set[int] = field(default_factory=set)
     # `reason` values this name has series for in hetps_worker_rejected_requests_total.
     rejected_reasons: set[str] = field(default_factory=set)
+    # Each per-worker metric's series for this name, looked up once: ``labels`` validates and
+    # takes the metric's lock on every call, and a push records up to six. They go with this
+    # record when the name's last holder leaves, so a removed series is never written again.
+    _children: dict[MetricWrapperBase, MetricWrapperBase] = field(default_factory=dict)
+
+    def child(self, metric: _MetricT) -> _MetricT:
+        found = self._children.get(metric)
+        if found is None:
+            found = self._children[metric] = metric.labels(*self.labels)
+        return found  # type: ignore[return-value]
 
 
 class ShardMetrics:
@@ -205,41 +219,43 @@ class ShardMetrics:
             PlatformCollector(registry=r)
             r.register(GC_COLLECTOR)
 
-        self.clock.labels(self.shard).set(0)
-        self.updates.labels(self.shard)
-        self.joins.labels(self.shard)
-        self.evictions.labels(self.shard)
-        self.snapshots_dropped.labels(self.shard)
-        self.momentum_steps.labels(self.shard)
-        self.apply_seconds.labels(self.shard)
-        self.pull_hold_seconds.labels(self.shard)
+        # The shard's own series, made now (so they start from zero) and kept: never removed.
+        self._clock = self.clock.labels(self.shard)
+        self._clock.set(0)
+        self._updates = self.updates.labels(self.shard)
+        self._joins = self.joins.labels(self.shard)
+        self._evictions = self.evictions.labels(self.shard)
+        self._snapshots_dropped = self.snapshots_dropped.labels(self.shard)
+        self._momentum_steps = self.momentum_steps.labels(self.shard)
+        self._apply_seconds = self.apply_seconds.labels(self.shard)
+        self._pull_hold_seconds = self.pull_hold_seconds.labels(self.shard)
+        self._rpc_children: dict[tuple[str, str, str], Histogram] = {}
         for role in ("worker", "observer"):
             self.active_workers.labels(self.shard, role).set(0)
 
     # -- ShardObserver ------------------------------------------------------------------
 
     def worker_joined(self, worker: WorkerRecord) -> None:
-        labels = (self.shard, worker.name)
         with self._lock:
             series = self._series.get(worker.name)
             if series is None:
-                series = self._series[worker.name] = _WorkerSeries()
+                series = self._series[worker.name] = _WorkerSeries((self.shard, worker.name))
             series.worker_ids.add(worker.worker_id)
-        self.joins.labels(self.shard).inc()
+        self._joins.inc()
         self.active_workers.labels(self.shard, _role(worker)).inc()
         # Create the series now so that rate() sees them start from zero.
-        self.pulls.labels(*labels)
-        self.sent_bytes.labels(*labels)
+        series.child(self.pulls)
+        series.child(self.sent_bytes)
         if not worker.observer:
-            self.pushes.labels(*labels)
-            self.duplicate_pushes.labels(*labels)
-            self.received_bytes.labels(*labels)
-            self.staleness.labels(*labels)
+            series.child(self.pushes)
+            series.child(self.duplicate_pushes)
+            series.child(self.received_bytes)
+            series.child(self.staleness)
 
     def worker_left(self, worker: WorkerRecord, evicted: bool) -> None:
         self.active_workers.labels(self.shard, _role(worker)).dec()
         if evicted:
-            self.evictions.labels(self.shard).inc()
+            self._evictions.inc()
         with self._lock:
             series = self._series.get(worker.name)
             if series is None:
@@ -255,43 +271,45 @@ class ShardMetrics:
                 self.worker_rejected.remove(*labels, reason)
 
     def update_applied(self, apply_seconds: float, clock: int) -> None:
-        self.clock.labels(self.shard).set(clock)
-        self.updates.labels(self.shard).inc()
-        self.apply_seconds.labels(self.shard).observe(apply_seconds)
+        self._clock.set(clock)
+        self._updates.inc()
+        self._apply_seconds.observe(apply_seconds)
 
     def update_committed(self, clock: int, capture_state: Callable[[], dict[str, Any]]) -> None:
         pass
 
     def push_applied(self, worker: WorkerRecord, outcome: PushOutcome) -> None:
-        if not self._alive(worker):
+        series = self._live_series(worker)
+        if series is None:
             return
-        labels = (self.shard, worker.name)
-        self.pushes.labels(*labels).inc()
-        self.staleness.labels(*labels).observe(outcome.staleness)
+        series.child(self.pushes).inc()
+        series.child(self.staleness).observe(outcome.staleness)
         gap = outcome.telemetry.get("gap")
         if gap is not None and math.isfinite(gap):
-            self.gap.labels(*labels).observe(gap)
+            series.child(self.gap).observe(gap)
         scale = outcome.telemetry.get("scale")
         if scale is not None and math.isfinite(scale):
-            self.scale.labels(*labels).observe(scale)
+            series.child(self.scale).observe(scale)
         if outcome.local_steps > 0:
-            self.local_steps.labels(*labels).set(outcome.local_steps)
+            series.child(self.local_steps).set(outcome.local_steps)
         if outcome.telemetry.get("momentum_step") == 1.0:
-            self.momentum_steps.labels(self.shard).inc()
+            self._momentum_steps.inc()
 
     def push_duplicate(self, worker: WorkerRecord) -> None:
-        if self._alive(worker):
-            self.duplicate_pushes.labels(self.shard, worker.name).inc()
+        series = self._live_series(worker)
+        if series is not None:
+            series.child(self.duplicate_pushes).inc()
 
     def bytes_received(self, worker: WorkerRecord, count: int) -> None:
-        if self._alive(worker):
-            self.received_bytes.labels(self.shard, worker.name).inc(count)
+        series = self._live_series(worker)
+        if series is not None:
+            series.child(self.received_bytes).inc(count)
 
     def pulled(self, worker: WorkerRecord, clock: int, bytes_sent: int) -> None:
-        if self._alive(worker):
-            labels = (self.shard, worker.name)
-            self.pulls.labels(*labels).inc()
-            self.sent_bytes.labels(*labels).inc(bytes_sent)
+        series = self._live_series(worker)
+        if series is not None:
+            series.child(self.pulls).inc()
+            series.child(self.sent_bytes).inc(bytes_sent)
 
     def rejected(self, reason: str, worker: WorkerRecord | None) -> None:
         self.rejected_requests.labels(self.shard, reason).inc()
@@ -306,25 +324,30 @@ class ShardMetrics:
             self.worker_rejected.labels(self.shard, worker.name, reason).inc()
 
     def heartbeat(self, worker: WorkerRecord, stats: Mapping[str, float]) -> None:
-        if worker.observer or not self._alive(worker):
+        series = None if worker.observer else self._live_series(worker)
+        if series is None:
             return
-        labels = (self.shard, worker.name)
         if "compute_seconds" in stats:
-            self.compute_seconds.labels(*labels).set(stats["compute_seconds"])
+            series.child(self.compute_seconds).set(stats["compute_seconds"])
         if "samples_per_second" in stats:
-            self.samples_per_second.labels(*labels).set(stats["samples_per_second"])
+            series.child(self.samples_per_second).set(stats["samples_per_second"])
 
     def snapshot_dropped(self, clock: int) -> None:
-        self.snapshots_dropped.labels(self.shard).inc()
+        self._snapshots_dropped.inc()
 
     def pull_held(self, worker: WorkerRecord, seconds: float) -> None:
-        self.pull_hold_seconds.labels(self.shard).observe(seconds)
+        self._pull_hold_seconds.observe(seconds)
 
     # -- beyond the shard's observer hooks -------------------------------------------------
 
     def rpc_finished(self, service: str, method: str, code: str, seconds: float) -> None:
         """Record one RPC's latency (called by psserver.rpc.latency's interceptor)."""
-        self.rpc_seconds.labels(self.shard, service, method, code).observe(seconds)
+        key = (service, method, code)
+        child = self._rpc_children.get(key)
+        if child is None:
+            # Never removed, and bounded: the interceptor records only registered methods.
+            child = self._rpc_children[key] = self.rpc_seconds.labels(self.shard, *key)
+        child.observe(seconds)
 
     def checkpoint_written(self, timestamp: float | None = None) -> None:
         """A checkpoint is on disk: written now, or (on restore) written at Unix time ``timestamp``."""
@@ -332,7 +355,7 @@ class ShardMetrics:
 
     def clock_restored(self, clock: int) -> None:
         """The shard's clock was restored from a checkpoint (pushes move it from then on)."""
-        self.clock.labels(self.shard).set(clock)
+        self._clock.set(clock)
 
     def worker_names(self) -> set[str]:
         """Names that have per-worker series now."""
@@ -341,10 +364,10 @@ class ShardMetrics:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _alive(self, worker: WorkerRecord) -> bool:
-        """False for a worker that already left: its series were removed and must not come back."""
+    def _live_series(self, worker: WorkerRecord) -> _WorkerSeries | None:
+        """None for a worker that already left: its series were removed and must not come back."""
         series = self._series.get(worker.name)
-        return series is not None and worker.worker_id in series.worker_ids
+        return series if series is not None and worker.worker_id in series.worker_ids else None
 
     def _per_worker_metrics(self) -> Iterable[Counter | Gauge | Histogram]:
         return (

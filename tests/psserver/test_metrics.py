@@ -234,6 +234,31 @@ def test_a_departed_workers_series_are_removed(shard: Shard, metrics: ShardMetri
     assert value(metrics, "hetps_rejected_requests_total", reason="future_clock") == 1
 
 
+def test_a_name_back_after_leaving_counts_afresh_and_late_events_write_nothing(
+    shard: Shard, metrics: ShardMetrics
+) -> None:
+    assert shard.layout is not None
+    push(shard, 1, 1, 0)
+    shard.heartbeat(1, {"samples_per_second": 10.0})
+    fast = shard.workers[1]
+    shard.leave(1)
+    # Every per-worker hook, for the record that left: none may write to a removed series.
+    metrics.push_applied(fast, PushOutcome(2, 0, {"gap": 0.1, "scale": 1.0, "local_steps": 4.0}))
+    metrics.push_duplicate(fast)
+    metrics.bytes_received(fast, 100)
+    metrics.pulled(fast, 2, 100)
+    metrics.heartbeat(fast, {"samples_per_second": 1.0, "compute_seconds": 0.1})
+    assert worker_label_values(metrics.registry) == {"slow"}
+    again = shard.join("fast", "cpu", False, shard.layout, shard.layout.hash).worker.worker_id
+    assert value(metrics, "hetps_pushes_total", worker="fast") == 0
+    assert value(metrics, "hetps_received_bytes_total", worker="fast") == 0
+    assert value(metrics, "hetps_worker_samples_per_second", worker="fast") is None
+    push(shard, again, 2, 1)
+    assert value(metrics, "hetps_pushes_total", worker="fast") == 1
+    assert value(metrics, "hetps_push_staleness_count", worker="fast") == 1
+    assert value(metrics, "hetps_received_bytes_total", worker="fast") == 4 * shard.params.numel()
+
+
 def test_an_evicted_workers_series_are_removed(shard: Shard, metrics: ShardMetrics, time_source: FakeTime) -> None:
     push(shard, 2, 1, 0)
     time_source.now += 5
