@@ -23,21 +23,32 @@ _LEN = 2
 # Every key here and most small values are one byte: made once, not per message.
 _ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))
 
+# The keys of the hot shapes, as bytes (field << 3 | wire type): Chunk's offset, dtype, data and
+# scales, PullResponse's clock, total_length and chunk (the same bytes as Chunk's first three),
+# and field 2 as a length-delimited field (PushRequest.chunk, InitRequest.chunk, PushPullResponse.params).
+_OFFSET_KEY = _CLOCK_KEY = b"\x08"
+_DTYPE_KEY = _TOTAL_KEY = b"\x10"
+_DATA_KEY = _CHUNK_KEY = b"\x1a"
+_SCALES_KEY = b"\x22"
+_FIELD_2_KEY = b"\x12"
+
 
 def _varint(value: int) -> bytes:
-    if 0 <= value < 0x80:
+    if value < 0x80:
+        if value < 0:
+            raise ValueError("varints here are never negative")
         return _ONE_BYTE[value]
-    if value < 0:
-        raise ValueError("varints here are never negative")
+    # Chunk sizes and most offsets and clocks fit two or three bytes: no loop for them.
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
     out = bytearray()
-    while True:
-        byte = value & 0x7F
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    out.append(value)
+    return bytes(out)
 
 
 def _key(field: int, wire_type: int) -> bytes:
@@ -46,13 +57,11 @@ def _key(field: int, wire_type: int) -> bytes:
 
 def _chunk_header(offset: int, dtype: int, size: int) -> bytes:
     """A Chunk message's bytes up to (not including) its data."""
-    head = b""
-    if offset:
-        head += _key(1, _VARINT) + _varint(offset)
+    head = _OFFSET_KEY + _varint(offset) if offset else b""
     if dtype:
-        head += _key(2, _VARINT) + _varint(dtype)
+        head += _DTYPE_KEY + _varint(dtype)
     if size:
-        head += _key(3, _LEN) + _varint(size)
+        head += _DATA_KEY + _varint(size)
     return head
 
 
@@ -65,18 +74,20 @@ def chunk_in(field: int, offset: int, dtype: int, data: memoryview | bytes, scal
     """A message whose only field ``field`` is a Chunk (PushRequest.chunk or InitRequest.chunk: 2).
 
     ``scales`` (DTYPE_INT8_BLOCK only) follow the data, as field 4."""
-    head = _chunk_header(offset, dtype, len(data))
-    tail = _key(4, _LEN) + _varint(len(scales)) if scales else b""
-    return b"".join((_nest(field, head, len(data) + len(tail) + len(scales)), data, tail, scales))
+    size = len(data)
+    head = _chunk_header(offset, dtype, size)
+    if not scales:
+        return b"".join((_nest(field, head, size), data))
+    tail = _SCALES_KEY + _varint(len(scales))
+    return b"".join((_nest(field, head, size + len(tail) + len(scales)), data, tail, scales))
 
 
 def _pull_response_head(clock: int, total_length: int, offset: int, dtype: int, size: int) -> bytes:
-    head = b""
-    if clock:
-        head += _key(1, _VARINT) + _varint(clock)
+    head = _CLOCK_KEY + _varint(clock) if clock else b""
     if total_length:
-        head += _key(2, _VARINT) + _varint(total_length)
-    return head + _nest(3, _chunk_header(offset, dtype, size), size)
+        head += _TOTAL_KEY + _varint(total_length)
+    chunk = _chunk_header(offset, dtype, size)
+    return head + _CHUNK_KEY + _varint(len(chunk) + size) + chunk
 
 
 def pull_response(clock: int, total_length: int, offset: int, dtype: int, data: memoryview | bytes) -> bytes:
@@ -86,8 +97,9 @@ def pull_response(clock: int, total_length: int, offset: int, dtype: int, data: 
 
 def push_pull_params(clock: int, total_length: int, offset: int, dtype: int, data: memoryview | bytes) -> bytes:
     """A serialised PushPullResponse carrying ``params`` (a PullResponse)."""
-    head = _pull_response_head(clock, total_length, offset, dtype, len(data))
-    return b"".join((_nest(2, head, len(data)), data))
+    size = len(data)
+    head = _pull_response_head(clock, total_length, offset, dtype, size)
+    return b"".join((_FIELD_2_KEY, _varint(len(head) + size), head, data))
 
 
 @dataclass(frozen=True)
@@ -105,8 +117,19 @@ class WireError(ValueError):
 
 
 def _read_varint(buffer: memoryview, position: int) -> tuple[int, int]:
-    if position < len(buffer) and buffer[position] < 0x80:
-        return buffer[position], position + 1  # keys, dtypes, small numbers: one byte
+    # Keys, dtypes and small numbers are one byte, chunk sizes and most offsets three: no loop for them.
+    if position + 2 < len(buffer):
+        first = buffer[position]
+        if first < 0x80:
+            return first, position + 1
+        second = buffer[position + 1]
+        if second < 0x80:
+            return first & 0x7F | second << 7, position + 2
+        third = buffer[position + 2]
+        if third < 0x80:
+            return first & 0x7F | (second & 0x7F) << 7 | third << 14, position + 3
+    elif position < len(buffer) and buffer[position] < 0x80:
+        return buffer[position], position + 1
     value = 0
     shift = 0
     while True:
@@ -150,20 +173,33 @@ def parse_chunk(buffer: memoryview) -> ChunkView:
     offset = dtype = 0
     data = scales = buffer[0:0]
     position = 0
-    while position < len(buffer):
-        key, position = _read_varint(buffer, position)
-        field, wire_type = key >> 3, key & 7
-        if field == 1 and wire_type == _VARINT:
-            offset, position = _read_varint(buffer, position)
-        elif field == 2 and wire_type == _VARINT:
-            dtype, position = _read_varint(buffer, position)
-        elif field == 3 and wire_type == _LEN:
+    end = len(buffer)
+    while position < end:
+        # Keys, dtypes and small offsets are one byte: read inline, without a call.
+        key = buffer[position]
+        if key < 0x80:
+            position += 1
+        else:
+            key, position = _read_varint(buffer, position)
+        if key == 0x08:  # offset, a varint
+            if position < end and buffer[position] < 0x80:
+                offset = buffer[position]
+                position += 1
+            else:
+                offset, position = _read_varint(buffer, position)
+        elif key == 0x10:  # dtype, a varint
+            if position < end and buffer[position] < 0x80:
+                dtype = buffer[position]
+                position += 1
+            else:
+                dtype, position = _read_varint(buffer, position)
+        elif key == 0x1A:  # data, length-delimited
             data, position = _read_bytes(buffer, position, "chunk data")
-        elif field == 4 and wire_type == _LEN:
+        elif key == 0x22:  # scales, length-delimited
             scales, position = _read_bytes(buffer, position, "chunk scales")
         else:
-            position = _skip(buffer, position, wire_type)
-    if position != len(buffer):
+            position = _skip(buffer, position, key & 7)
+    if position != end:
         raise WireError("a field runs past the end of the chunk")
     return ChunkView(offset, dtype, data, scales)
 
@@ -182,15 +218,15 @@ def parse_chunk_request(data: bytes) -> ChunkView | Malformed | None:
     """
     buffer = memoryview(data)
     position = 0
+    end = len(buffer)
     body: memoryview | None = None
     try:
-        while position < len(buffer):
+        while position < end:
             key, position = _read_varint(buffer, position)
-            field, wire_type = key >> 3, key & 7
-            if field != 2 or wire_type != _LEN:
+            if key != 0x12:  # anything but field 2, length-delimited
                 return None
             size, position = _read_varint(buffer, position)
-            if position + size > len(buffer):
+            if position + size > end:
                 return Malformed("truncated chunk")
             body = buffer[position : position + size]
             position += size

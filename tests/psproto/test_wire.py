@@ -66,6 +66,23 @@ def test_pull_replies_match_the_generated_code(clock: int, total: int, offset: i
     assert wire.push_pull_params(clock, total, offset, dtype, data) == both.SerializeToString()
 
 
+@pytest.mark.parametrize("value", [0, 1, 0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 2**35, 2**63 - 1])
+def test_every_varint_length_matches_the_generated_code(value: int) -> None:
+    reply = ps_pb2.PullResponse(clock=value, total_length=value)
+    reply.chunk.CopyFrom(_chunk(value, 1, b"ab"))
+    assert wire.pull_response(value, value, value, 1, b"ab") == reply.SerializeToString()
+    assert wire.parse_pull_response(reply.SerializeToString()).chunk.offset == value
+    with pytest.raises(ValueError):
+        wire.pull_response(-1, 0, 0, 1, b"")
+
+
+@pytest.mark.parametrize("offset", [b"\x80\x00", b"\xff\x80\x00", b"\x81\x80\x80\x00", b"\xff\xff\x7f"])
+def test_varints_in_more_bytes_than_needed_read_as_the_generated_code_reads_them(offset: bytes) -> None:
+    encoded = b"\x08" + offset + b"\x10\x01\x1a\x02ab"
+    view = wire.parse_chunk(memoryview(encoded))
+    assert (view.offset, view.dtype, bytes(view.data)) == (ps_pb2.Chunk.FromString(encoded).offset, 1, b"ab")
+
+
 @given(offsets, dtypes, payloads)
 def test_parse_chunk_reads_what_the_generated_code_writes(offset: int, dtype: int, data: bytes) -> None:
     encoded = _chunk(offset, dtype, data).SerializeToString()
