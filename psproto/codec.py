@@ -181,6 +181,28 @@ def payload(flat: torch.Tensor, span: range, dtype: int = ps_pb2.DTYPE_FLOAT32) 
     return ChunkPayload(span.start, DTypeValue(dtype or ps_pb2.DTYPE_FLOAT32), wire.view(torch.uint8).numpy().data)
 
 
+class Chunker:
+    """``payload`` for many spans of one tensor in one dtype, e.g. the messages of a pulled version.
+
+    Without a conversion each payload is a slice of one view of the tensor's bytes, made here
+    once, rather than a tensor view made per chunk; with one, each chunk is converted as ``payload`` does."""
+
+    def __init__(self, flat: torch.Tensor, dtype: int = ps_pb2.DTYPE_FLOAT32) -> None:
+        self._flat = flat
+        self._dtype = dtype
+        self._bytes: memoryview | None = None
+        if dtype != ps_pb2.DTYPE_INT8_BLOCK and flat.dtype == wire_dtype(dtype):
+            self._bytes = flat.view(torch.uint8).numpy().data
+            self._width = _WIDTHS[flat.dtype]
+            self._tag = DTypeValue(dtype or ps_pb2.DTYPE_FLOAT32)
+
+    def payload(self, span: range) -> ChunkPayload:
+        if self._bytes is None:
+            return payload(self._flat, span, self._dtype)
+        width = self._width
+        return ChunkPayload(span.start, self._tag, self._bytes[span.start * width : span.stop * width])
+
+
 def block_payload(offset: int, values: torch.Tensor, scales: torch.Tensor) -> ChunkPayload:
     """An INT8_BLOCK chunk of already encoded values (``blocks.encode``) starting at ``offset``."""
     return ChunkPayload(

@@ -47,10 +47,10 @@ class SerializedPull:
         retain: bool = True,
     ) -> None:
         self._source: torch.Tensor | None = source
+        self._chunker: codec.Chunker | None = codec.Chunker(source, wire_dtype)
         self._retain = retain
         self._clock = clock
         self._total = source.numel()
-        self._wire_dtype = wire_dtype
         self._spans = tuple(spans)
         self._encoder = encoder
         self._lock = threading.Lock()
@@ -72,10 +72,10 @@ class SerializedPull:
             yield message
 
     def _unretained(self) -> Iterator[bytes]:
-        source = self._source
-        assert source is not None
+        chunker = self._chunker
+        assert chunker is not None
         for span in self._spans:
-            yield self._encoder.encode(self._clock, self._total, codec.payload(source, span, self._wire_dtype))
+            yield self._encoder.encode(self._clock, self._total, chunker.payload(span))
 
     @property
     def retained_bytes(self) -> int:
@@ -102,11 +102,11 @@ class SerializedPull:
     def _message_locked(self, index: int) -> bytes:
         message = self._messages[index]
         if message is None:
-            assert self._source is not None
-            chunk = codec.payload(self._source, self._spans[index], self._wire_dtype)
-            message = self._encoder.encode(self._clock, self._total, chunk)
+            assert self._chunker is not None
+            message = self._encoder.encode(self._clock, self._total, self._chunker.payload(self._spans[index]))
             self._messages[index] = message
             self._unbuilt -= 1
             if self._unbuilt == 0:
-                self._source = None  # the messages are the copy now
+                # The messages are the copy now: nothing here keeps the source alive.
+                self._source = self._chunker = None
         return message

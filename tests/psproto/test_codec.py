@@ -32,6 +32,29 @@ def test_fp32_is_bit_exact() -> None:
     assert torch.equal(out, flat)
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        ps_pb2.DTYPE_UNSPECIFIED,
+        ps_pb2.DTYPE_FLOAT32,
+        ps_pb2.DTYPE_BFLOAT16,
+        ps_pb2.DTYPE_FLOAT16,
+        ps_pb2.DTYPE_INT8_BLOCK,
+    ],
+)
+def test_a_chunker_gives_what_payload_gives(dtype: ps_pb2.DType.ValueType) -> None:
+    flat = torch.randn(1000)
+    chunker = codec.Chunker(flat, dtype)
+    for span in codec.chunk_spans(flat.numel(), dtype, 256):
+        ours, theirs = chunker.payload(span), codec.payload(flat, span, dtype)
+        assert (ours.offset, ours.dtype, bytes(ours.data), bytes(ours.scales)) == (
+            theirs.offset,
+            theirs.dtype,
+            bytes(theirs.data),
+            bytes(theirs.scales),
+        )
+
+
 def test_bf16_halves_the_bytes() -> None:
     flat = torch.randn(1024)
     fp32 = sum(len(c.data) for c in codec.encode(flat, ps_pb2.DTYPE_FLOAT32))
