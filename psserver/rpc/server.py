@@ -38,6 +38,7 @@ else:
 
 _LOGGER = logging.getLogger(__name__)
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+_SERVICE_PREFIX = f"/{SERVICE_NAME}/"
 # Large enough for chunks of a few MiB plus headers; clients never need more.
 MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
 # HTTP/2 lets a stream's window be at most 2^31 - 1 bytes; below 64 KiB (about HTTP/2's
@@ -132,6 +133,10 @@ class DrainInterceptor(_Interceptor):
         self._lock = threading.Condition()
         self._in_flight = 0
         self.draining = False
+        # Per method: the handler it was given and its gated form, made once rather than per RPC
+        # (reused only while the inner handler is the same object). Innermost, it is given handlers
+        # of the service's own methods only, so this holds at most one entry per method.
+        self._gated: dict[str, tuple[_Handler, _Handler]] = {}
 
     def start(self) -> None:
         with self._lock:
@@ -164,10 +169,17 @@ class DrainInterceptor(_Interceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> _Handler | None:
         handler = continuation(handler_call_details)
-        if handler is None or not handler_call_details.method.startswith(f"/{SERVICE_NAME}/"):
+        full_name = handler_call_details.method
+        if handler is None or not full_name.startswith(_SERVICE_PREFIX):
             return handler
-        method = handler_call_details.method.rpartition("/")[2]
+        kept = self._gated.get(full_name)
+        if kept is not None and kept[0] is handler:
+            return kept[1]
+        gated = self._gated_handler(handler, full_name.rpartition("/")[2])
+        self._gated[full_name] = (handler, gated)
+        return gated
 
+    def _gated_handler(self, handler: _Handler, method: str) -> _Handler:
         def gated(behaviour: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
             def admit(request: Any, context: grpc.ServicerContext) -> Any:
                 with self._lock:

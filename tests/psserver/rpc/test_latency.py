@@ -15,6 +15,7 @@ from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.metrics import ShardMetrics
 from psserver.rpc.latency import LatencyInterceptor
+from psserver.rpc.security import AuthInterceptor
 from psserver.rpc.servicer import ParameterServerServicer, add_to_server
 from psworker.client import PSClient
 
@@ -80,3 +81,30 @@ def test_unknown_methods_mint_no_labels(served: tuple[str, ShardMetrics]) -> Non
         s.labels["method"] for family in metrics.registry.collect() for s in family.samples if "method" in s.labels
     }
     assert methods == set()
+
+
+def test_calls_refused_by_the_token_check_are_timed_as_refused_between_accepted_ones() -> None:
+    metrics = ShardMetrics()
+    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.1"})), observer=metrics)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4),
+        interceptors=[LatencyInterceptor(metrics), AuthInterceptor("secret")],
+    )
+    add_to_server(ParameterServerServicer(shard), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = ps_pb2_grpc.ParameterServerStub(channel)
+            good = (("authorization", "Bearer secret"),)
+            for credentials in (good, (), good, (("authorization", "Bearer wrong"),), good):
+                try:
+                    stub.Status(ps_pb2.StatusRequest(), metadata=credentials, timeout=5)
+                except grpc.RpcError as refused:
+                    assert credentials != good and refused.code() == grpc.StatusCode.UNAUTHENTICATED
+                else:
+                    assert credentials == good
+    finally:
+        server.stop(None).wait()
+    assert count(metrics, "Status", "OK") == 3
+    assert count(metrics, "Status", "UNAUTHENTICATED") == 2
