@@ -136,17 +136,22 @@ class PendingPush:
 
     def add(self, chunk: codec.ChunkLike) -> None:
         """Decode one chunk into the receive buffer (taken at the first chunk); a replay ignores it."""
-        self.receiver.refuse_if_ended(self)
+        receiver = self.receiver
+        # Checked here first, so that a push no limit ended (every chunk of nearly every push)
+        # makes no call for it.
+        if self.ended is not None:
+            receiver.refuse_if_ended(self)
         self.bytes_received += len(chunk.data) + len(chunk.scales)
-        self.receiver.arrived(self)
+        receiver.arrived(self)
         if self.replay is not None:
             return
         if self.assembler is None:
-            self.receiver.take_buffer(self)
+            receiver.take_buffer(self)
         with self.lock:
-            self.receiver.refuse_if_ended(self)
+            if self.ended is not None:
+                receiver.refuse_if_ended(self)
             assert self.assembler is not None
-            decode_into(self.assembler, chunk, self.receiver.refusals, self.worker)
+            decode_into(self.assembler, chunk, receiver.refusals, self.worker)
 
     def decoder(self) -> codec.Assembler:
         """The push's assembler, over a receive buffer taken now if it has none yet."""
