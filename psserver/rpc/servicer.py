@@ -14,6 +14,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from psproto import metadata, wire
+from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer, CheckpointError
@@ -197,7 +198,7 @@ def _send(result: PullResult, watched: WatchedStream, first: bytes | None = None
     try:
         if first is not None:
             yield first
-        for message in result.messages:
+        for message in inline_each(result.messages):
             yield message
             watched.moved(len(message))
     finally:
@@ -254,10 +255,11 @@ class ParameterServerServicer:
         # Its buffer is the shard's size: a trickled or stalled upload is cancelled (stream_watch).
         watched = self.shard.watch_stream(first.header.worker_id, "Init", context.cancel)
         try:
-            for message in request_iterator:
-                chunk = _chunk_of(message, "Init")
-                watched.moved(len(chunk.data))
-                self.shard.decode_chunk(assembler, chunk)
+            with inline_torch_ops():
+                for message in request_iterator:
+                    chunk = _chunk_of(message, "Init")
+                    watched.moved(len(chunk.data))
+                    self.shard.decode_chunk(assembler, chunk)
         finally:
             watched.close()
         applied, clock = self.shard.finish_upload(assembler)
@@ -300,9 +302,11 @@ class ParameterServerServicer:
         )
         try:
             try:
-                for message in request_iterator:
-                    # Decoded by the pending push straight into its receive buffer.
-                    pending.add(_chunk_of(message, "Push"))
+                # Chunk by chunk on this thread; the rule's apply (commit_push) keeps torch's threads.
+                with inline_torch_ops():
+                    for message in request_iterator:
+                        # Decoded by the pending push straight into its receive buffer.
+                        pending.add(_chunk_of(message, "Push"))
             except grpc.RpcError:
                 # The stream broke; if the shard cancelled it as stalled, say so (the RPC's status
                 # and latency are then CANCELLED with a reason, not an unknown error).
