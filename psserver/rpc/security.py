@@ -3,6 +3,7 @@
 Every RPC except the standard health service must carry ``authorization: Bearer <token>``
 metadata when the server has a token; others are refused with UNAUTHENTICATED (and reason
 UNAUTHENTICATED) before any handler runs (nothing is read or changed). Tokens are compared in constant time.
+A method the server does not serve is UNIMPLEMENTED with or without a token (the .proto is public).
 """
 
 from __future__ import annotations
@@ -78,23 +79,28 @@ class AuthInterceptor(_Interceptor):
             reason = "more than one authorization header was sent"
         else:
             reason = "no bearer token was sent; send metadata 'authorization: Bearer <token>' (--auth-token-file)"
+        handler = continuation(handler_call_details)
+        if handler is None:
+            # A method the server does not serve is UNIMPLEMENTED with or without a token: nothing
+            # runs either way, and an interceptor outside this one (latency) then records nothing,
+            # so an unauthenticated caller cannot make metric labels out of invented method names.
+            return None
         if self._on_refused is not None:
             self._on_refused(method)
-        handler = continuation(handler_call_details)
         return _refusal(handler, reason)
 
 
-def _refusal(handler: _Handler | None, reason: str) -> _Handler:
+def _refusal(handler: _Handler, reason: str) -> _Handler:
     """A handler of the same shape that reads nothing and answers UNAUTHENTICATED (reason too)."""
     refused = refusal(Reason.UNAUTHENTICATED, reason)
 
     def refuse(request: Any, context: grpc.ServicerContext) -> Any:
         context.abort_with_status(refused)
 
-    if handler is not None and handler.request_streaming and handler.response_streaming:
+    if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(refuse)
-    if handler is not None and handler.request_streaming:
+    if handler.request_streaming:
         return grpc.stream_unary_rpc_method_handler(refuse)
-    if handler is not None and handler.response_streaming:
+    if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(refuse)
     return grpc.unary_unary_rpc_method_handler(refuse)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 
 import grpc
 import pytest
@@ -23,16 +24,28 @@ SERVICE = "psproto.v1.ParameterServer"
 LAYOUT = Layout.from_named_shapes([("w", (4, 4))])
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[str, ShardMetrics]]:
+@contextmanager
+def serving(token: str | None = None) -> Iterator[tuple[str, ShardMetrics]]:
+    """A shard served with the latency interceptor outermost, and the token check when ``token``."""
     metrics = ShardMetrics()
     shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.1"})), observer=metrics)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[LatencyInterceptor(metrics)])
+    interceptors: list[grpc.ServerInterceptor] = [LatencyInterceptor(metrics)]  # type: ignore[type-arg]
+    if token is not None:
+        interceptors.append(AuthInterceptor(token))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=interceptors)
     add_to_server(ParameterServerServicer(shard), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield f"127.0.0.1:{port}", metrics
-    server.stop(None).wait()
+    try:
+        yield f"127.0.0.1:{port}", metrics
+    finally:
+        server.stop(None).wait()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[str, ShardMetrics]]:
+    with serving() as served:
+        yield served
 
 
 def count(metrics: ShardMetrics, method: str, code: str) -> float:
@@ -70,13 +83,19 @@ def test_a_refused_stream_is_timed_with_its_code(served: tuple[str, ShardMetrics
     assert count(metrics, "Pull", "NOT_FOUND") == 1
 
 
-def test_unknown_methods_mint_no_labels(served: tuple[str, ShardMetrics]) -> None:
-    address, metrics = served
-    with grpc.insecure_channel(address) as channel:
-        call = channel.unary_unary("/psproto.v1.ParameterServer/NoSuchMethod", None, None)
-        with pytest.raises(grpc.RpcError) as refused:
-            call(b"", timeout=5)
-        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+@pytest.mark.parametrize(
+    ("token", "credentials"),
+    [(None, ()), ("secret", ()), ("secret", (("authorization", "Bearer wrong"),))],
+    ids=["no-token", "token-not-sent", "token-wrong"],
+)
+def test_unknown_methods_mint_no_labels(token: str | None, credentials: tuple[tuple[str, str], ...]) -> None:
+    """An unknown method is UNIMPLEMENTED whatever the credentials: a caller cannot make label values."""
+    with serving(token) as (address, metrics), grpc.insecure_channel(address) as channel:
+        for name in ("NoSuchMethod", "Made1", "Made2"):
+            call = channel.unary_unary(f"/psproto.v1.ParameterServer/{name}", None, None)
+            with pytest.raises(grpc.RpcError) as refused:
+                call(b"", metadata=credentials, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
     methods = {
         s.labels["method"] for family in metrics.registry.collect() for s in family.samples if "method" in s.labels
     }
@@ -84,27 +103,15 @@ def test_unknown_methods_mint_no_labels(served: tuple[str, ShardMetrics]) -> Non
 
 
 def test_calls_refused_by_the_token_check_are_timed_as_refused_between_accepted_ones() -> None:
-    metrics = ShardMetrics()
-    shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.1"})), observer=metrics)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=4),
-        interceptors=[LatencyInterceptor(metrics), AuthInterceptor("secret")],
-    )
-    add_to_server(ParameterServerServicer(shard), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = ps_pb2_grpc.ParameterServerStub(channel)
-            good = (("authorization", "Bearer secret"),)
-            for credentials in (good, (), good, (("authorization", "Bearer wrong"),), good):
-                try:
-                    stub.Status(ps_pb2.StatusRequest(), metadata=credentials, timeout=5)
-                except grpc.RpcError as refused:
-                    assert credentials != good and refused.code() == grpc.StatusCode.UNAUTHENTICATED
-                else:
-                    assert credentials == good
-    finally:
-        server.stop(None).wait()
+    with serving("secret") as (address, metrics), grpc.insecure_channel(address) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        good = (("authorization", "Bearer secret"),)
+        for credentials in (good, (), good, (("authorization", "Bearer wrong"),), good):
+            try:
+                stub.Status(ps_pb2.StatusRequest(), metadata=credentials, timeout=5)
+            except grpc.RpcError as refused:
+                assert credentials != good and refused.code() == grpc.StatusCode.UNAUTHENTICATED
+            else:
+                assert credentials == good
     assert count(metrics, "Status", "OK") == 3
     assert count(metrics, "Status", "UNAUTHENTICATED") == 2
