@@ -20,6 +20,12 @@ LEVELS = 127
 # The smallest positive fp32 (a subnormal): the scale of a block whose max|x| / 127 underflows.
 SMALLEST_SCALE = torch.finfo(torch.float32).smallest_normal * 2.0**-23
 _SMALLEST = torch.tensor(SMALLEST_SCALE)
+# The largest scale whose decoded values (|q| <= 127) cannot overflow fp32: the float below
+# FLT_MAX / 127, so that 127 times it, rounded, stays finite. An encoder never sends more
+# (max|x| <= FLT_MAX); a scale above it may decode to ±Inf, which the server then finds.
+LARGEST_SAFE_SCALE = float(
+    torch.nextafter(torch.tensor(torch.finfo(torch.float32).max / LEVELS), torch.tensor(0.0)).item()
+)
 
 
 class ScalesError(ValueError):

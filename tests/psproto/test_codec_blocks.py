@@ -102,3 +102,22 @@ def test_an_int8_chunk_past_the_end_is_out_of_range() -> None:
     with pytest.raises(codec.CodecError) as caught:
         codec.Assembler(torch.zeros(4), accept_blocks=True).add(chunk)
     assert caught.value.reason == "chunk_out_of_range"
+
+
+@pytest.mark.parametrize(("above", "finite"), [(False, True), (True, False)])
+def test_a_scale_large_enough_to_overflow_is_found_non_finite(above: bool, finite: bool) -> None:
+    """Chunks whose scales cannot overflow are not summed; one that can is, and its Inf is found."""
+    largest = torch.tensor(blocks.LARGEST_SAFE_SCALE)
+    scale = torch.nextafter(largest, torch.tensor(float("inf"))) if above else largest
+    chunk = ps_pb2.Chunk(
+        offset=0,
+        dtype=ps_pb2.DTYPE_INT8_BLOCK,
+        data=torch.full((BLOCK,), 127, dtype=torch.int8).numpy().tobytes(),
+        scales=scale.reshape(1).numpy().tobytes(),
+    )
+    out = torch.empty(BLOCK)
+    assembler = codec.Assembler(out, accept_blocks=True)
+    assembler.add(chunk)
+    assembler.finish()
+    assert assembler.all_finite() is finite
+    assert bool(torch.isfinite(out).all()) is finite
