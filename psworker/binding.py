@@ -54,14 +54,18 @@ class ModelBinding:
         self._synchronize()
         return self.params
 
-    @torch.no_grad()
-    def gather_grads(self) -> torch.Tensor:
-        """Copy the model's gradients (zero where missing) into ``grads`` and return it."""
-        for (_, p), view in zip(self.named, self._grad_views, strict=True):
+    def _copy_grads(self, views: list[torch.Tensor]) -> None:
+        """The model's gradients (zero where missing) into ``views``, one per parameter."""
+        for (_, p), view in zip(self.named, views, strict=True):
             if p.grad is None:
                 view.zero_()
             else:
                 view.copy_(p.grad, non_blocking=True)
+
+    @torch.no_grad()
+    def gather_grads(self) -> torch.Tensor:
+        """Copy the model's gradients (zero where missing) into ``grads`` and return it."""
+        self._copy_grads(self._grad_views)
         self._synchronize()
         return self.grads
 
@@ -72,11 +76,7 @@ class ModelBinding:
         else :meth:`gather_grads`."""
         if self.device_grads is None:
             return self.gather_grads()
-        for (_, p), view in zip(self.named, self._device_grad_views, strict=True):
-            if p.grad is None:
-                view.zero_()
-            else:
-                view.copy_(p.grad)
+        self._copy_grads(self._device_grad_views)  # on the device: no synchronise needed
         return self.device_grads
 
     @torch.no_grad()
