@@ -181,18 +181,16 @@ def parse_chunk(buffer: memoryview) -> ChunkView:
             position += 1
         else:
             key, position = _read_varint(buffer, position)
-        if key == 0x08:  # offset, a varint
+        if key in (0x08, 0x10):  # offset or dtype, a varint
             if position < end and buffer[position] < 0x80:
-                offset = buffer[position]
+                value = buffer[position]
                 position += 1
             else:
-                offset, position = _read_varint(buffer, position)
-        elif key == 0x10:  # dtype, a varint
-            if position < end and buffer[position] < 0x80:
-                dtype = buffer[position]
-                position += 1
+                value, position = _read_varint(buffer, position)
+            if key == 0x08:
+                offset = value
             else:
-                dtype, position = _read_varint(buffer, position)
+                dtype = value
         elif key == 0x1A:  # data, length-delimited
             data, position = _read_bytes(buffer, position, "chunk data")
         elif key == 0x22:  # scales, length-delimited
