@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
+from psserver.rpc.wrapped_handlers import WrappedHandlers
+
 if TYPE_CHECKING:  # the stubs' classes are generic; grpc's own are not subscriptable
     _Handler = grpc.RpcMethodHandler[Any, Any]
     _Interceptor = grpc.ServerInterceptor[Any, Any]
@@ -25,19 +27,12 @@ class RpcTimer(Protocol):
     def rpc_finished(self, service: str, method: str, code: str, seconds: float) -> None: ...
 
 
-# Methods whose timed handler is kept; past it (only callers naming methods the server does not
-# serve can get there) handlers are made per call again, so the cache stays bounded.
-MAX_KEPT_HANDLERS = 64
-
-
 class LatencyInterceptor(_Interceptor):
     """Reports each RPC's duration and final status code to ``timer`` (e.g. ``ShardMetrics``)."""
 
     def __init__(self, timer: RpcTimer) -> None:
         self._timer = timer
-        # Per method: the handler it was given and its timed form, made once rather than per RPC
-        # (reused only while the inner handler is the same object).
-        self._timed: dict[str, tuple[_Handler, _Handler]] = {}
+        self._timed = WrappedHandlers(self._timed_handler)
 
     def intercept_service(
         self,
@@ -47,14 +42,7 @@ class LatencyInterceptor(_Interceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        full_name = handler_call_details.method
-        kept = self._timed.get(full_name)
-        if kept is not None and kept[0] is handler:
-            return kept[1]
-        timed = self._timed_handler(handler, full_name)
-        if len(self._timed) < MAX_KEPT_HANDLERS or full_name in self._timed:
-            self._timed[full_name] = (handler, timed)
-        return timed
+        return self._timed.get(handler_call_details.method, handler)
 
     def _timed_handler(self, handler: _Handler, full_name: str) -> _Handler:
         service, _, method = full_name.lstrip("/").rpartition("/")

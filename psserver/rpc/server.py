@@ -29,6 +29,7 @@ from psserver.core.shard import Shard
 from psserver.rpc.security import ServerTls
 from psserver.rpc.servicer import ParameterServerServicer, add_to_server
 from psserver.rpc.status_codes import refusal
+from psserver.rpc.wrapped_handlers import WrappedHandlers
 
 if TYPE_CHECKING:
     _Handler = grpc.RpcMethodHandler[Any, Any]
@@ -133,10 +134,9 @@ class DrainInterceptor(_Interceptor):
         self._lock = threading.Condition()
         self._in_flight = 0
         self.draining = False
-        # Per method: the handler it was given and its gated form, made once rather than per RPC
-        # (reused only while the inner handler is the same object). Innermost, it is given handlers
-        # of the service's own methods only, so this holds at most one entry per method.
-        self._gated: dict[str, tuple[_Handler, _Handler]] = {}
+        self._gated = WrappedHandlers(
+            lambda handler, full_name: self._gated_handler(handler, full_name.rpartition("/")[2])
+        )
 
     def start(self) -> None:
         with self._lock:
@@ -172,14 +172,11 @@ class DrainInterceptor(_Interceptor):
         full_name = handler_call_details.method
         if handler is None or not full_name.startswith(_SERVICE_PREFIX):
             return handler
-        kept = self._gated.get(full_name)
-        if kept is not None and kept[0] is handler:
-            return kept[1]
-        gated = self._gated_handler(handler, full_name.rpartition("/")[2])
-        self._gated[full_name] = (handler, gated)
-        return gated
+        return self._gated.get(full_name, handler)
 
-    def _gated_handler(self, handler: _Handler, method: str) -> _Handler:
+    def _gated_handler(self, handler: _Handler, full_name: str) -> _Handler:
+        method = full_name.rpartition("/")[2]
+
         def gated(behaviour: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
             def admit(request: Any, context: grpc.ServicerContext) -> Any:
                 with self._lock:
