@@ -28,7 +28,7 @@ from benchmarks.harness.processes import Fleet
 from benchmarks.harness.report import prepare_output, run_header, run_size, write_results
 from benchmarks.harness.settings import TORCH_THREADS
 from benchmarks.harness.stats import summarize
-from benchmarks.harness.steps import BareStep, HetpsStep, StepSystem, warm_up
+from benchmarks.harness.steps import BareStep, HetpsStep, StepSystem, seeded_parameters, warm_up
 from psproto import codec
 from psproto.cli_options import parse_byte_size
 from psproto.layout import Layout
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(TORCH_THREADS)
     console, log_dir = prepare_output(args.out)
     layout = Layout.from_named_shapes(MODELS[model](), 1)
-    flat = torch.randn(layout.total_length, generator=torch.Generator().manual_seed(0)) * 0.01
+    flat = seeded_parameters(layout.total_length)
     update = torch.randn(layout.total_length, generator=torch.Generator().manual_seed(1)) * 1e-3
     out = torch.empty_like(flat)
     fleet = Fleet(log_dir)

@@ -50,7 +50,7 @@ from benchmarks.harness.processes import REPO_ROOT, Fleet, ServerProcess, cpu_se
 from benchmarks.harness.profiled import thread_cpu_seconds
 from benchmarks.harness.report import prepare_output, run_header, run_size, write_results
 from benchmarks.harness.settings import TORCH_THREADS
-from benchmarks.harness.steps import BareStep, HetpsStep, StepSystem, warm_up, wire_problem
+from benchmarks.harness.steps import BareStep, HetpsStep, StepSystem, seeded_parameters, warm_up, wire_problem
 from psproto.layout import Layout
 
 SYSTEMS = ("hetps", "bare")
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(TORCH_THREADS)
     console, log_dir = prepare_output(args.out)
     layout = Layout.from_named_shapes(MODELS[model](), 1)
-    flat = torch.randn(layout.total_length, generator=torch.Generator().manual_seed(0)) * 0.01
+    flat = seeded_parameters(layout.total_length)
     results: dict[str, Any] = {
         **run_header(None),
         "model": model,

@@ -36,7 +36,7 @@ from psserver.allocator import default_server_environment
 from psserver.ready import ReadyInfo, write_ready_file
 
 SERVICE = "hetps.bench.Bare"
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
 OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -154,12 +154,17 @@ def time_steps(system: StepSystem, update: torch.Tensor, out: torch.Tensor, coun
     return samples
 
 
+def seeded_parameters(length: int) -> torch.Tensor:
+    """The parameters every benchmark starts a model from (seed 0, scaled to 0.01)."""
+    return torch.randn(length, generator=torch.Generator().manual_seed(0)) * 0.01
+
+
 def initialize_parameters(model: str, addresses: list[str]) -> None:
     """Init the servers at ``addresses`` with ``model``'s parameters (seed 0) unless already done."""
     layout = Layout.from_named_shapes(MODELS[model](), len(addresses))
     client = PSClient(addresses, layout, name="bench-init")
     try:
         if not client.initialized:
-            client.init(torch.randn(layout.total_length, generator=torch.Generator().manual_seed(0)) * 0.01)
+            client.init(seeded_parameters(layout.total_length))
     finally:
         client.close()
