@@ -20,6 +20,7 @@ from psworker.binding import ModelBinding
 from psworker.channels import DEFAULT_KEEPALIVE_S
 from psworker.client import DeadlinePolicy, PSClient, RetryPolicy
 from psworker.pacing import Pace
+from psworker.push_encoding import wire_dtypes
 from psworker.startup import start_worker
 from psworker.tasks import Task, evaluate, load_task, perplexity
 
@@ -157,7 +158,8 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             task = task.shard(*config.shard_data)
     device = pick_device(config.device)
     model = task.build_model().to(device)
-    push_on_device = config.encode_on == "device" and (config.push_dtype or config.wire_dtype) == "int8"
+    push, _ = wire_dtypes(config.wire_dtype, config.push_dtype, config.pull_dtype)
+    push_on_device = config.encode_on == "device" and push == codec.INT8_BLOCK
     binding = ModelBinding(model, num_shards=len(config.servers), push_on_device=push_on_device)
     generator = torch.Generator().manual_seed(config.seed)
     train_x = task.train_inputs.to(device)
