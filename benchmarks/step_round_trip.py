@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.table import Table
 from torch.distributed import rpc
 
 from benchmarks.harness import torch_rpc_peer
@@ -47,12 +46,12 @@ from benchmarks.harness.report import (
     print_targets,
     print_validity,
     run_header,
-    spread,
     target,
     write_results,
 )
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.stats import Summary, scaled, speed_ratio, summarize
+from benchmarks.harness.step_tables import print_step_limits, print_step_tables
 from benchmarks.harness.steps import BareStep, HetpsStep, PeerStep, StepSystem, time_steps, warm_up
 from benchmarks.harness.validity import (
     ceiling_check,
@@ -78,7 +77,7 @@ PEER_DEFAULT = "peer-torch-rpc-default-fp32"
 @dataclass(frozen=True)
 class SystemSpec:
     name: str  # e.g. hetps-1shard-bf16
-    kind: str  # hetps, bare, peer, peer-default
+    kind: str  # hetps, bare, arith (the bare mover doing the step's arithmetic), peer, peer-default
     shards: int
     wire_dtype: str
 
@@ -93,6 +92,10 @@ def step_systems() -> list[SystemSpec]:
     # the 8-bit push's size without encoding it (the transport's cost of those bytes).
     specs.append(SystemSpec(f"hetps-{INT8}", "hetps", 1, "int8/bf16"))
     specs.append(SystemSpec(f"bare-{INT8}", "bare", 1, "int8/bf16"))
+    # The bare mover doing the arithmetic of an SGD step too (encode, decode, apply, reply conversion):
+    # what hetps's single shard loses against it is its own work; what it loses against "bare", arithmetic.
+    specs += [SystemSpec(f"arith-1shard-{dtype}", "arith", 1, dtype) for dtype in ("fp32", "bf16")]
+    specs.append(SystemSpec(f"arith-{INT8}", "arith", 1, "int8/bf16"))
     specs.append(SystemSpec(PEER, "peer", 1, "fp32"))
     specs.append(SystemSpec(PEER_DEFAULT, "peer-default", 1, "fp32"))
     return specs
@@ -169,7 +172,7 @@ def server_addresses(
     the same servers for every model; each peer is one process for all."""
     if spec.kind == "hetps":
         return hetps[model][spec.shards]
-    if spec.kind == "bare":
+    if spec.kind in ("bare", "arith"):
         return bare[: spec.shards]
     return [spec.kind]
 
@@ -215,8 +218,9 @@ def measure_steps(
                 system: StepSystem
                 if spec.kind == "hetps":
                     system = HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat)
-                elif spec.kind == "bare":
-                    system = BareStep(addresses, layout, f"{model}-{spec.name}", spec.wire_dtype, flat)
+                elif spec.kind in ("bare", "arith"):
+                    key, arithmetic = f"{model}-{spec.name}", spec.kind == "arith"
+                    system = BareStep(addresses, layout, key, spec.wire_dtype, flat, arithmetic=arithmetic)
                 elif spec.kind == "peer":
                     system = PeerStep(model, flat)
                 else:
@@ -302,7 +306,13 @@ def step_results(
         pairs = [(spec.name, PEER) for spec in specs if spec.kind == "hetps"]
         pairs += [(s.name, s.name.replace("hetps", "bare")) for s in specs if s.kind == "hetps"]
         # The ceiling against the peer: the most any server on this gRPC stack could reach.
-        pairs += [(spec.name, PEER) for spec in specs if spec.kind == "bare" and spec.shards == 1]
+        pairs += [(spec.name, PEER) for spec in specs if spec.kind in ("bare", "arith") and spec.shards == 1]
+        for spec in specs:
+            if spec.kind == "arith":
+                pairs += [
+                    (spec.name.replace("arith", "hetps"), spec.name),
+                    (spec.name, spec.name.replace("arith", "bare")),
+                ]
         if any(spec.name == PEER_DEFAULT for spec in specs):
             # For reference only: the peer when TensorPipe may skip the socket.
             pairs += [(f"hetps-1shard-{dtype}", PEER_DEFAULT) for dtype in ("fp32", "bf16")] + [(PEER, PEER_DEFAULT)]
@@ -333,7 +343,7 @@ def step_validity(settings: Settings, steps: dict[str, Any], environments: dict[
     for model in settings.models:
         systems = steps[model]["systems"]
         for name, system in systems.items():
-            if system["kind"] in ("bare", "peer"):
+            if system["kind"] in ("bare", "arith", "peer"):
                 checks.append(repeat_spread_check(f"{model}:{name}", system["repeat_medians_ms"]))
         checks.append(
             ceiling_check(
@@ -379,7 +389,8 @@ def step_targets(settings: Settings, steps: dict[str, Any], validity: dict[str, 
                 ratios[f"hetps-{INT8} vs {PEER}"],
                 PEER_INT8,
                 True,
-                f"the bare mover moving the same bytes: {ratios[f'bare-{INT8} vs {PEER}']['median']:.2f}×",
+                f"the bare mover moving the same bytes: {ratios[f'bare-{INT8} vs {PEER}']['median']:.2f}×, "
+                f"and doing the step's arithmetic too: {ratios[f'arith-{INT8} vs {PEER}']['median']:.2f}×",
             ),
             peer,
             validity,
@@ -396,56 +407,31 @@ def step_targets(settings: Settings, steps: dict[str, Any], validity: dict[str, 
     return targets
 
 
+def step_limits(steps: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per model and 1-shard wire dtype with an ``arith`` row, the median speed ratios of hetps and
+    of the bare mover doing the step's arithmetic, against the bare mover, each other and the peer."""
+    limits: dict[str, dict[str, dict[str, float]]] = {}
+    for model, data in steps.items():
+        ratios = data["speed_ratios"]
+        rows = [name.removeprefix("arith-") for name in data["systems"] if name.startswith("arith-")]
+        limits[model] = {
+            row: {
+                "hetps vs bare": ratios[f"hetps-{row} vs bare-{row}"]["median"],
+                "arith vs bare": ratios[f"arith-{row} vs bare-{row}"]["median"],
+                "hetps vs arith": ratios[f"hetps-{row} vs arith-{row}"]["median"],
+                "hetps vs peer": ratios[f"hetps-{row} vs {PEER}"]["median"],
+                "arith vs peer": ratios[f"arith-{row} vs {PEER}"]["median"],
+            }
+            for row in rows
+        }
+    return limits
+
+
 def bytes_target(model: str, systems: dict[str, Any]) -> dict[str, Any]:
     """Bytes per step (both directions, payloads) of an 8-bit push with a bf16 pull against fp32's."""
     ratio = systems[f"hetps-{INT8}"]["wire_bytes_each_way"] / systems["hetps-1shard-fp32"]["wire_bytes_each_way"]
     exact: Summary = {"median": ratio, "min": ratio, "max": ratio, "q1": ratio, "q3": ratio, "n": 1}
     return target(f"{model} bytes per step, int8 push + bf16 pull vs fp32", exact, INT8_BYTES, False)
-
-
-def print_step_tables(steps: dict[str, Any], console: Console) -> None:
-    for model, data in steps.items():
-        table = Table(title=f"Worker step (push + pull), {model}: {data['parameters']:,} parameters")
-        step_columns = (
-            "system",
-            "median ms",
-            "IQR ms",
-            "min–max ms",
-            "steps/s",
-            "GB/s each way",
-            "server CPU ms",
-            "client CPU ms",
-            "cores busy",
-        )
-        for column in step_columns:
-            table.add_column(column, justify="left" if column == "system" else "right")
-        for name, system in data["systems"].items():
-            step = system["step_ms"]
-            used = system["cpu_ms_per_step"]
-            table.add_row(
-                name,
-                f"{step['median']:.1f}" if step["median"] >= 1 else f"{step['median']:.3f}",
-                f"{step['q1']:.1f}–{step['q3']:.1f}" if step["median"] >= 1 else f"{step['q1']:.3f}–{step['q3']:.3f}",
-                spread(step, 1 if step["median"] >= 1 else 3),
-                f"{system['steps_per_s']:.1f}",
-                f"{system['gb_per_s_each_way']:.3f}",
-                f"{used['server']:.1f}",
-                f"{used['client']:.1f}",
-                f"{used['busy_cores']:.2f}",
-            )
-        console.print(table)
-        ratios = Table(title=f"Speed ratios per repeat, {model}: A vs B = B's time / A's time (> 1: A is faster)")
-        for column in ("pair", "median", "IQR", "min–max", "fastest steps"):
-            ratios.add_column(column, justify="left" if column == "pair" else "right")
-        for pair, summary in data["speed_ratios"].items():
-            ratios.add_row(
-                pair,
-                f"{summary['median']:.2f}",
-                f"{summary['q1']:.2f}–{summary['q3']:.2f}",
-                spread(summary, 2),
-                f"{summary['of_fastest_steps']:.2f}",
-            )
-        console.print(ratios)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -472,8 +458,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         fleet.stop()
     results["validity"] = step_validity(settings, results["steps"], results["server_settings"])
     results["targets"] = step_targets(settings, results["steps"], results["validity"])
+    results["limits"] = step_limits(results["steps"])
     results["wall_seconds"] = time.perf_counter() - started
     print_step_tables(results["steps"], console)
+    print_step_limits(results["limits"], console)
     print_validity(results["validity"], console)
     print_targets(results["targets"], console)
     write_results("step_round_trip", argv, results, out, console)

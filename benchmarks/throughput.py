@@ -50,6 +50,7 @@ from benchmarks.harness.report import (
     write_results,
 )
 from benchmarks.harness.settings import TORCH_THREADS, Settings
+from benchmarks.harness.step_tables import print_step_limits, print_step_tables
 from benchmarks.harness.steps import initialize_parameters
 from benchmarks.rule_apply import apply_targets, measure_apply, print_apply_table
 from benchmarks.server_memory import gap_aware_job, load_gap_aware, measure_memory, memory_targets, print_memory_table
@@ -58,9 +59,9 @@ from benchmarks.step_round_trip import (
     hetps_addresses,
     hetps_jobs,
     measure_steps,
-    print_step_tables,
     server_settings,
     start_comparisons,
+    step_limits,
     step_targets,
     step_validity,
 )
@@ -122,12 +123,14 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
         *concurrency_targets(settings, results["concurrency"]),
         *memory_targets(results["memory"]),
     ]
+    results["limits"] = step_limits(results["steps"])
     results["wall_seconds"] = time.perf_counter() - started
     return results
 
 
 def print_tables(results: dict[str, Any], console: Console) -> None:
     print_step_tables(results["steps"], console)
+    print_step_limits(results["limits"], console)
     print_concurrency_table(results["concurrency"], console)
     print_apply_table(results["apply"], console)
     print_memory_table(results["memory"], console)

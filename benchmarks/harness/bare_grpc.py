@@ -14,11 +14,21 @@ client here converts to and from the wire dtype exactly like a hetps worker. Wit
 per block) without encoding anything, and the server takes it into a buffer of that size
 (invocation metadata ``push-bytes`` at Init): the transport's cost of those bytes alone. Once serving it
 writes ``--ready-file`` in the format of ``psserver serve --ready-file`` (``psserver/ready.py``).
+
+With ``arithmetic`` (invocation metadata ``arithmetic: PUSH/PULL`` at Init) the mover also does the
+arithmetic every step of an SGD parameter server must do, and nothing else: the client encodes an
+8-bit push with error feedback (the worker's compiled encode), the server holds fp32 parameters,
+decodes each chunk into a gradient buffer as it arrives (checking it is finite, as hetps does),
+applies ``p -= lr · g`` once the push is whole and answers with the parameters converted to the
+pull dtype chunk by chunk. An 8-bit chunk is its fp32 scales then its int8 values, cut at
+``codec.chunk_spans``. It is the least this design can do per step on a given machine: what hetps
+loses against it is hetps's own work, what it loses against the plain mover is arithmetic.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -29,7 +39,7 @@ from pathlib import Path
 import grpc
 import torch
 
-from psproto import codec
+from psproto import blocks, codec
 from psproto.layout import Layout
 from psproto.tuning import apply_malloc_tuning
 from psserver.allocator import default_server_environment
@@ -42,6 +52,51 @@ OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 WIRE_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+LR = 0.01
+
+
+def _wire_names(wire_dtype: str) -> tuple[str, str]:
+    """(push, pull) of ``PUSH`` or ``int8/PULL``."""
+    push, _, pull = wire_dtype.partition("/")
+    if push == "int8" and pull in WIRE_TORCH_DTYPES:
+        return push, pull
+    if push not in WIRE_TORCH_DTYPES or (pull and pull != push):
+        raise ValueError(f"bare wire dtype {wire_dtype!r}: one of {', '.join(WIRE_TORCH_DTYPES)}, or int8/PULL")
+    return push, push
+
+
+class _Arithmetic:
+    """One key's fp32 parameters and the step's arithmetic on them (``arithmetic`` mode)."""
+
+    def __init__(self, parameters: bytearray, wire_dtype: str, chunk_bytes: int) -> None:
+        push, pull = _wire_names(wire_dtype)
+        self.parameters = torch.frombuffer(parameters, dtype=torch.float32)
+        self.gradient = torch.empty_like(self.parameters)
+        self.push = push
+        self.pull = WIRE_TORCH_DTYPES[pull]
+        push_dtype = codec.PUSH_DTYPE_NAMES[push]
+        self.push_spans = codec.chunk_spans(self.parameters.numel(), push_dtype, chunk_bytes)
+        self.pull_spans = codec.chunk_spans(self.parameters.numel(), codec.WIRE_DTYPE_NAMES[pull], chunk_bytes)
+
+    def receive(self, chunk: bytes, span: range) -> None:
+        destination = self.gradient[span.start : span.stop]
+        if self.push == "int8":
+            count = blocks.block_count(len(span))
+            scales = torch.frombuffer(chunk, dtype=torch.float32, count=count)
+            if not bool(scales.max() <= blocks.LARGEST_SAFE_SCALE):
+                raise ValueError("a scale is not finite or too large")
+            blocks.decode(torch.frombuffer(chunk, dtype=torch.int8, offset=4 * count), scales, destination)
+            return
+        destination.copy_(torch.frombuffer(chunk, dtype=WIRE_TORCH_DTYPES[self.push]))
+        if not math.isfinite(float(destination.sum())):
+            raise ValueError("the push is not finite")
+
+    def replies(self) -> Iterator[bytes]:
+        self.parameters.add_(self.gradient, alpha=-LR)
+        for span in self.pull_spans:
+            piece = self.parameters[span.start : span.stop]
+            wire = piece if piece.dtype == self.pull else piece.to(self.pull)
+            yield wire.view(torch.uint8).numpy().tobytes()
 
 
 def _identity(data: bytes) -> bytes:
@@ -55,6 +110,7 @@ class _Store:
         # key: (the buffer pulls answer with, the buffer pushes land in (the same one unless their
         # sizes differ), chunk bytes)
         self._buffers: dict[str, tuple[bytearray, bytearray, int]] = {}
+        self._arithmetic: dict[str, _Arithmetic] = {}
         self._lock = threading.Lock()
 
     def init(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -62,6 +118,10 @@ class _Store:
         key = str(meta["key"])
         chunk_bytes = int(meta["chunk-bytes"])
         buffer = bytearray(request)
+        if "arithmetic" in meta:
+            with self._lock:
+                self._arithmetic[key] = _Arithmetic(buffer, str(meta["arithmetic"]), chunk_bytes)
+            return b""
         push_bytes = int(meta.get("push-bytes", len(buffer)))
         pushed = buffer if push_bytes == len(buffer) else bytearray(push_bytes)
         with self._lock:
@@ -70,6 +130,11 @@ class _Store:
 
     def push_pull(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         key = str(dict(context.invocation_metadata())["key"])
+        with self._lock:
+            arithmetic = self._arithmetic.get(key)
+        if arithmetic is not None:
+            yield from self._push_pull_arithmetic(arithmetic, requests, context)
+            return
         with self._lock:
             buffer, pushed, chunk_bytes = self._buffers[key]
         into = memoryview(pushed)
@@ -84,6 +149,18 @@ class _Store:
         for start in range(0, len(buffer), chunk_bytes):
             # The one copy on the way out: the buffer into a reply message.
             yield bytes(view[start : start + chunk_bytes])
+
+    def _push_pull_arithmetic(
+        self, arithmetic: _Arithmetic, requests: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        received = 0
+        try:
+            for chunk, span in zip(requests, arithmetic.push_spans, strict=True):
+                arithmetic.receive(chunk, span)
+                received += 1
+        except ValueError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"chunk {received}: {error}")
+        yield from arithmetic.replies()
 
 
 def start(address: str = "127.0.0.1:0", threads: int = 32) -> tuple[grpc.Server, int]:
@@ -112,22 +189,27 @@ class BareClient:
         key: str,
         wire_dtype: str = "fp32",
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+        arithmetic: bool = False,
     ) -> None:
         if len(servers) != layout.num_shards:
             raise ValueError(f"{len(servers)} servers for {layout.num_shards} shards")
         self.layout = layout
         self.key = key
-        push, _, pull = wire_dtype.partition("/")
-        self.dtype = WIRE_TORCH_DTYPES[pull or push]
+        push, pull = _wire_names(wire_dtype)
+        self.dtype = WIRE_TORCH_DTYPES[pull]
         self.width = torch.empty((), dtype=self.dtype).element_size()
         self.chunk_bytes = max(self.width, chunk_bytes - chunk_bytes % self.width)
-        # 8-bit pushes: per shard, a buffer of the push's size, sent as it is (nothing to encode).
+        self.wire_dtype = wire_dtype
+        self.arithmetic = arithmetic
+        shards = [layout.shard(index) for index in range(layout.num_shards)]
+        # 8-bit pushes: per shard, a buffer of the push's size, sent as it is (nothing to encode)...
         self._pushes: list[bytes] | None = None
-        if push == "int8":
-            shards = [layout.shard(index) for index in range(layout.num_shards)]
+        # ...or, with the arithmetic, encoded with error feedback: each shard's residual and a spare.
+        self._residuals: list[list[torch.Tensor]] = []
+        if push == "int8" and arithmetic:
+            self._residuals = [[torch.zeros(shard.length), torch.empty(shard.length)] for shard in shards]
+        elif push == "int8":
             self._pushes = [bytes(codec.wire_bytes(shard.length, codec.INT8_BLOCK)) for shard in shards]
-        elif push not in WIRE_TORCH_DTYPES or (pull and pull != push):
-            raise ValueError(f"bare wire dtype {wire_dtype!r}: one of {', '.join(WIRE_TORCH_DTYPES)}, or int8/PULL")
         self.channels = [grpc.insecure_channel(address, options=OPTIONS) for address in servers]
         for channel in self.channels:
             grpc.channel_ready_future(channel).result(timeout=30)
@@ -145,8 +227,12 @@ class BareClient:
     def init(self, flat: torch.Tensor) -> None:
         for index, call in enumerate(self._init):
             shard = self.layout.shard(index)
-            wire = flat[shard.offset : shard.end].to(self.dtype)
-            extra = () if self._pushes is None else (("push-bytes", str(len(self._pushes[index]))),)
+            wire = flat[shard.offset : shard.end].to(torch.float32 if self.arithmetic else self.dtype)
+            extra: tuple[tuple[str, str], ...] = ()
+            if self.arithmetic:
+                extra = (("arithmetic", self.wire_dtype),)
+            elif self._pushes is not None:
+                extra = (("push-bytes", str(len(self._pushes[index]))),)
             call(wire.view(torch.uint8).numpy().tobytes(), metadata=(*self._metadata, *extra), timeout=120)
 
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:
@@ -157,27 +243,37 @@ class BareClient:
 
     def _step_shard(self, index: int, update: torch.Tensor, out: torch.Tensor) -> None:
         shard = self.layout.shard(index)
-        data: memoryview | bytes
-        if self._pushes is None:
-            source = update[shard.offset : shard.end]
+        source = update[shard.offset : shard.end]
+        chunks: Iterator[bytes]
+        if self._residuals:
+            chunks = self._encoded_chunks(index, source)
+        elif self._pushes is None:
             wire = source if source.dtype == self.dtype else source.to(self.dtype)
-            data = wire.view(torch.uint8).numpy().data
+            chunks = self._cut(wire.view(torch.uint8).numpy().data)
         else:
-            data = self._pushes[index]
-        chunk_bytes = self.chunk_bytes
-
-        def chunks() -> Iterator[bytes]:
-            for start in range(0, len(data), chunk_bytes):
-                yield bytes(data[start : start + chunk_bytes])
+            chunks = self._cut(self._pushes[index])
 
         destination = out[shard.offset : shard.end]
         position = 0
-        for reply in self._push_pull[index](chunks(), metadata=self._metadata, timeout=120):
+        for reply in self._push_pull[index](chunks, metadata=self._metadata, timeout=120):
             count = len(reply) // self.width
             destination[position : position + count].copy_(torch.frombuffer(reply, dtype=self.dtype))
             position += count
         if position != destination.numel():
             raise RuntimeError(f"bare step returned {position} elements, expected {destination.numel()}")
+
+    def _cut(self, data: memoryview | bytes) -> Iterator[bytes]:
+        for start in range(0, len(data), self.chunk_bytes):
+            yield bytes(data[start : start + self.chunk_bytes])
+
+    def _encoded_chunks(self, index: int, source: torch.Tensor) -> Iterator[bytes]:
+        """The shard's 8-bit push with error feedback, each chunk encoded as it is sent."""
+        residual, updated = self._residuals[index]
+        for span in codec.chunk_spans(source.numel(), codec.INT8_BLOCK, self.chunk_bytes):
+            piece = slice(span.start, span.stop)
+            values, scales, _ = blocks.encode_with_feedback(source[piece], residual[piece], updated[piece])
+            yield b"".join((scales.numpy().data, values.numpy().data))
+        self._residuals[index] = [updated, residual]
 
     def close(self) -> None:
         for channel in self.channels:

@@ -87,8 +87,10 @@ class BareStep:
         wire_dtype: str,
         flat: torch.Tensor,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+        *,
+        arithmetic: bool = False,
     ) -> None:
-        self.client = bare_grpc.BareClient(addresses, layout, key, wire_dtype, chunk_bytes)
+        self.client = bare_grpc.BareClient(addresses, layout, key, wire_dtype, chunk_bytes, arithmetic)
         self.client.init(flat)
 
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import grpc
 import pytest
 import torch
 
 from benchmarks.harness import bare_grpc
-from psproto import codec
+from psproto import blocks, codec
 from psproto.layout import Layout
 
 
@@ -53,3 +54,57 @@ def test_a_wire_dtype_the_mover_cannot_send_is_refused(address: str) -> None:
     layout = Layout.from_named_shapes([("w", (10,))], 1)
     with pytest.raises(ValueError, match="bare wire dtype 'bf16/fp32'"):
         bare_grpc.BareClient([address], layout, "k", "bf16/fp32")
+
+
+@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+def test_with_the_arithmetic_a_float_step_applies_sgd(address: str, wire: str) -> None:
+    length = 3000
+    layout = Layout.from_named_shapes([("w", (length,))], 1)
+    client = bare_grpc.BareClient([address], layout, f"sgd-{wire}", wire, chunk_bytes=1024, arithmetic=True)
+    try:
+        parameters = torch.linspace(-1, 1, length)
+        client.init(parameters)
+        update, out = torch.linspace(-3, 2, length), torch.empty(length)
+        wire_dtype = bare_grpc.WIRE_TORCH_DTYPES[wire]
+        for _ in range(2):
+            client.step(update, out)
+            parameters = parameters.add(update.to(wire_dtype).float(), alpha=-bare_grpc.LR)  # the server's op
+            assert torch.equal(out, parameters.to(wire_dtype).float())
+    finally:
+        client.close()
+
+
+def test_with_the_arithmetic_an_8bit_push_is_encoded_with_error_feedback(address: str) -> None:
+    length = 2 * 4096 + 10
+    layout = Layout.from_named_shapes([("w", (length,))], 1)
+    client = bare_grpc.BareClient([address], layout, "sgd-int8", "int8/bf16", chunk_bytes=1024, arithmetic=True)
+    try:
+        parameters = torch.linspace(-2, 2, length)
+        client.init(parameters)
+        update, out = torch.linspace(-1, 3, length) ** 3, torch.empty(length)
+        residual = torch.zeros(length)
+        for _ in range(3):
+            client.step(update, out)
+            decoded = torch.empty(length)
+            for span in codec.chunk_spans(length, codec.INT8_BLOCK, 1024):
+                piece = slice(span.start, span.stop)
+                values, scales, residual[piece] = blocks.encode_with_feedback(update[piece], residual[piece])
+                blocks.decode(values, scales, decoded[piece])
+            parameters.add_(decoded, alpha=-bare_grpc.LR)
+            assert torch.equal(out, parameters.to(torch.bfloat16).float())
+    finally:
+        client.close()
+
+
+def test_with_the_arithmetic_a_non_finite_push_is_refused(address: str) -> None:
+    layout = Layout.from_named_shapes([("w", (10,))], 1)
+    client = bare_grpc.BareClient([address], layout, "sgd-nan", "fp32", arithmetic=True)
+    try:
+        client.init(torch.zeros(10))
+        update = torch.zeros(10)
+        update[3] = float("nan")
+        with pytest.raises(grpc.RpcError) as refused:
+            client.step(update, torch.empty(10))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        client.close()
