@@ -20,9 +20,11 @@ arithmetic every step of an SGD parameter server must do, and nothing else: the 
 8-bit push with error feedback (the worker's compiled encode), the server holds fp32 parameters,
 decodes each chunk into a gradient buffer as it arrives (checking it is finite, as hetps does),
 applies ``p -= lr · g`` once the push is whole and answers with the parameters converted to the
-pull dtype chunk by chunk. An 8-bit chunk is its fp32 scales then its int8 values, cut at
-``codec.chunk_spans``. It is the least this design can do per step on a given machine: what hetps
-loses against it is hetps's own work, what it loses against the plain mover is arithmetic.
+pull dtype chunk by chunk. Its messages are a hetps PushPull's: a header (push id, base clock)
+before the chunks, an acknowledgement (the new clock, the push's staleness) before the parameters.
+An 8-bit chunk is its fp32 scales then its int8 values, cut at ``codec.chunk_spans``. It is the
+least this design can do per step on a given machine: what hetps loses against it is hetps's own
+work, what it loses against the plain mover is arithmetic and the protocol's two small messages.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent import futures
@@ -53,6 +56,9 @@ OPTIONS = [
 ]
 WIRE_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LR = 0.01
+# Arithmetic mode's first message each way: (push id, base clock) in, (clock, staleness) out.
+HEADER = struct.Struct("<QQ")
+ACK = struct.Struct("<Qq")
 
 
 def _wire_names(wire_dtype: str) -> tuple[str, str]:
@@ -77,6 +83,7 @@ class _Arithmetic:
         push_dtype = codec.PUSH_DTYPE_NAMES[push]
         self.push_spans = codec.chunk_spans(self.parameters.numel(), push_dtype, chunk_bytes)
         self.pull_spans = codec.chunk_spans(self.parameters.numel(), codec.WIRE_DTYPE_NAMES[pull], chunk_bytes)
+        self.clock = 0
 
     def receive(self, chunk: bytes, span: range) -> None:
         destination = self.gradient[span.start : span.stop]
@@ -155,11 +162,14 @@ class _Store:
     ) -> Iterator[bytes]:
         received = 0
         try:
+            _, base_clock = HEADER.unpack(next(requests))
             for chunk, span in zip(requests, arithmetic.push_spans, strict=True):
                 arithmetic.receive(chunk, span)
                 received += 1
-        except ValueError as error:
+        except (ValueError, struct.error, StopIteration) as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"chunk {received}: {error}")
+        arithmetic.clock += 1
+        yield ACK.pack(arithmetic.clock, arithmetic.clock - 1 - base_clock)
         yield from arithmetic.replies()
 
 
@@ -202,6 +212,9 @@ class BareClient:
         self.wire_dtype = wire_dtype
         self.arithmetic = arithmetic
         shards = [layout.shard(index) for index in range(layout.num_shards)]
+        # Arithmetic mode: pushes sent, and each shard's clock from its last acknowledgement.
+        self._pushed = 0
+        self._clocks = [0] * layout.num_shards
         # 8-bit pushes: per shard, a buffer of the push's size, sent as it is (nothing to encode)...
         self._pushes: list[bytes] | None = None
         # ...or, with the arithmetic, encoded with error feedback: each shard's residual and a spare.
@@ -237,6 +250,7 @@ class BareClient:
 
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:
         """Send ``update`` and receive the server's buffer into ``out`` (both flat fp32)."""
+        self._pushed += 1
         jobs = [self._pool.submit(self._step_shard, index, update, out) for index in range(len(self.channels))]
         for job in jobs:
             job.result()
@@ -255,12 +269,21 @@ class BareClient:
 
         destination = out[shard.offset : shard.end]
         position = 0
-        for reply in self._push_pull[index](chunks, metadata=self._metadata, timeout=120):
+        call = self._push_pull[index](self._with_header(index, chunks), metadata=self._metadata, timeout=120)
+        replies = iter(call)
+        if self.arithmetic:
+            self._clocks[index], _ = ACK.unpack(next(replies))
+        for reply in replies:
             count = len(reply) // self.width
             destination[position : position + count].copy_(torch.frombuffer(reply, dtype=self.dtype))
             position += count
         if position != destination.numel():
             raise RuntimeError(f"bare step returned {position} elements, expected {destination.numel()}")
+
+    def _with_header(self, index: int, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        if self.arithmetic:
+            yield HEADER.pack(self._pushed, self._clocks[index])
+        yield from chunks
 
     def _cut(self, data: memoryview | bytes) -> Iterator[bytes]:
         for start in range(0, len(data), self.chunk_bytes):

@@ -60,8 +60,8 @@ def print_step_limits(limits: dict[str, Any], console: Console) -> None:
     step's arithmetic (the bare mover doing it against the bare mover) and hetps's own work."""
     for model, rows in limits.items():
         table = Table(title=f"What the step's arithmetic costs, {model} (speed ratios, > 1: the first is faster)")
-        for column in ("1 shard", "hetps vs bare", "arith vs bare", "hetps vs arith", "hetps vs peer", "arith vs peer"):
-            table.add_column(column, justify="left" if column == "1 shard" else "right")
+        for column in ("row", "hetps vs bare", "arith vs bare", "hetps vs arith", "hetps vs peer", "arith vs peer"):
+            table.add_column(column, justify="left" if column == "row" else "right")
         for row, ratios in rows.items():
             table.add_row(row, *(f"{ratios[key]:.2f}" for key in ratios))
         console.print(table)

@@ -92,6 +92,7 @@ def test_with_the_arithmetic_an_8bit_push_is_encoded_with_error_feedback(address
                 blocks.decode(values, scales, decoded[piece])
             parameters.add_(decoded, alpha=-bare_grpc.LR)
             assert torch.equal(out, parameters.to(torch.bfloat16).float())
+        assert client._clocks == [3]  # each step's acknowledgement came first
     finally:
         client.close()
 

@@ -45,7 +45,7 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
     assert "bare-1shard-int8push-bf16pull vs peer-torch-rpc-fp32" in steps["speed_ratios"]
     # The bare mover doing the step's arithmetic splits hetps's distance from the bare one.
     limits = results["limits"]["tiny"]
-    assert set(limits) == {"1shard-fp32", "1shard-bf16", "1shard-int8push-bf16pull"}
+    assert set(limits) == {"1shard-fp32", "1shard-bf16", "2shard-fp32", "2shard-bf16", "1shard-int8push-bf16pull"}
     for row, ratios in limits.items():
         assert ratios["hetps vs arith"] == steps["speed_ratios"][f"hetps-{row} vs arith-{row}"]["median"] > 0
         assert ratios["arith vs bare"] == steps["speed_ratios"][f"arith-{row} vs bare-{row}"]["median"] > 0
