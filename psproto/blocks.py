@@ -142,19 +142,29 @@ def reference_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scales
 
 
-def check_scales(scales: torch.Tensor, length: int) -> None:
-    """Refuse scales that do not fit ``length`` values: the wrong count, negative, NaN or Inf."""
+def check_scales(scales: torch.Tensor, length: int) -> bool:
+    """Refuse scales that do not fit ``length`` values: the wrong count, negative, NaN or Inf.
+
+    True when every scale is at most ``LARGEST_SAFE_SCALE``, so no decoded value can overflow and
+    the values need no finiteness check of their own. One pass over the scales decides the usual
+    case (min and max propagate a NaN); the detailed checks run only when it fails."""
     expected = block_count(length)
     if scales.numel() != expected:
         raise ScalesError(
             f"{scales.numel()} scale(s) for {length} values; send one float32 scale per block of {BLOCK} values "
             f"({expected})"
         )
+    if scales.numel() == 0:
+        return True
+    low, high = (float(bound) for bound in torch.aminmax(scales))
+    if low >= 0.0 and high <= LARGEST_SAFE_SCALE:
+        return True
     if not bool(torch.isfinite(scales).all()):
         bad = int((~torch.isfinite(scales)).sum())
         raise ScalesError(f"{bad} block scale(s) are NaN or Inf; nothing was applied", non_finite=True)
     if bool((scales < 0).any()):
         raise ScalesError(f"{int((scales < 0).sum())} block scale(s) are negative; a scale is max|x| / 127 >= 0")
+    return False
 
 
 def decode(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:

@@ -288,7 +288,7 @@ class Assembler:
             )
         scales = torch.frombuffer(chunk.scales, dtype=torch.float32) if chunk.scales else torch.empty(0)
         try:
-            blocks.check_scales(scales, count)
+            safe = blocks.check_scales(scales, count)
         except blocks.ScalesError as error:
             reason = "non_finite_scale" if error.non_finite else "bad_scales"
             raise CodecError(reason, f"chunk at offset {chunk.offset}: {error}") from None
@@ -298,7 +298,7 @@ class Assembler:
         blocks.decode(torch.frombuffer(chunk.data, dtype=torch.int8), scales, destination)
         # |q · s| <= 127 · s: with every scale at most the bound no decoded value can overflow, so
         # the chunk is finite without summing it (a few hundred scales read instead of the values).
-        self._added(chunk.offset, destination, known_finite=bool(scales.max() <= blocks.LARGEST_SAFE_SCALE))
+        self._added(chunk.offset, destination, known_finite=safe)
 
     def _check_range(self, offset: int, count: int) -> None:
         length = self.out.numel()

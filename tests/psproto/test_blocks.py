@@ -109,6 +109,28 @@ def test_scales_that_do_not_fit_the_values_are_refused(
     assert caught.value.non_finite is non_finite
 
 
+@pytest.mark.parametrize(
+    ("scales", "safe"),
+    [
+        ([], True),
+        ([0.0, 1.0, blocks.LARGEST_SAFE_SCALE], True),
+        ([1.0, float(np.nextafter(np.float32(blocks.LARGEST_SAFE_SCALE), np.float32(np.inf)))], False),
+        ([float(np.finfo(np.float32).max)], False),
+    ],
+)
+def test_scales_that_fit_say_whether_their_values_can_overflow(scales: list[float], safe: bool) -> None:
+    """Safe scales spare the server a finiteness pass over the decoded values; larger finite ones do not."""
+    length = max(1, len(scales)) * BLOCK if scales else 0
+    assert blocks.check_scales(torch.tensor(scales, dtype=torch.float32), length) is safe
+
+
+def test_a_nan_among_negative_and_large_scales_is_refused_as_non_finite() -> None:
+    scales = torch.tensor([-1.0, float(np.finfo(np.float32).max), float("nan")])
+    with pytest.raises(blocks.ScalesError, match="NaN or Inf") as caught:
+        blocks.check_scales(scales, 3 * BLOCK)
+    assert caught.value.non_finite
+
+
 _ANY_FLOAT32 = arrays(
     np.float32,
     st.integers(1, 2 * BLOCK + 7),
