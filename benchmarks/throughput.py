@@ -123,7 +123,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
         *concurrency_targets(settings, results["concurrency"]),
         *memory_targets(results["memory"]),
     ]
-    results["limits"] = step_limits(results["steps"])
+    results["limits"] = step_limits(results["steps"], results["validity"])
     results["wall_seconds"] = time.perf_counter() - started
     return results
 

@@ -57,11 +57,13 @@ def print_step_tables(steps: dict[str, Any], console: Console) -> None:
 
 def print_step_limits(limits: dict[str, Any], console: Console) -> None:
     """Speed ratios (medians over repeats) that split a row's distance from its ceiling into the
-    step's arithmetic (the bare mover doing it against the bare mover) and hetps's own work."""
+    step's arithmetic (the bare mover doing it against the bare mover) and hetps's own work; a
+    baseline that did not hold still (the validity checks) is named in the last column."""
+    ratios = ("hetps vs bare", "arith vs bare", "hetps vs arith", "hetps vs peer", "arith vs peer")
     for model, rows in limits.items():
         table = Table(title=f"What the step's arithmetic costs, {model} (speed ratios, > 1: the first is faster)")
-        for column in ("row", "hetps vs bare", "arith vs bare", "hetps vs arith", "hetps vs peer", "arith vs peer"):
-            table.add_column(column, justify="left" if column == "row" else "right")
-        for row, ratios in rows.items():
-            table.add_row(row, *(f"{ratios[key]:.2f}" for key in ratios))
+        for column in ("row", *ratios, "out of line"):
+            table.add_column(column, justify="left" if column in ("row", "out of line") else "right")
+        for row, measured in rows.items():
+            table.add_row(row, *(f"{measured[key]:.2f}" for key in ratios), ", ".join(measured["out_of_line"]) or "—")
         console.print(table)

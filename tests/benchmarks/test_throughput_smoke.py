@@ -49,6 +49,8 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
     for row, ratios in limits.items():
         assert ratios["hetps vs arith"] == steps["speed_ratios"][f"hetps-{row} vs arith-{row}"]["median"] > 0
         assert ratios["arith vs bare"] == steps["speed_ratios"][f"arith-{row} vs bare-{row}"]["median"] > 0
+        assert set(ratios["out_of_line"]) <= {f"bare-{row}", f"arith-{row}", "peer-torch-rpc-fp32"}
+        assert all(f"tiny:{name}" in results["validity"]["out_of_line"] for name in ratios["out_of_line"])
 
     # Every server ran under the allocator settings of the hetps servers, and the baselines were checked.
     settings = list(results["server_settings"].values())
