@@ -80,7 +80,9 @@ PEER_DEFAULT = "peer-torch-rpc-default-fp32"
 @dataclass(frozen=True)
 class SystemSpec:
     name: str  # e.g. hetps-1shard-bf16
-    kind: str  # hetps, bare, arith (the bare mover doing the step's arithmetic), peer, peer-default
+    # hetps, bare, arith (the bare mover doing the step's arithmetic), overlap (arith, its apply span by
+    # span as the reply is sent), peer, peer-default
+    kind: str
     shards: int
     wire_dtype: str
 
@@ -100,6 +102,9 @@ def step_systems() -> list[SystemSpec]:
     for shards in (1, 2):
         specs += [SystemSpec(f"arith-{shards}shard-{dtype}", "arith", shards, dtype) for dtype in ("fp32", "bf16")]
     specs.append(SystemSpec(f"arith-{INT8}", "arith", 1, "int8/bf16"))
+    # The same, its apply made span by span as the reply is sent: what overlapping them could gain.
+    specs += [SystemSpec(f"overlap-1shard-{dtype}", "overlap", 1, dtype) for dtype in ("fp32", "bf16")]
+    specs.append(SystemSpec(f"overlap-{INT8}", "overlap", 1, "int8/bf16"))
     specs.append(SystemSpec(PEER, "peer", 1, "fp32"))
     specs.append(SystemSpec(PEER_DEFAULT, "peer-default", 1, "fp32"))
     return specs
@@ -176,7 +181,7 @@ def server_addresses(
     the same servers for every model; each peer is one process for all."""
     if spec.kind == "hetps":
         return hetps[model][spec.shards]
-    if spec.kind in ("bare", "arith"):
+    if spec.kind in ("bare", "arith", "overlap"):
         return bare[: spec.shards]
     return [spec.kind]
 
@@ -222,9 +227,11 @@ def measure_steps(
                 system: StepSystem
                 if spec.kind == "hetps":
                     system = HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat)
-                elif spec.kind in ("bare", "arith"):
-                    key, arithmetic = f"{model}-{spec.name}", spec.kind == "arith"
-                    system = BareStep(addresses, layout, key, spec.wire_dtype, flat, arithmetic=arithmetic)
+                elif spec.kind in ("bare", "arith", "overlap"):
+                    key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"
+                    system = BareStep(
+                        addresses, layout, key, spec.wire_dtype, flat, arithmetic=arithmetic, apply_by_span=by_span
+                    )
                 elif spec.kind == "peer":
                     system = PeerStep(model, flat)
                 else:
@@ -317,6 +324,7 @@ def step_results(
                     (spec.name.replace("arith", "hetps"), spec.name),
                     (spec.name, spec.name.replace("arith", "bare")),
                 ]
+        pairs += [(s.name, s.name.replace("overlap", "arith")) for s in specs if s.kind == "overlap"]
         if any(spec.name == PEER_DEFAULT for spec in specs):
             # For reference only: the peer when TensorPipe may skip the socket.
             pairs += [(f"hetps-1shard-{dtype}", PEER_DEFAULT) for dtype in ("fp32", "bf16")] + [(PEER, PEER_DEFAULT)]
@@ -347,7 +355,7 @@ def step_validity(settings: Settings, steps: dict[str, Any], environments: dict[
     for model in settings.models:
         systems = steps[model]["systems"]
         for name, system in systems.items():
-            if system["kind"] in ("bare", "arith", "peer"):
+            if system["kind"] in ("bare", "arith", "overlap", "peer"):
                 checks.append(repeat_spread_check(f"{model}:{name}", system["repeat_medians_ms"]))
         checks.append(
             ceiling_check(
@@ -429,8 +437,12 @@ def step_limits(steps: dict[str, Any], validity: dict[str, Any]) -> dict[str, di
                 "hetps vs arith": ratios[f"hetps-{row} vs arith-{row}"]["median"],
                 "hetps vs peer": ratios[f"hetps-{row} vs {PEER}"]["median"],
                 "arith vs peer": ratios[f"arith-{row} vs {PEER}"]["median"],
+                # Where an overlap row was measured (1 shard).
+                "overlap vs arith": ratios.get(f"overlap-{row} vs arith-{row}", {}).get("median"),
                 "out_of_line": sorted(
-                    name for name in (f"bare-{row}", f"arith-{row}", PEER) if f"{model}:{name}" in out_of_line
+                    name
+                    for name in (f"bare-{row}", f"arith-{row}", f"overlap-{row}", PEER)
+                    if f"{model}:{name}" in out_of_line
                 ),
             }
             for row in rows

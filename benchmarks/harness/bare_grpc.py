@@ -25,6 +25,10 @@ before the chunks, an acknowledgement (the new clock, the push's staleness) befo
 An 8-bit chunk is its fp32 scales then its int8 values, cut at ``codec.chunk_spans``. It is the
 least this design can do per step on a given machine: what hetps loses against it is hetps's own
 work, what it loses against the plain mover is arithmetic and the protocol's two small messages.
+With ``apply_by_span`` (metadata ``apply: by-span``) the apply is not made once before the reply
+but span by span as the reply is sent, each reply chunk converted right after its span is updated
+(while it is in cache), so the first bytes leave after one span's apply: what overlapping an
+elementwise rule's update with the reply could gain on this design.
 """
 
 from __future__ import annotations
@@ -74,8 +78,9 @@ def _wire_names(wire_dtype: str) -> tuple[str, str]:
 class _Arithmetic:
     """One key's fp32 parameters and the step's arithmetic on them (``arithmetic`` mode)."""
 
-    def __init__(self, parameters: bytearray, wire_dtype: str, chunk_bytes: int) -> None:
+    def __init__(self, parameters: bytearray, wire_dtype: str, chunk_bytes: int, by_span: bool = False) -> None:
         push, pull = _wire_names(wire_dtype)
+        self.by_span = by_span
         self.parameters = torch.frombuffer(parameters, dtype=torch.float32)
         self.gradient = torch.empty_like(self.parameters)
         self.push = push
@@ -99,9 +104,12 @@ class _Arithmetic:
             raise ValueError("the push is not finite")
 
     def replies(self) -> Iterator[bytes]:
-        self.parameters.add_(self.gradient, alpha=-LR)
+        if not self.by_span:
+            self.parameters.add_(self.gradient, alpha=-LR)
         for span in self.pull_spans:
             piece = self.parameters[span.start : span.stop]
+            if self.by_span:
+                piece.add_(self.gradient[span.start : span.stop], alpha=-LR)
             wire = piece if piece.dtype == self.pull else piece.to(self.pull)
             yield wire.view(torch.uint8).numpy().tobytes()
 
@@ -127,7 +135,8 @@ class _Store:
         buffer = bytearray(request)
         if "arithmetic" in meta:
             with self._lock:
-                self._arithmetic[key] = _Arithmetic(buffer, str(meta["arithmetic"]), chunk_bytes)
+                by_span = meta.get("apply") == "by-span"
+                self._arithmetic[key] = _Arithmetic(buffer, str(meta["arithmetic"]), chunk_bytes, by_span)
             return b""
         push_bytes = int(meta.get("push-bytes", len(buffer)))
         pushed = buffer if push_bytes == len(buffer) else bytearray(push_bytes)
@@ -200,6 +209,7 @@ class BareClient:
         wire_dtype: str = "fp32",
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
         arithmetic: bool = False,
+        apply_by_span: bool = False,
     ) -> None:
         if len(servers) != layout.num_shards:
             raise ValueError(f"{len(servers)} servers for {layout.num_shards} shards")
@@ -211,6 +221,9 @@ class BareClient:
         self.chunk_bytes = max(self.width, chunk_bytes - chunk_bytes % self.width)
         self.wire_dtype = wire_dtype
         self.arithmetic = arithmetic
+        if apply_by_span and not arithmetic:
+            raise ValueError("apply_by_span needs arithmetic: the plain mover applies nothing")
+        self.apply_by_span = apply_by_span
         shards = [layout.shard(index) for index in range(layout.num_shards)]
         # Arithmetic mode: pushes sent, and each shard's clock from its last acknowledgement.
         self._pushed = 0
@@ -243,7 +256,7 @@ class BareClient:
             wire = flat[shard.offset : shard.end].to(torch.float32 if self.arithmetic else self.dtype)
             extra: tuple[tuple[str, str], ...] = ()
             if self.arithmetic:
-                extra = (("arithmetic", self.wire_dtype),)
+                extra = (("arithmetic", self.wire_dtype), ("apply", "by-span" if self.apply_by_span else "whole"))
             elif self._pushes is not None:
                 extra = (("push-bytes", str(len(self._pushes[index]))),)
             call(wire.view(torch.uint8).numpy().tobytes(), metadata=(*self._metadata, *extra), timeout=120)

@@ -57,13 +57,15 @@ def print_step_tables(steps: dict[str, Any], console: Console) -> None:
 
 def print_step_limits(limits: dict[str, Any], console: Console) -> None:
     """Speed ratios (medians over repeats) that split a row's distance from its ceiling into the
-    step's arithmetic (the bare mover doing it against the bare mover) and hetps's own work; a
-    baseline that did not hold still (the validity checks) is named in the last column."""
-    ratios = ("hetps vs bare", "arith vs bare", "hetps vs arith", "hetps vs peer", "arith vs peer")
+    step's arithmetic (the bare mover doing it against the bare mover) and hetps's own work, and
+    what the arithmetic mover gains by applying span by span as it replies ("overlap vs arith");
+    a baseline that did not hold still (the validity checks) is named in the last column."""
+    ratios = ("hetps vs bare", "arith vs bare", "hetps vs arith", "hetps vs peer", "arith vs peer", "overlap vs arith")
     for model, rows in limits.items():
         table = Table(title=f"What the step's arithmetic costs, {model} (speed ratios, > 1: the first is faster)")
         for column in ("row", *ratios, "out of line"):
             table.add_column(column, justify="left" if column in ("row", "out of line") else "right")
         for row, measured in rows.items():
-            table.add_row(row, *(f"{measured[key]:.2f}" for key in ratios), ", ".join(measured["out_of_line"]) or "—")
+            shown = ("—" if measured[key] is None else f"{measured[key]:.2f}" for key in ratios)
+            table.add_row(row, *shown, ", ".join(measured["out_of_line"]) or "—")
         console.print(table)

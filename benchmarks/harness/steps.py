@@ -89,8 +89,9 @@ class BareStep:
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
         *,
         arithmetic: bool = False,
+        apply_by_span: bool = False,
     ) -> None:
-        self.client = bare_grpc.BareClient(addresses, layout, key, wire_dtype, chunk_bytes, arithmetic)
+        self.client = bare_grpc.BareClient(addresses, layout, key, wire_dtype, chunk_bytes, arithmetic, apply_by_span)
         self.client.init(flat)
 
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:

@@ -56,11 +56,15 @@ def test_a_wire_dtype_the_mover_cannot_send_is_refused(address: str) -> None:
         bare_grpc.BareClient([address], layout, "k", "bf16/fp32")
 
 
+@pytest.mark.parametrize("by_span", [False, True])
 @pytest.mark.parametrize("wire", ["fp32", "bf16"])
-def test_with_the_arithmetic_a_float_step_applies_sgd(address: str, wire: str) -> None:
+def test_with_the_arithmetic_a_float_step_applies_sgd(address: str, wire: str, by_span: bool) -> None:
+    """Applied at once or span by span as the reply goes out, the parameters come back the same."""
     length = 3000
     layout = Layout.from_named_shapes([("w", (length,))], 1)
-    client = bare_grpc.BareClient([address], layout, f"sgd-{wire}", wire, chunk_bytes=1024, arithmetic=True)
+    client = bare_grpc.BareClient(
+        [address], layout, f"sgd-{wire}-{by_span}", wire, chunk_bytes=1024, arithmetic=True, apply_by_span=by_span
+    )
     try:
         parameters = torch.linspace(-1, 1, length)
         client.init(parameters)
@@ -109,3 +113,9 @@ def test_with_the_arithmetic_a_non_finite_push_is_refused(address: str) -> None:
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         client.close()
+
+
+def test_applying_by_span_needs_the_arithmetic(address: str) -> None:
+    layout = Layout.from_named_shapes([("w", (10,))], 1)
+    with pytest.raises(ValueError, match="apply_by_span needs arithmetic"):
+        bare_grpc.BareClient([address], layout, "k", "fp32", apply_by_span=True)
