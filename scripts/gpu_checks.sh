@@ -10,7 +10,8 @@
 # threads times the CUDA step with torch's default intra-op threads and with one, one after the other.
 # Writes OUT_DIR/host.txt and, per check, its log and JSON (pytest_cuda.log, gpu_step.{json,log},
 # gpu_step_int8.{json,log}, gpu_step_threads_{default,1}.{json,log}, cuda_transfer.{json,log}, throughput.{json,log}); each check runs even
-# if one before it failed, and host.txt records every exit status.
+# if one before it failed, and host.txt records every exit status. With ARCHIVE=PATH it also packs
+# OUT_DIR into that one .tar.gz (for a runner that brings back only a few files).
 set -u
 out=${1:?usage: scripts/gpu_checks.sh OUT_DIR [tests|step|step-int8|threads|transfer|throughput ...]}
 shift
@@ -44,4 +45,7 @@ for check in $checks; do
   echo "$check rc=$? $(date -u +%T)" >>"$out/host.txt"
 done
 cp "$work"/*.json "$out"/ 2>/dev/null
+if [ -n "${ARCHIVE:-}" ]; then
+  tar -czf "$ARCHIVE" -C "$out" . && echo "packed $out into $ARCHIVE" >>"$out/host.txt"
+fi
 cat "$out/host.txt"
