@@ -95,11 +95,12 @@ class _Arithmetic:
         if self.push == "int8":
             count = blocks.block_count(len(span))
             scales = torch.frombuffer(chunk, dtype=torch.float32, count=count)
-            if not bool(scales.max() <= blocks.LARGEST_SAFE_SCALE):
-                raise ValueError("a scale is not finite or too large")
+            safe = blocks.check_scales(scales, len(span))  # a ScalesError is a ValueError
             blocks.decode(torch.frombuffer(chunk, dtype=torch.int8, offset=4 * count), scales, destination)
-            return
-        destination.copy_(torch.frombuffer(chunk, dtype=WIRE_TORCH_DTYPES[self.push]))
+            if safe:
+                return  # the scales bound every value, as hetps's assembler reasons
+        else:
+            destination.copy_(torch.frombuffer(chunk, dtype=WIRE_TORCH_DTYPES[self.push]))
         if not math.isfinite(float(destination.sum())):
             raise ValueError("the push is not finite")
 

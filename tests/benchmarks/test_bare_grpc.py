@@ -119,3 +119,20 @@ def test_applying_by_span_needs_the_arithmetic(address: str) -> None:
     layout = Layout.from_named_shapes([("w", (10,))], 1)
     with pytest.raises(ValueError, match="apply_by_span needs arithmetic"):
         bare_grpc.BareClient([address], layout, "k", "fp32", apply_by_span=True)
+
+
+def test_with_the_arithmetic_an_8bit_chunk_with_a_negative_scale_is_refused(address: str) -> None:
+    length = 4096
+    layout = Layout.from_named_shapes([("w", (length,))], 1)
+    client = bare_grpc.BareClient([address], layout, "sgd-neg", "int8/bf16", arithmetic=True)
+    try:
+        client.init(torch.zeros(length))
+        calls = client._push_pull[0]
+        header = bare_grpc.HEADER.pack(1, 0)
+        chunk = torch.tensor([-1.0]).numpy().tobytes() + bytes(length)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(calls(iter([header, chunk]), metadata=client._metadata, timeout=10))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "negative" in (refused.value.details() or "")
+    finally:
+        client.close()
