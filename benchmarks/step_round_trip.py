@@ -7,7 +7,8 @@ worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on th
 shard with 8-bit pushes and bf16 pulls); a bare gRPC byte mover with the same chunking and bytes
 (``benchmarks.harness.bare_grpc``, the transport's ceiling), and the same mover doing the
 arithmetic of an SGD step too (``arith`` rows: 8-bit encode with error feedback, decode, apply,
-reply conversion, and hetps's header and acknowledgement messages); and a ``torch.distributed.rpc``
+reply conversion, and hetps's header and acknowledgement messages; ``overlap`` rows: its apply made
+span by span as the reply is sent); and a ``torch.distributed.rpc``
 parameter server (``benchmarks.harness.torch_rpc_peer``, TensorPipe over TCP, fp32), plus, as
 a reference row only, the same peer on TensorPipe's default channels (its worker in a process
 of its own, ``benchmarks.harness.peer_remote``).
