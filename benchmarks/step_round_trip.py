@@ -247,7 +247,9 @@ def measure_steps(
             processes = [*pids_of[(model, spec.name)], *system.client_pids]
             warmed[(model, spec.name)] = warm_up(system, update, out, settings.warmup, partial(_rss_mb, processes))
         with console.status("steps") as status:
-            for repeat in range(settings.repeats):
+            # Repeat -1 is interleaved like the others but not recorded: the peer, even once warm by
+            # the memory rule, took up to 2.5x as long in the first interleaved repeat as in later ones.
+            for repeat in range(-1, settings.repeats):
                 for model in settings.models:
                     status.update(f"steps: {model}, repeat {repeat + 1}/{settings.repeats}")
                     mine = [run for run in runs if run[0] == model]
@@ -259,12 +261,12 @@ def measure_steps(
                             server_before = cpu_of(pids)
                             client_before = time.process_time() + cpu_of(clients)
                             times[spec.name] += time_steps(system, update, out, 1)
-                            used = cpu[(model, spec.name)]
+                            used = cpu[(model, spec.name)] if repeat >= 0 else [0.0, 0.0]
                             used[0] += cpu_of(pids) - server_before
                             used[1] += time.process_time() + cpu_of(clients) - client_before
                             if not bool(torch.isfinite(out).all()):
                                 raise RuntimeError(f"{spec.name} returned non-finite parameters for {model}")
-                    for name, taken in times.items():
+                    for name, taken in times.items() if repeat >= 0 else ():
                         per_repeat[(model, name)].append(statistics.median(taken))
                         samples[(model, name)].extend(taken)
     finally:
