@@ -1,7 +1,7 @@
 """Where a worker step's CPU goes: hetps and the bare gRPC mover, servers and clients, under a profiler.
 
     python -m benchmarks.step_profile [--quick | --smoke] [--model resnet18] [--wire fp32] [--steps N]
-                                      [--out benchmarks/results/step_profile.json]
+                                      [--against bare|arith] [--out benchmarks/results/step_profile.json]
 
 ``benchmarks.step_round_trip`` times hetps against the transport's ceiling (the bare mover, the
 same chunking, one copy each way); this says where hetps's extra time goes. One ASGD shard and
@@ -16,6 +16,8 @@ math, which on a server is the rule's apply; the bare mover's code; hetps's own 
 CPU of the gRPC C-core threads that yappi cannot see (event engine: polling, socket reads) comes
 from ``/proc``. The tables give CPU milliseconds per step for each process, and hetps minus bare.
 With 8-bit pushes (``--wire int8/bf16``) hetps is profiled alone: the bare mover has no codec.
+``--against arith`` profiles the bare mover doing an SGD step's arithmetic instead (the floor of
+``step_round_trip``'s ``arith`` rows, 8-bit pushes included): hetps minus it is hetps's own work.
 
 Profiling slows every process, so the step times printed are not speeds (``step_round_trip``
 measures those); the shares are what this is for. A deterministic profiler adds about a
@@ -53,7 +55,7 @@ from benchmarks.harness.settings import TORCH_THREADS
 from benchmarks.harness.steps import BareStep, HetpsStep, StepSystem, seeded_parameters, warm_up, wire_problem
 from psproto.layout import Layout
 
-SYSTEMS = ("hetps", "bare")
+AGAINST = ("bare", "arith")  # what hetps is profiled beside: the plain mover, or the mover doing the arithmetic
 WIRES = ("fp32", "bf16", "fp16")  # what both systems send; the bare mover has no 8-bit codec
 PROFILE_WAIT_S = 60.0
 
@@ -201,7 +203,8 @@ def _side(
 
 
 def _cells(values: list[float | None]) -> list[str]:
-    """hetps server, bare server, their difference, hetps client, bare client; "—" where the bare mover did not run."""
+    """hetps server, the other server, their difference, hetps client, the other client; "—" where the
+    other system did not run."""
     hetps_server, bare_server, hetps_client, bare_client = values
     difference = None if hetps_server is None or bare_server is None else hetps_server - bare_server
     text = ["—" if value is None else f"{value:.1f}" for value in (hetps_server, bare_server, difference)]
@@ -213,18 +216,27 @@ def _cells(values: list[float | None]) -> list[str]:
 def _both(
     hetps: dict[str, Any], bare: dict[str, Any] | None, read: Callable[[dict[str, Any], str], float]
 ) -> list[float | None]:
-    """``read(system, side)`` for hetps's server, the bare server, hetps's client, the bare client."""
+    """``read(system, side)`` for hetps's server, the other server, hetps's client, the other client."""
     return [
         read(system, side) if system is not None else None for side in ("server", "client") for system in (hetps, bare)
     ]
 
 
 def print_tables(results: dict[str, Any], console: Console) -> None:
-    hetps, bare = results["systems"]["hetps"], results["systems"].get("bare")
+    hetps = results["systems"]["hetps"]
+    other = next((name for name in AGAINST if name in results["systems"]), AGAINST[0])
+    bare = results["systems"].get(other)
     table = Table(
         title=f"CPU ms per step, {results['model']} ({results['parameters']:,} parameters), {results['wire']}"
     )
-    for column in ("where", "hetps server", "bare server", "server: hetps − bare", "hetps client", "bare client"):
+    for column in (
+        "where",
+        "hetps server",
+        f"{other} server",
+        f"server: hetps − {other}",
+        "hetps client",
+        f"{other} client",
+    ):
         table.add_column(column, justify="left" if column == "where" else "right")
     for group in [name for name, _ in GROUPS] + [OTHER, C_THREADS]:
         read = functools.partial(_group_ms, group)
@@ -273,13 +285,16 @@ def main(argv: list[str] | None = None) -> int:
         help=f"{', '.join(WIRES)} for both systems, or PUSH/PULL such as int8/bf16 (hetps alone)",
     )
     parser.add_argument("--steps", type=int, default=None, help="profiled steps of each system (default 60, 20 quick)")
+    parser.add_argument(
+        "--against", default="bare", choices=AGAINST, help="the bare mover (default), or the mover doing the arithmetic"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_profile.json"))
     args = parser.parse_args(argv)
     problem = wire_problem(args.wire)
     if problem is not None:
         parser.error(f"--wire {args.wire}: {problem}")
-    # The bare mover has no 8-bit codec: with 8-bit pushes hetps is profiled alone.
-    systems = SYSTEMS if args.wire in WIRES else ("hetps",)
+    # The plain bare mover has no 8-bit codec: with 8-bit pushes hetps is profiled alone beside it.
+    systems = ("hetps", args.against) if args.wire in WIRES or args.against == "arith" else ("hetps",)
     steps, model = run_size(parser, args, args.steps, "--steps")
     started = time.perf_counter()
     torch.set_num_threads(TORCH_THREADS)
@@ -304,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 system = HetpsStep([server.address], layout, "profiled", args.wire, flat)
             else:
                 server = fleet.start_helper("bare-profiled", "bare", "benchmarks.harness.bare_grpc", profile=path)
-                system = BareStep([server.address], layout, "profiled", args.wire, flat)
+                system = BareStep([server.address], layout, "profiled", args.wire, flat, arithmetic=name == "arith")
             try:
                 results["systems"][name] = profile_system(
                     name, system, server, path, steps, 1 if args.smoke else 3, layout.total_length

@@ -65,9 +65,22 @@ def test_with_8_bit_pushes_hetps_is_profiled_alone_and_its_worker_encodes(tmp_pa
     assert results["systems"]["hetps"]["client"]["groups_ms_per_step"].get("8-bit codec", 0) > 0
 
 
+def test_against_the_arithmetic_mover_both_sides_of_an_8_bit_step_are_profiled(tmp_path: Path) -> None:
+    out = tmp_path / "step_profile.json"
+    assert main(["--smoke", "--wire", "int8/bf16", "--against", "arith", "--steps", "4", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert set(results["systems"]) == {"hetps", "arith"}
+    arith = results["systems"]["arith"]
+    # Its worker encodes with error feedback; its server decodes and applies, in the mover's code.
+    assert arith["client"]["groups_ms_per_step"].get("8-bit codec", 0) > 0
+    assert arith["server"]["groups_ms_per_step"].get("bare mover's code (its copies included)", 0) > 0
+    assert arith["server"]["groups_ms_per_step"].get("hetps Python code", 0) == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--against", "peer"], "invalid choice"),
         (["--wire", "bf16/int8"], "is for pushes only"),
         (["--wire", "int9"], "int9"),
         (["--steps", "0"], "must be at least 1"),
