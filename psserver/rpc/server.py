@@ -134,9 +134,7 @@ class DrainInterceptor(_Interceptor):
         self._lock = threading.Condition()
         self._in_flight = 0
         self.draining = False
-        self._gated = WrappedHandlers(
-            lambda handler, full_name: self._gated_handler(handler, full_name.rpartition("/")[2])
-        )
+        self._gated = WrappedHandlers(self._gated_handler)
 
     def start(self) -> None:
         with self._lock:
