@@ -17,8 +17,9 @@ writes ``--ready-file`` in the format of ``psserver serve --ready-file`` (``psse
 
 With ``arithmetic`` (invocation metadata ``arithmetic: PUSH/PULL`` at Init) the mover also does the
 arithmetic every step of an SGD parameter server must do, and nothing else: the client encodes an
-8-bit push with error feedback (the worker's compiled encode), the server holds fp32 parameters,
-decodes each chunk into a gradient buffer as it arrives (checking it is finite, as hetps does),
+8-bit push with error feedback (a worker's own ``PushEncoder``), the server holds fp32 parameters,
+decodes each chunk into a gradient buffer as it arrives with hetps's own ``codec.Assembler`` (its
+checks, and its finiteness test once the push is whole),
 applies ``p -= lr · g`` once the push is whole and answers with the parameters converted to the
 pull dtype chunk by chunk. Its messages are a hetps PushPull's: a header (push id, base clock)
 before the chunks, an acknowledgement (the new clock, the push's staleness) before the parameters.
@@ -34,7 +35,6 @@ elementwise rule's update with the reply could gain on this design.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import struct
 import threading
@@ -51,6 +51,7 @@ from psproto.layout import Layout
 from psproto.tuning import apply_malloc_tuning
 from psserver.allocator import default_server_environment
 from psserver.ready import ReadyInfo, write_ready_file
+from psworker.push_encoding import OnePush, PushEncoder
 
 SERVICE = "hetps.bench.Bare"
 MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
@@ -83,25 +84,25 @@ class _Arithmetic:
         self.by_span = by_span
         self.parameters = torch.frombuffer(parameters, dtype=torch.float32)
         self.gradient = torch.empty_like(self.parameters)
-        self.push = push
         self.pull = WIRE_TORCH_DTYPES[pull]
-        push_dtype = codec.PUSH_DTYPE_NAMES[push]
-        self.push_spans = codec.chunk_spans(self.parameters.numel(), push_dtype, chunk_bytes)
+        self.push_dtype = codec.PUSH_DTYPE_NAMES[push]
+        self.push_spans = codec.chunk_spans(self.parameters.numel(), self.push_dtype, chunk_bytes)
         self.pull_spans = codec.chunk_spans(self.parameters.numel(), codec.WIRE_DTYPE_NAMES[pull], chunk_bytes)
         self.clock = 0
 
-    def receive(self, chunk: bytes, span: range) -> None:
-        destination = self.gradient[span.start : span.stop]
-        if self.push == "int8":
-            count = blocks.block_count(len(span))
-            scales = torch.frombuffer(chunk, dtype=torch.float32, count=count)
-            safe = blocks.check_scales(scales, len(span))  # a ScalesError is a ValueError
-            blocks.decode(torch.frombuffer(chunk, dtype=torch.int8, offset=4 * count), scales, destination)
-            if safe:
-                return  # the scales bound every value, as hetps's assembler reasons
-        else:
-            destination.copy_(torch.frombuffer(chunk, dtype=WIRE_TORCH_DTYPES[self.push]))
-        if not math.isfinite(float(destination.sum())):
+    def receive(self, chunks: Iterator[bytes]) -> None:
+        """Decode one push's chunks into the gradient with hetps's own assembler (its checks, its
+        finiteness test); a CodecError is a ValueError."""
+        assembler = codec.Assembler(self.gradient, accept_blocks=True)
+        for chunk, span in zip(chunks, self.push_spans, strict=True):
+            view = memoryview(chunk)
+            if self.push_dtype == codec.INT8_BLOCK:
+                scale_bytes = 4 * blocks.block_count(len(span))
+                assembler.add(codec.ChunkPayload(span.start, self.push_dtype, view[scale_bytes:], view[:scale_bytes]))
+            else:
+                assembler.add(codec.ChunkPayload(span.start, self.push_dtype, view))
+        assembler.finish()
+        if not assembler.all_finite():
             raise ValueError("the push is not finite")
 
     def replies(self) -> Iterator[bytes]:
@@ -170,14 +171,11 @@ class _Store:
     def _push_pull_arithmetic(
         self, arithmetic: _Arithmetic, requests: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        received = 0
         try:
             _, base_clock = HEADER.unpack(next(requests))
-            for chunk, span in zip(requests, arithmetic.push_spans, strict=True):
-                arithmetic.receive(chunk, span)
-                received += 1
+            arithmetic.receive(requests)
         except (ValueError, struct.error, StopIteration) as error:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"chunk {received}: {error}")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         arithmetic.clock += 1
         yield ACK.pack(arithmetic.clock, arithmetic.clock - 1 - base_clock)
         yield from arithmetic.replies()
@@ -225,17 +223,18 @@ class BareClient:
         if apply_by_span and not arithmetic:
             raise ValueError("apply_by_span needs arithmetic: the plain mover applies nothing")
         self.apply_by_span = apply_by_span
-        shards = [layout.shard(index) for index in range(layout.num_shards)]
         # Arithmetic mode: pushes sent, and each shard's clock from its last acknowledgement.
         self._pushed = 0
         self._clocks = [0] * layout.num_shards
         # 8-bit pushes: per shard, a buffer of the push's size, sent as it is (nothing to encode)...
         self._pushes: list[bytes] | None = None
-        # ...or, with the arithmetic, encoded with error feedback: each shard's residual and a spare.
-        self._residuals: list[list[torch.Tensor]] = []
+        # ...or, with the arithmetic, encoded with error feedback by a worker's own encoder.
+        self._encoder: PushEncoder | None = None
+        self._encoding: OnePush | None = None
         if push == "int8" and arithmetic:
-            self._residuals = [[torch.zeros(shard.length), torch.empty(shard.length)] for shard in shards]
+            self._encoder = PushEncoder(codec.INT8_BLOCK, chunk_bytes=self.chunk_bytes)
         elif push == "int8":
+            shards = (layout.shard(index) for index in range(layout.num_shards))
             self._pushes = [bytes(codec.wire_bytes(shard.length, codec.INT8_BLOCK)) for shard in shards]
         self.channels = [grpc.insecure_channel(address, options=OPTIONS) for address in servers]
         for channel in self.channels:
@@ -265,6 +264,7 @@ class BareClient:
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:
         """Send ``update`` and receive the server's buffer into ``out`` (both flat fp32)."""
         self._pushed += 1
+        self._encoding = None if self._encoder is None else self._encoder.one_push(update)
         jobs = [self._pool.submit(self._step_shard, index, update, out) for index in range(len(self.channels))]
         for job in jobs:
             job.result()
@@ -273,8 +273,8 @@ class BareClient:
         shard = self.layout.shard(index)
         source = update[shard.offset : shard.end]
         chunks: Iterator[bytes]
-        if self._residuals:
-            chunks = self._encoded_chunks(index, source)
+        if self._encoding is not None:
+            chunks = (b"".join((chunk.scales, chunk.data)) for chunk in self._encoding.chunks(shard))
         elif self._pushes is None:
             wire = source if source.dtype == self.dtype else source.to(self.dtype)
             chunks = self._cut(wire.view(torch.uint8).numpy().data)
@@ -302,15 +302,6 @@ class BareClient:
     def _cut(self, data: memoryview | bytes) -> Iterator[bytes]:
         for start in range(0, len(data), self.chunk_bytes):
             yield bytes(data[start : start + self.chunk_bytes])
-
-    def _encoded_chunks(self, index: int, source: torch.Tensor) -> Iterator[bytes]:
-        """The shard's 8-bit push with error feedback, each chunk encoded as it is sent."""
-        residual, updated = self._residuals[index]
-        for span in codec.chunk_spans(source.numel(), codec.INT8_BLOCK, self.chunk_bytes):
-            piece = slice(span.start, span.stop)
-            values, scales, _ = blocks.encode_with_feedback(source[piece], residual[piece], updated[piece])
-            yield b"".join((scales.numpy().data, values.numpy().data))
-        self._residuals[index] = [updated, residual]
 
     def close(self) -> None:
         for channel in self.channels:

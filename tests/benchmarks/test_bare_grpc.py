@@ -79,9 +79,11 @@ def test_with_the_arithmetic_a_float_step_applies_sgd(address: str, wire: str, b
 
 
 def test_with_the_arithmetic_an_8bit_push_is_encoded_with_error_feedback(address: str) -> None:
-    length = 2 * 4096 + 10
+    # Three chunks of the smallest size a worker's encoder takes (15 blocks each), the last one short.
+    chunk_bytes = codec.MIN_CHUNK_BYTES
+    length = 32 * 4096 + 10
     layout = Layout.from_named_shapes([("w", (length,))], 1)
-    client = bare_grpc.BareClient([address], layout, "sgd-int8", "int8/bf16", chunk_bytes=1024, arithmetic=True)
+    client = bare_grpc.BareClient([address], layout, "sgd-int8", "int8/bf16", chunk_bytes=chunk_bytes, arithmetic=True)
     try:
         parameters = torch.linspace(-2, 2, length)
         client.init(parameters)
@@ -90,7 +92,9 @@ def test_with_the_arithmetic_an_8bit_push_is_encoded_with_error_feedback(address
         for _ in range(3):
             client.step(update, out)
             decoded = torch.empty(length)
-            for span in codec.chunk_spans(length, codec.INT8_BLOCK, 1024):
+            spans = codec.chunk_spans(length, codec.INT8_BLOCK, chunk_bytes)
+            assert len(spans) == 3
+            for span in spans:
                 piece = slice(span.start, span.stop)
                 values, scales, residual[piece] = blocks.encode_with_feedback(update[piece], residual[piece])
                 blocks.decode(values, scales, decoded[piece])
