@@ -205,27 +205,27 @@ def _side(
 def _cells(values: list[float | None]) -> list[str]:
     """hetps server, the other server, their difference, hetps client, the other client; "—" where the
     other system did not run."""
-    hetps_server, bare_server, hetps_client, bare_client = values
-    difference = None if hetps_server is None or bare_server is None else hetps_server - bare_server
-    text = ["—" if value is None else f"{value:.1f}" for value in (hetps_server, bare_server, difference)]
+    hetps_server, other_server, hetps_client, other_client = values
+    difference = None if hetps_server is None or other_server is None else hetps_server - other_server
+    text = ["—" if value is None else f"{value:.1f}" for value in (hetps_server, other_server, difference)]
     if difference is not None:
         text[2] = f"{difference:+.1f}"
-    return text + ["—" if value is None else f"{value:.1f}" for value in (hetps_client, bare_client)]
+    return text + ["—" if value is None else f"{value:.1f}" for value in (hetps_client, other_client)]
 
 
 def _both(
-    hetps: dict[str, Any], bare: dict[str, Any] | None, read: Callable[[dict[str, Any], str], float]
+    hetps: dict[str, Any], other: dict[str, Any] | None, read: Callable[[dict[str, Any], str], float]
 ) -> list[float | None]:
     """``read(system, side)`` for hetps's server, the other server, hetps's client, the other client."""
     return [
-        read(system, side) if system is not None else None for side in ("server", "client") for system in (hetps, bare)
+        read(system, side) if system is not None else None for side in ("server", "client") for system in (hetps, other)
     ]
 
 
 def print_tables(results: dict[str, Any], console: Console) -> None:
     hetps = results["systems"]["hetps"]
     other = next((name for name in AGAINST if name in results["systems"]), AGAINST[0])
-    bare = results["systems"].get(other)
+    against = results["systems"].get(other)
     table = Table(
         title=f"CPU ms per step, {results['model']} ({results['parameters']:,} parameters), {results['wire']}"
     )
@@ -240,21 +240,21 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
         table.add_column(column, justify="left" if column == "where" else "right")
     for group in [name for name, _ in GROUPS] + [OTHER, C_THREADS]:
         read = functools.partial(_group_ms, group)
-        table.add_row(group, *_cells(_both(hetps, bare, read)))
-    totals = _both(hetps, bare, lambda system, side: sum(system[side]["groups_ms_per_step"].values()))
+        table.add_row(group, *_cells(_both(hetps, against, read)))
+    totals = _both(hetps, against, lambda system, side: sum(system[side]["groups_ms_per_step"].values()))
     table.add_row("all", *_cells(totals), style="bold")
     for label, key in (
         ("unprofiled: Python threads", "python_threads_ms"),
         ("unprofiled: C-core threads", "c_threads_ms"),
     ):
-        table.add_row(label, *_cells(_both(hetps, bare, functools.partial(_unprofiled_ms, key))))
+        table.add_row(label, *_cells(_both(hetps, against, functools.partial(_unprofiled_ms, key))))
     for label, field in (
         ("step, wall ms (unprofiled)", None),
         ("step, wall ms (under the profiler)", "step_ms_under_profiler"),
     ):
         steps = [
             None if system is None else system["unprofiled"]["step_ms"] if field is None else system[field]
-            for system in (hetps, bare)
+            for system in (hetps, against)
         ]
         table.add_row(label, *["—" if value is None else f"{value:.1f}" for value in steps], "", "", "")
     console.print(table)
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = wire_problem(args.wire)
     if problem is not None:
         parser.error(f"--wire {args.wire}: {problem}")
-    # The plain bare mover has no 8-bit codec: with 8-bit pushes hetps is profiled alone beside it.
+    # The plain bare mover has no 8-bit codec: with 8-bit pushes and --against bare hetps is profiled alone.
     systems = ("hetps", args.against) if args.wire in WIRES or args.against == "arith" else ("hetps",)
     steps, model = run_size(parser, args, args.steps, "--steps")
     started = time.perf_counter()
