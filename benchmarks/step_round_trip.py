@@ -251,7 +251,8 @@ def measure_steps(
             # the memory rule, took up to 2.5x as long in the first interleaved repeat as in later ones.
             for repeat in range(-1, settings.repeats):
                 for model in settings.models:
-                    status.update(f"steps: {model}, repeat {repeat + 1}/{settings.repeats}")
+                    done = "settling (not timed)" if repeat < 0 else f"repeat {repeat + 1}/{settings.repeats}"
+                    status.update(f"steps: {model}, {done}")
                     mine = [run for run in runs if run[0] == model]
                     times: dict[str, list[float]] = {spec.name: [] for _, spec, _, _, _ in mine}
                     for round_index in range(settings.steps[model]):
