@@ -32,18 +32,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 from rich.console import Console
-from torch.distributed import rpc
 
-from benchmarks.harness import torch_rpc_peer
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.peer_remote import RemotePeerStep, RemoteWorker
-from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, allocator_environment, cpu_of, vm_mb
+from benchmarks.harness.processes import Fleet, allocator_environment, cpu_of, vm_mb
 from benchmarks.harness.report import (
     parse_settings,
     prepare_output,
@@ -55,6 +52,19 @@ from benchmarks.harness.report import (
 )
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.stats import Summary, scaled, speed_ratio, summarize
+from benchmarks.harness.step_systems import (
+    INT8,
+    MOVER_KINDS,
+    PEER,
+    PEER_DEFAULT,
+    Comparisons,
+    SystemSpec,
+    hetps_addresses,
+    hetps_jobs,
+    server_addresses,
+    start_comparisons,
+    step_systems,
+)
 from benchmarks.harness.step_tables import print_step_limits, print_step_tables
 from benchmarks.harness.steps import BareStep, HetpsStep, PeerStep, StepSystem, time_steps, warm_up
 from benchmarks.harness.validity import (
@@ -71,126 +81,16 @@ from psproto.tuning import apply_malloc_tuning
 PEER_FP32, PEER_BF16 = 0.8, 1.3
 # 8-bit pushes with bf16 pulls against the peer's fp32 step; their bytes per step against fp32's.
 PEER_INT8, INT8_BYTES = 1.5, 0.4
-INT8 = "1shard-int8push-bf16pull"
 BARE_FRACTION = 0.9
-PEER = "peer-torch-rpc-fp32"
-# The reference row: the peer on TensorPipe's default channels (no target is judged on it).
-PEER_DEFAULT = "peer-torch-rpc-default-fp32"
-
-
-@dataclass(frozen=True)
-class SystemSpec:
-    name: str  # e.g. hetps-1shard-bf16
-    # hetps, bare, arith (the bare mover doing the step's arithmetic), overlap (arith, its apply span by
-    # span as the reply is sent), peer, peer-default
-    kind: str
-    shards: int
-    wire_dtype: str
-
-
-def step_systems() -> list[SystemSpec]:
-    specs = []
-    for kind in ("hetps", "bare"):
-        for shards in (1, 2):
-            for dtype in ("fp32", "bf16"):
-                specs.append(SystemSpec(f"{kind}-{shards}shard-{dtype}", kind, shards, dtype))
-    # 8-bit pushes (error feedback on) with bf16 pulls, "PUSH/PULL"; the bare mover sends a buffer of
-    # the 8-bit push's size without encoding it (the transport's cost of those bytes).
-    specs.append(SystemSpec(f"hetps-{INT8}", "hetps", 1, "int8/bf16"))
-    specs.append(SystemSpec(f"bare-{INT8}", "bare", 1, "int8/bf16"))
-    # The bare mover doing the arithmetic of an SGD step too (encode, decode, apply, reply conversion):
-    # what hetps's single shard loses against it is its own work; what it loses against "bare", arithmetic.
-    for shards in (1, 2):
-        specs += [SystemSpec(f"arith-{shards}shard-{dtype}", "arith", shards, dtype) for dtype in ("fp32", "bf16")]
-    specs.append(SystemSpec(f"arith-{INT8}", "arith", 1, "int8/bf16"))
-    # The same, its apply made span by span as the reply is sent: what overlapping them could gain.
-    specs += [SystemSpec(f"overlap-1shard-{dtype}", "overlap", 1, dtype) for dtype in ("fp32", "bf16")]
-    specs.append(SystemSpec(f"overlap-{INT8}", "overlap", 1, "int8/bf16"))
-    specs.append(SystemSpec(PEER, "peer", 1, "fp32"))
-    specs.append(SystemSpec(PEER_DEFAULT, "peer-default", 1, "fp32"))
-    return specs
-
-
-# -- the servers ------------------------------------------------------------------------------
-
-
-def hetps_jobs(settings: Settings) -> list[HetpsJob]:
-    """ASGD servers for every model: one with 1 shard and two of a 2-shard layout."""
-    jobs = []
-    for model in settings.models:
-        jobs.append(HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1))
-        jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
-    return jobs
-
-
-def hetps_addresses(settings: Settings, by_label: dict[str, ServerProcess]) -> dict[str, dict[int, list[str]]]:
-    """The addresses of :func:`hetps_jobs`'s servers, by model and number of shards."""
-    return {
-        model: {
-            1: [by_label[f"hetps-{model}-1shard"].address],
-            2: [by_label[f"hetps-{model}-2shard-{i}"].address for i in range(2)],
-        }
-        for model in settings.models
-    }
-
-
-@dataclass
-class Comparisons:
-    """The systems hetps is compared with: two bare gRPC movers, the peer this process joined as
-    its worker, and the reference peer on default channels with its worker process."""
-
-    bare: list[ServerProcess]
-    peer: ServerProcess
-    peer_default: ServerProcess
-    remote: RemoteWorker
-
-    def pids(self) -> dict[str, int]:
-        """The peers' server pids under the names :func:`server_addresses` gives them."""
-        return {"peer": self.peer.pid, "peer-default": self.peer_default.pid}
-
-    def leave(self, graceful: bool = True) -> None:
-        """Leave both peers' worlds (each peer server then exits)."""
-        self.remote.close()
-        rpc.shutdown(graceful=graceful)
-
-
-def start_comparisons(fleet: Fleet) -> Comparisons:
-    """Two bare gRPC movers and the two torch.distributed.rpc peers; this process joins the first."""
-    bare = [fleet.start_helper(f"bare-grpc-{i}", "bare", "benchmarks.harness.bare_grpc") for i in range(2)]
-    peer = fleet.start_helper("peer-torch-rpc", "peer", "benchmarks.harness.torch_rpc_peer")
-    default = fleet.start_helper(
-        "peer-torch-rpc-default", "peer", "benchmarks.harness.torch_rpc_peer", ("--channels", "default")
-    )
-    remote = RemoteWorker(default.ready.port, "default", TORCH_THREADS, default.pid)
-    try:
-        torch_rpc_peer.connect(peer.ready.port)
-    except BaseException:
-        remote.close()
-        raise
-    return Comparisons(bare, peer, default, remote)
 
 
 # -- the measurement --------------------------------------------------------------------------
 
 
-def server_addresses(
-    spec: SystemSpec, model: str, hetps: dict[str, dict[int, list[str]]], bare: list[str]
-) -> list[str]:
-    """The servers a system's step for ``model`` goes through (``["peer"]`` for the peer).
-
-    hetps has servers per model and shard count; the bare service keeps a buffer per key on
-    the same servers for every model; each peer is one process for all."""
-    if spec.kind == "hetps":
-        return hetps[model][spec.shards]
-    if spec.kind in ("bare", "arith", "overlap"):
-        return bare[: spec.shards]
-    return [spec.kind]
-
-
 def measure_steps(
     settings: Settings,
     hetps: dict[str, dict[int, list[str]]],
-    bare: list[str],
+    movers: dict[tuple[str, int], list[str]],
     server_pids: dict[str, int],
     console: Console,
     remote: RemoteWorker | None = None,
@@ -224,11 +124,11 @@ def measure_steps(
             out = torch.empty(length)
             for spec in specs:
                 layout = Layout.from_named_shapes(shapes, spec.shards)
-                addresses = server_addresses(spec, model, hetps, bare)
+                addresses = server_addresses(spec, model, hetps, movers)
                 system: StepSystem
                 if spec.kind == "hetps":
                     system = HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat)
-                elif spec.kind in ("bare", "arith", "overlap"):
+                elif spec.kind in MOVER_KINDS:
                     key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"
                     system = BareStep(
                         addresses, layout, key, spec.wire_dtype, flat, arithmetic=arithmetic, apply_by_span=by_span
@@ -475,8 +375,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             comparisons = start_comparisons(fleet)
         results["server_settings"] = server_settings(fleet)
         server_pids = {server.address: server.pid for server in fleet.servers} | comparisons.pids()
-        bare = [b.address for b in comparisons.bare]
-        results["steps"] = measure_steps(settings, hetps, bare, server_pids, console, comparisons.remote)
+        movers = comparisons.mover_addresses()
+        results["steps"] = measure_steps(settings, hetps, movers, server_pids, console, comparisons.remote)
         comparisons.leave()
         comparisons = None
     finally:

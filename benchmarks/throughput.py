@@ -50,21 +50,12 @@ from benchmarks.harness.report import (
     write_results,
 )
 from benchmarks.harness.settings import TORCH_THREADS, Settings
+from benchmarks.harness.step_systems import Comparisons, hetps_addresses, hetps_jobs, start_comparisons
 from benchmarks.harness.step_tables import print_step_limits, print_step_tables
 from benchmarks.harness.steps import initialize_parameters
 from benchmarks.rule_apply import apply_targets, measure_apply, print_apply_table
 from benchmarks.server_memory import gap_aware_job, load_gap_aware, measure_memory, memory_targets, print_memory_table
-from benchmarks.step_round_trip import (
-    Comparisons,
-    hetps_addresses,
-    hetps_jobs,
-    measure_steps,
-    server_settings,
-    start_comparisons,
-    step_limits,
-    step_targets,
-    step_validity,
-)
+from benchmarks.step_round_trip import measure_steps, server_settings, step_limits, step_targets, step_validity
 from benchmarks.worker_scaling import concurrency_targets, measure_concurrency, print_concurrency_table, scaling_targets
 from psproto.tuning import apply_malloc_tuning
 
@@ -87,8 +78,8 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
             comparisons = start_comparisons(fleet)
         results["server_settings"] = server_settings(fleet)
         server_pids = {server.address: server.pid for server in fleet.servers} | comparisons.pids()
-        bare = [b.address for b in comparisons.bare]
-        results["steps"] = measure_steps(settings, hetps, bare, server_pids, console, comparisons.remote)
+        movers = comparisons.mover_addresses()
+        results["steps"] = measure_steps(settings, hetps, movers, server_pids, console, comparisons.remote)
         fleet.checkpoint("steps")
         peer_peaks = {p.label: vm_mb(p.pid, "VmHWM") for p in (comparisons.peer, comparisons.peer_default)}
         comparisons.leave()

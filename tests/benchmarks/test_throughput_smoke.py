@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness.processes import cpu_seconds
-from benchmarks.step_round_trip import server_addresses, step_systems
+from benchmarks.harness.step_systems import mover_groups, server_addresses, step_systems
 from benchmarks.throughput import main
 from psserver.core.rules import RULES
 
@@ -110,12 +110,26 @@ def test_cpu_seconds_counts_the_cpu_a_process_spends() -> None:
 
 def test_each_system_is_charged_the_cpu_of_its_own_servers() -> None:
     hetps = {"resnet18": {1: ["r1"], 2: ["r2a", "r2b"]}, "small": {1: ["s1"], 2: ["s2a", "s2b"]}}
-    bare = ["b0", "b1"]
+    movers = {("bare", 1): ["b1"], ("bare", 2): ["b2a", "b2b"], ("arith", 1): ["a1"], ("overlap", 1): ["o1"]}
     by_name = {spec.name: spec for spec in step_systems()}
     for model, servers in hetps.items():
-        assert server_addresses(by_name["hetps-1shard-fp32"], model, hetps, bare) == servers[1]
-        assert server_addresses(by_name["hetps-2shard-bf16"], model, hetps, bare) == servers[2]
-        assert server_addresses(by_name["bare-1shard-bf16"], model, hetps, bare) == ["b0"]
-        assert server_addresses(by_name["bare-2shard-fp32"], model, hetps, bare) == ["b0", "b1"]
-        assert server_addresses(by_name["peer-torch-rpc-fp32"], model, hetps, bare) == ["peer"]
-        assert server_addresses(by_name["peer-torch-rpc-default-fp32"], model, hetps, bare) == ["peer-default"]
+        assert server_addresses(by_name["hetps-1shard-fp32"], model, hetps, movers) == servers[1]
+        assert server_addresses(by_name["hetps-2shard-bf16"], model, hetps, movers) == servers[2]
+        assert server_addresses(by_name["bare-1shard-bf16"], model, hetps, movers) == ["b1"]
+        assert server_addresses(by_name["bare-2shard-fp32"], model, hetps, movers) == ["b2a", "b2b"]
+        assert server_addresses(by_name["arith-1shard-int8push-bf16pull"], model, hetps, movers) == ["a1"]
+        assert server_addresses(by_name["overlap-1shard-bf16"], model, hetps, movers) == ["o1"]
+        assert server_addresses(by_name["peer-torch-rpc-fp32"], model, hetps, movers) == ["peer"]
+        assert server_addresses(by_name["peer-torch-rpc-default-fp32"], model, hetps, movers) == ["peer-default"]
+
+
+def test_every_kind_of_mover_has_servers_arranged_like_hetps() -> None:
+    specs = step_systems()
+    groups = mover_groups(specs)
+    assert groups == [("bare", 1), ("bare", 2), ("arith", 1), ("arith", 2), ("overlap", 1)]
+    # As many rows share a mover's server as share hetps's with the same shards, so each server
+    # idles as long between its steps.
+    hetps_rows = {shards: sum(s.kind == "hetps" and s.shards == shards for s in specs) for shards in (1, 2)}
+    for kind, shards in groups:
+        rows = sum(s.kind == kind and s.shards == shards for s in specs)
+        assert rows == hetps_rows[shards], (kind, shards)

@@ -37,6 +37,9 @@ def test_chunks_move_on_one_thread_and_the_apply_keeps_two(monkeypatch: pytest.M
     decoded: list[int] = []
     applied: list[int] = []
     replied: list[int] = []
+    # Encoded before the recording starts: only the server's reply messages are counted.
+    init_chunks = list(codec.encode(torch.zeros(64), chunk_bytes=64))
+    push_chunks = list(codec.encode(torch.ones(64), chunk_bytes=64))
     monkeypatch.setattr(codec.Assembler, "add", _recording(decoded, codec.Assembler.add))
     monkeypatch.setattr(codec.Chunker, "payload", _recording(replied, codec.Chunker.payload))
     monkeypatch.setattr(shard, "commit_push", _recording(applied, shard.commit_push))
@@ -47,7 +50,7 @@ def test_chunks_move_on_one_thread_and_the_apply_keeps_two(monkeypatch: pytest.M
             joined = stub.Join(ps_pb2.JoinRequest(worker_name="w", layout=LAYOUT.to_proto(), layout_hash=LAYOUT.hash))
             worker = int(joined.worker_id)
             init = ps_pb2.InitHeader(worker_id=worker, layout_hash=LAYOUT.hash)
-            chunks = (ps_pb2.InitRequest(chunk=c) for c in codec.encode(torch.zeros(64), chunk_bytes=64))
+            chunks = (ps_pb2.InitRequest(chunk=c) for c in init_chunks)
             stub.Init(iter([ps_pb2.InitRequest(header=init), *chunks]), timeout=10)
 
             def pushed() -> Iterator[ps_pb2.PushRequest]:
@@ -55,7 +58,7 @@ def test_chunks_move_on_one_thread_and_the_apply_keeps_two(monkeypatch: pytest.M
                     worker_id=worker, push_id=1, layout_hash=LAYOUT.hash, kind=ps_pb2.PAYLOAD_KIND_GRADIENT
                 )
                 yield ps_pb2.PushRequest(header=header)
-                yield from (ps_pb2.PushRequest(chunk=c) for c in codec.encode(torch.ones(64), chunk_bytes=64))
+                yield from (ps_pb2.PushRequest(chunk=c) for c in push_chunks)
 
             replies = list(stub.PushPull(pushed(), timeout=10))
     finally:
