@@ -44,6 +44,7 @@ from psserver.app import (
     ServerConfig,
     ServerConfigError,
     ShardLimits,
+    apply_during_reply_refusal,
 )
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.pull_hold import consistency_refusal
@@ -191,6 +192,13 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     "limit an async pull gets the newest of them, whose clock tells the worker its staleness (bounds memory)",
 )
 @click.option(
+    "--apply-during-reply",
+    is_flag=True,
+    help="with a rule whose update touches each element on its own (asgd, sa, dynsgd), apply a PushPull's "
+    "update span by span as its reply is built instead of whole before the reply's first byte (same "
+    "result; the apply leaves the step's critical path); other rules apply as usual",
+)
+@click.option(
     "--receive-idle-seconds",
     default=30.0,
     show_default=True,
@@ -281,6 +289,7 @@ def serve(
     receive_buffers: int,
     max_receiving_pushes: int,
     pull_versions: int,
+    apply_during_reply: bool,
     receive_idle_seconds: float,
     min_transfer_rate: float,
     transfer_grace_seconds: float,
@@ -311,6 +320,8 @@ def serve(
     if shard_index >= num_shards:
         raise click.BadParameter(f"must be below --num-shards ({num_shards})", param_hint="--shard-index")
     rule = parse_rule(rule_name, lr, rule_opts)
+    if apply_during_reply and not rule.rule.spannable:
+        raise click.BadParameter(apply_during_reply_refusal(rule), param_hint="--apply-during-reply")
     refusal = consistency_refusal(rule.options, ConsistencyModel(consistency))
     if refusal is not None:
         raise click.BadParameter(refusal, param_hint="--consistency")
@@ -325,6 +336,7 @@ def serve(
         threads=threads,
         torch_threads=torch_threads,
         drain_seconds=drain_seconds,
+        apply_during_reply=apply_during_reply,
         transport=ServerLimits(
             max_message_mb * 1024 * 1024,
             max_concurrent_rpcs,

@@ -44,3 +44,6 @@ class ShardConfig:
     # pull gets the newest version already being sent instead of a newer one: the reply carries
     # that version's clock, so the worker's next push counts the extra staleness.
     pull_versions: int = 2
+    # A spannable rule's update of a PushPull is applied span by span as its reply is built
+    # (``psserver.core.span_apply``) instead of whole before the reply's first byte.
+    apply_during_reply: bool = False

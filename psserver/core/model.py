@@ -4,6 +4,10 @@ The layout is adopted at the first Join (or from a checkpoint) and never changes
 parameters are installed once by Init and then changed only by ``apply``, which calls
 ``before_update`` first (the pull versions reading them are finished then). Not thread-safe on
 its own: the shard calls it under its lock.
+
+``apply`` with ``release`` leaves a spannable rule's update pending (``psserver.core.span_apply``):
+``params`` finishes it before handing the parameters out, and ``live_params`` gives them with the
+hook a version being sent calls before it reads a range of them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from psserver.core.rules import PayloadKind, PushContext, Telemetry, UpdateRule
 from psserver.core.rules.options import RuleOptions
 from psserver.core.shard_state import ParameterState, StateError
 from psserver.core.snapshots import SnapshotStore
+from psserver.core.span_apply import SpanApply
 from psserver.core.workers import PushOutcome
 
 
@@ -33,14 +38,19 @@ class Model:
         refusals: Refusals,
         snapshots: SnapshotStore,
         before_update: Callable[[torch.Tensor], None],
+        applied: Callable[[float, int], None] = lambda seconds, clock: None,
     ) -> None:
+        """``before_update(params)`` is called before every change; ``applied(seconds, clock)`` after each apply."""
         self._config = config
+        self._applied = applied
         self._refusals = refusals
         self._snapshots = snapshots
         self._before_update = before_update
         self.layout: Layout | None = None
         self.rule: UpdateRule[RuleOptions] | None = None
-        self.params = torch.empty(0)
+        self._params = torch.empty(0)
+        # An update still being applied span by span (``apply`` with ``release``), or None.
+        self._pending: SpanApply | None = None
         self.initialized = False
         self.clock = 0
         self.applied_pushes = 0
@@ -59,7 +69,7 @@ class Model:
         if refusal is not None:
             self._refusals.refuse(refusal.kind, refusal.message)
         self.layout = layout
-        self.params = torch.zeros(shard.length)
+        self._params = torch.zeros(shard.length)
         self._segments = segments
         self.rule = self._config.rule.build(shard.length)
 
@@ -72,6 +82,31 @@ class Model:
             if refusal is not None:
                 self._refusals.refuse(refusal.kind, refusal.message)
 
+    @property
+    def params(self) -> torch.Tensor:
+        """The parameters, every update applied."""
+        self.settle()
+        return self._params
+
+    @property
+    def length(self) -> int:
+        return self._params.numel()
+
+    def live_params(self) -> tuple[torch.Tensor, Callable[[int], None] | None]:
+        """The parameters as they are, and the hook that brings elements ``[0, stop)`` up to date
+        before they are read (None when no update is pending)."""
+        return self._params, None if self._pending is None else self._pending.through
+
+    def settle(self) -> None:
+        """Finish the pending update, if any (its buffer is given back)."""
+        if self._pending is not None:
+            self._pending.finish()
+            self._pending = None
+
+    def defers(self, kind: PayloadKind) -> bool:
+        """Whether ``apply`` with ``release`` leaves an update of ``kind`` pending (a spannable rule)."""
+        return self.rule is not None and self.rule.spannable and kind in self.rule.accepted_kinds
+
     def install(self, values: torch.Tensor) -> bool:
         """Init: take ``values`` (checked) unless the parameters were already initialised."""
         if self.initialized:
@@ -81,10 +116,21 @@ class Model:
         return True
 
     def apply(
-        self, worker_id: int, update: torch.Tensor, kind: PayloadKind, base_clock: int, metadata: dict[str, float]
+        self,
+        worker_id: int,
+        update: torch.Tensor,
+        kind: PayloadKind,
+        base_clock: int,
+        metadata: dict[str, float],
+        release: Callable[[], None] | None = None,
     ) -> tuple[PushOutcome, float]:
-        """Apply a checked update with the rule and advance the clock; the outcome and the apply's seconds."""
+        """Apply a checked update with the rule and advance the clock; the outcome and the apply's seconds.
+
+        With ``release`` (only where ``defers(kind)``) the update is left pending, to be applied span
+        by span as its version is read (``live_params``) or at once by ``settle``; ``release`` gives
+        ``update``'s buffer back when the last span is applied. The seconds are then the commit's."""
         assert self.rule is not None
+        self.settle()
         staleness = self.clock - base_clock
         snapshots = self._snapshots
         ctx = PushContext(
@@ -96,12 +142,20 @@ class Model:
             snapshot=lambda: snapshots.get(base_clock),
             clock=self.clock,
         )
-        self._before_update(self.params)
+        self._before_update(self._params)
         started = time.perf_counter()
-        telemetry: Telemetry = self.rule.apply(self.params, update, ctx)
+        if release is not None:
+            if not self.defers(kind):
+                raise ValueError(f"rule {self.rule.name} cannot leave a {kind.name} update pending")
+            # A spannable rule's telemetry depends on ctx alone: an empty span gives it.
+            telemetry: Telemetry = self.rule.apply(self._params[:0], update[:0], ctx)
+            self._pending = SpanApply(self.rule, self._params, update, ctx, release)
+        else:
+            telemetry = self.rule.apply(self._params, update, ctx)
         apply_seconds = time.perf_counter() - started
         self.clock += 1
         self.applied_pushes += 1
+        self._applied(apply_seconds, self.clock)
         return PushOutcome(self.clock, staleness, {"staleness": float(staleness), **telemetry}), apply_seconds
 
     # -- checkpoint form ------------------------------------------------------------------
@@ -110,6 +164,7 @@ class Model:
         return {"initialized": self.initialized, "clock": self.clock, "applied_pushes": self.applied_pushes}
 
     def rule_state(self) -> Mapping[str, torch.Tensor]:
+        self.settle()
         return self.rule.state_tensors() if self.rule else {}
 
     def load(self, saved: ParameterState | None, counters: Mapping[str, Any]) -> None:
@@ -123,7 +178,7 @@ class Model:
             try:
                 self.rule.load_state_tensors(saved.rule_state)
             except ValueError as error:
-                self.layout, self.rule, self.params = None, None, torch.empty(0)
+                self.layout, self.rule, self._params = None, None, torch.empty(0)
                 raise StateError(
                     f"the saved state of rule {self._config.rule.rule.name} does not fit: {error} "
                     "(was it saved with other rule options?)"

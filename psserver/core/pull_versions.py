@@ -69,19 +69,26 @@ class PullVersions:
         return newest if kept is None or kept(newest.clock) else None
 
     def encode(
-        self, source: torch.Tensor, clock: int, wire_dtype: int, encoder: PullEncoder | None, live: bool = False
+        self,
+        source: torch.Tensor,
+        clock: int,
+        wire_dtype: int,
+        encoder: PullEncoder | None,
+        live: bool = False,
+        before_read: Callable[[int], None] | None = None,
     ) -> PullResult:
         """``source`` in the form asked for. The in-process form's payloads are views of ``source``,
         so it must be a copy nobody changes; serialised messages may read the ``live`` parameters
-        (they keep what they built, to be frozen before an update), or a private source (they keep
-        nothing: each reader's messages are built from it as it reads)."""
+        (they keep what they built, to be frozen before an update; ``before_read(stop)`` brings
+        elements ``[0, stop)`` up to date first, while an update is applied span by span), or a
+        private source (they keep nothing: each reader's messages are built from it as it reads)."""
         total = source.numel()
         if encoder is None:
             payloads = list(codec.payloads(source, wire_dtype, self._chunk_bytes))
             data_bytes = sum(len(p.data) for p in payloads)
             return PullResult(clock, total, chunks=payloads, data_bytes=data_bytes, wire_dtype=wire_dtype)
         spans = codec.chunk_spans(total, wire_dtype, self._chunk_bytes)
-        messages = SerializedPull(source, clock, wire_dtype, spans, encoder, retain=live)
+        messages = SerializedPull(source, clock, wire_dtype, spans, encoder, retain=live, before_read=before_read)
         data_bytes = total * codec.element_size(wire_dtype)
         return PullResult(
             clock, total, messages=messages, data_bytes=data_bytes, wire_dtype=wire_dtype, encoder=encoder
@@ -94,16 +101,20 @@ class PullVersions:
         encoder: PullEncoder | None,
         params: torch.Tensor,
         snapshot: torch.Tensor | None,
+        before_read: Callable[[int], None] | None = None,
     ) -> PullResult | torch.Tensor:
         """A new version of ``clock`` (lock held): made and kept now when serialised from the live
         ``params`` (its messages read them as they are sent, frozen before a change); otherwise the
         private source for the caller to ``encode`` outside the lock and then ``keep``: the
-        ``snapshot`` a rule keeps anyway, or a copy (in-process payloads are views of it)."""
+        ``snapshot`` a rule keeps anyway, or a copy (in-process payloads are views of it).
+        ``before_read``: the live parameters' pending update (``encode``); a copy is made after it."""
         if snapshot is not None:
             return snapshot
         if encoder is None:
+            if before_read is not None:
+                before_read(params.numel())
             return params.clone()
-        result = self.encode(params, clock, wire_dtype, encoder, live=True)
+        result = self.encode(params, clock, wire_dtype, encoder, live=True, before_read=before_read)
         self.keep(result, current=True)
         return result
 

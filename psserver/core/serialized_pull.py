@@ -20,7 +20,7 @@ of a second copy of the shard in reply bytes.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -45,8 +45,14 @@ class SerializedPull:
         spans: Sequence[range],
         encoder: PullEncoder,
         retain: bool = True,
+        before_read: Callable[[int], None] | None = None,
     ) -> None:
+        if before_read is not None and not retain:
+            raise ValueError("only a version of the live parameters reads them while an update is applied")
         self._source: torch.Tensor | None = source
+        # Brings the source's elements [0, stop) up to date before a message reads them (an update
+        # applied span by span, ``psserver.core.span_apply``); None: the source is up to date.
+        self._before_read = before_read
         self._chunker: codec.Chunker | None = codec.Chunker(source, wire_dtype)
         self._retain = retain
         self._clock = clock
@@ -103,10 +109,13 @@ class SerializedPull:
         message = self._messages[index]
         if message is None:
             assert self._chunker is not None
-            message = self._encoder.encode(self._clock, self._total, self._chunker.payload(self._spans[index]))
+            span = self._spans[index]
+            if self._before_read is not None:
+                self._before_read(span.stop)
+            message = self._encoder.encode(self._clock, self._total, self._chunker.payload(span))
             self._messages[index] = message
             self._unbuilt -= 1
             if self._unbuilt == 0:
-                # The messages are the copy now: nothing here keeps the source alive.
-                self._source = self._chunker = None
+                # The messages are the copy now: nothing here keeps the source (or its update) alive.
+                self._source = self._chunker = self._before_read = None
         return message

@@ -13,7 +13,8 @@ component owns its state and its job:
 - ``request_checks``: every refusal of a request's header, as a decision;
 - ``receiving.PushReceiver``: pending pushes, their buffers, ending slow pushes and streams;
 - ``pull_versions.PullVersions``: the versions handed to pulls, one per clock and form, with
-  the wire encoder injected by the transport (the core never builds wire bytes);
+  the wire encoder injected by the transport (the core never builds wire bytes); ``span_apply``:
+  an update applied as its PushPull's version is serialised (``apply_during_reply``);
 - ``shard_state``: the checkpoint form; ``refusals.Refusals``: every refusal counted and raised;
 - ``observer.Observers``: the one hook mechanism (metrics; checkpoints via ``subscribe``);
 - ``status``: what the shard reports, as immutable snapshots (``status()``).
@@ -93,7 +94,9 @@ class Shard:
         if refusal is not None:
             raise ValueError(refusal)
         self._local_steps = LocalSteps.of(config)
-        self._model = Model(config, self._refusals, self.snapshots, self._versions.freeze_before_update)
+        self._model = Model(
+            config, self._refusals, self.snapshots, self._versions.freeze_before_update, self.observer.update_applied
+        )
         self.started = self._now()
         self._barrier = BspBarrier()
         self._reservation = NO_RESERVATION
@@ -197,7 +200,7 @@ class Shard:
             self._refuse_if(
                 checks.init_refusal(worker.observer, self._model.layout, layout_hash, self._model.initialized), worker
             )
-            return codec.Assembler(torch.empty(self._model.params.numel()))
+            return codec.Assembler(torch.empty(self._model.length))
 
     def decode_chunk(
         self, assembler: codec.Assembler, chunk: codec.ChunkLike, worker: WorkerRecord | None = None
@@ -252,7 +255,10 @@ class Shard:
                     snapshot = self._model.params.clone()
                     for dropped in self.snapshots.keep(clock, snapshot):
                         self.observer.snapshot_dropped(dropped)
-                made = self._versions.begin(clock, wire_dtype, encoder, self._model.params, snapshot)
+                # A serialised version may read the parameters as an update is still being applied
+                # to them span by span (the hook brings each range up to date before it is read).
+                params, before_read = self._model.live_params() if encoder is not None else (self._model.params, None)
+                made = self._versions.begin(clock, wire_dtype, encoder, params, snapshot, before_read)
                 result = made if isinstance(made, PullResult) else None
             if result is not None:
                 self.observer.pulled(worker, clock, result.data_bytes)
@@ -324,18 +330,12 @@ class Shard:
             # The holder of a GEM reservation never queues for a buffer behind pushes waiting for it.
             holder = self._reservation.holder_at(self._now()) == worker_id
             previous = worker.previous_outcome(push_id)
-            return self._receiver.open(
-                worker,
-                push_id,
-                base_clock,
-                PayloadKind(kind),
-                dict(metadata),
-                self._model.params.numel(),
-                previous,
-                holder,
-                cancel,
-                abandoned,
-            )
+            pending = self._receiver.open(
+                worker, push_id, base_clock, PayloadKind(kind), dict(metadata), self._model.length, previous, holder,
+                cancel, abandoned,
+            )  # fmt: skip
+            pending.replies_with_params = pull_dtype is not None
+            return pending
 
     # The receiving component's operations (``receiving.PushReceiver`` says what each does).
     def add_chunk(self, pending: PendingPush, chunk: codec.ChunkLike) -> None:
@@ -343,6 +343,11 @@ class Shard:
 
     def stalled(self, pending: PendingPush) -> ShardError | None:
         return self._receiver.stalled(pending)
+
+    def settle_apply(self) -> None:
+        """Finish an update still being applied span by span (its reply was abandoned, or shared)."""
+        with self._lock:
+            self._model.settle()
 
     def cancel_stalled_pushes(self) -> list[PendingPush]:
         return self._receiver.cancel_stalled()
@@ -393,7 +398,12 @@ class Shard:
             return self._commit_bsp(worker, pending, update)
         self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), pending.abandoned)
         self._reservation = self._reservation.released_by(worker.worker_id)
-        outcome = self._apply(worker, update, pending.kind, pending.base_clock, pending.metadata)
+        release = None
+        if pending.replies_with_params and self.config.apply_during_reply and self._model.defers(pending.kind):
+            release = self._receiver.hand_over(pending)  # given back once the last span is applied
+        outcome, _ = self._model.apply(
+            worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata, release
+        )
         worker.pull_hold = self._pull_holds.after_push(self._model.rule)
         self._local_steps.assign(worker, outcome, pending, self._now(), self._membership.live())
         worker.record_push(pending.push_id, outcome)
@@ -401,13 +411,6 @@ class Shard:
         worker.ssp_clock += 1
         self.observer.update_committed(self._model.clock, self._state_locked)
         self._changed.notify_all()
-        return outcome
-
-    def _apply(
-        self, worker: WorkerRecord, update: torch.Tensor, kind: PayloadKind, base_clock: int, metadata: dict[str, float]
-    ) -> PushOutcome:
-        outcome, apply_seconds = self._model.apply(worker.worker_id, update, kind, base_clock, metadata)
-        self.observer.update_applied(apply_seconds, self._model.clock)
         return outcome
 
     def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush, update: torch.Tensor) -> PushOutcome:
@@ -430,8 +433,8 @@ class Shard:
         joined = [wid for wid in current.contributors if wid in self._membership]
         if joined:
             first = self._membership.workers[joined[0]]
-            outcome = self._apply(
-                first, current.mean(), current.kind, self._model.clock, {"workers": float(len(joined))}
+            outcome, _ = self._model.apply(
+                first.worker_id, current.mean(), current.kind, self._model.clock, {"workers": float(len(joined))}
             )
             for contributor in current.record(outcome, self._membership.workers):
                 self.observer.push_applied(contributor, outcome)

@@ -87,7 +87,7 @@ class ShardStatus:
             clock=model.clock,
             layout_hash=model.layout.hash if model.layout else "",
             initialized=model.initialized,
-            shard_length=model.params.numel(),
+            shard_length=model.length,
             applied_pushes=model.applied_pushes,
             rejected=MappingProxyType(dict(rejected)),
             workers=tuple(WorkerView.of(w, now) for w in workers),

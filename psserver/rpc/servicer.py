@@ -331,6 +331,10 @@ class ParameterServerServicer:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
         header, outcome = self._receive_push(request_iterator, context, then_pull=True)
         result = self._pull(context, header.worker_id, header.pull_dtype, PUSH_PULL_PARAMS)
+        # An update left to be applied as its reply is built is finished when the call ends, read or
+        # not (a reply abandoned, or one that shares an older version).
+        if self.shard.config.apply_during_reply and not context.add_callback(self.shard.settle_apply):
+            self.shard.settle_apply()
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         return _send(result, self.shard.watch_stream(header.worker_id, "PushPull", context.cancel), ack)
 

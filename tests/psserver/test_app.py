@@ -149,6 +149,9 @@ def test_every_failure_to_build_or_start_is_a_typed_error(tmp_path: Path) -> Non
     with pytest.raises(ServerConfigError, match="every shard limit must be positive"):
         ShardLimits(pull_versions=0)
     assert _config(limits=ShardLimits(pull_versions=1, receive_buffers=3)).shard_config().pull_versions == 1
+    with pytest.raises(ServerConfigError, match="--apply-during-reply needs a rule whose update touches"):
+        _config(rule=RuleSpec.parse("momentum", {"lr": "0.1"}), apply_during_reply=True)
+    assert _config(apply_during_reply=True).shard_config().apply_during_reply
     with pytest.raises(ServerConfigError, match="minimum transfer rate must be > 0 MiB/s"):
         ShardLimits(min_transfer_mib_per_s=0)
     with pytest.raises(ServerConfigError, match="transfer grace must be >= 0 s"):

@@ -25,6 +25,7 @@ class Asgd(UpdateRule[AsgdOptions]):
     summary = "plain asynchronous SGD: the baseline every staleness-aware rule is compared with"
     options_type = AsgdOptions
     accepted_kinds: ClassVar[frozenset[PayloadKind]] = frozenset({PayloadKind.GRADIENT, PayloadKind.DELTA})
+    spannable = True
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
         if ctx.kind is PayloadKind.DELTA:

@@ -55,6 +55,11 @@ class UpdateRule(ABC, Generic[OptionsT]):
     accepted_kinds: ClassVar[frozenset[PayloadKind]] = frozenset({PayloadKind.GRADIENT})
     worker_procedure: ClassVar[str] = "gradient"
     needs_snapshot: ClassVar[bool] = False
+    # ``apply`` reads and writes only the elements of ``params`` and ``update`` it is given, keeps no
+    # state and returns telemetry that depends on ``ctx`` alone: applied to each span of the shard
+    # in turn it gives what it gives applied to the whole, so the server may update the parameters
+    # span by span as it sends them (``psserver.core.span_apply``, ``--apply-during-reply``).
+    spannable: ClassVar[bool] = False
 
     def __init__(self, options: OptionsT, length: int) -> None:
         self.options = options

@@ -38,6 +38,7 @@ class DynSgd(UpdateRule[DynSgdOptions]):
     options_type = DynSgdOptions
     accepted_kinds: ClassVar[frozenset[PayloadKind]] = frozenset({PayloadKind.GRADIENT, PayloadKind.DELTA})
     worker_procedure = "delta"
+    spannable = True
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
         scale = 1.0 / (ctx.staleness + 1)

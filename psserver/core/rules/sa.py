@@ -28,6 +28,7 @@ class StalenessAware(UpdateRule[SaOptions]):
     name = "sa"
     summary = "asynchronous SGD with eta divided by the staleness; a simple, robust choice when workers differ in speed"
     options_type = SaOptions
+    spannable = True
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
         scale = 1.0 / (ctx.staleness + 1 if self.options.offset else max(ctx.staleness, 1))
