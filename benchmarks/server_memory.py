@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with console.status("starting servers"):
             jobs = [HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1) for model in settings.models]
             by_label = {
-                j.label: fleet.start_hetps(*j, extra_args=server_args) for j in [*jobs, gap_aware_job(settings)]
+                j.label: fleet.start_hetps(*j._replace(extra_args=(*j.extra_args, *server_args)))
+                for j in [*jobs, gap_aware_job(settings)]
             }
             targets = [
                 PoolTarget(job.model, job.model, (by_label[job.label].address,), asgd_workers(settings)) for job in jobs

@@ -53,11 +53,13 @@ from benchmarks.harness.report import (
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.stats import Summary, scaled, speed_ratio, summarize
 from benchmarks.harness.step_systems import (
+    HETPS_KINDS,
     INT8,
     MOVER_KINDS,
     PEER,
     PEER_DEFAULT,
     Comparisons,
+    HetpsAddresses,
     SystemSpec,
     hetps_addresses,
     hetps_jobs,
@@ -89,7 +91,7 @@ BARE_FRACTION = 0.9
 
 def measure_steps(
     settings: Settings,
-    hetps: dict[str, dict[int, list[str]]],
+    hetps: HetpsAddresses,
     movers: dict[tuple[str, int], list[str]],
     server_pids: dict[str, int],
     console: Console,
@@ -126,7 +128,7 @@ def measure_steps(
                 layout = Layout.from_named_shapes(shapes, spec.shards)
                 addresses = server_addresses(spec, model, hetps, movers)
                 system: StepSystem
-                if spec.kind == "hetps":
+                if spec.kind in HETPS_KINDS:
                     system = HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat)
                 elif spec.kind in MOVER_KINDS:
                     key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"
@@ -229,6 +231,7 @@ def step_results(
                     (spec.name, spec.name.replace("arith", "bare")),
                 ]
         pairs += [(s.name, s.name.replace("overlap", "arith")) for s in specs if s.kind == "overlap"]
+        pairs += [(s.name, s.name.replace("during", "hetps")) for s in specs if s.kind == "during"]
         if any(spec.name == PEER_DEFAULT for spec in specs):
             # For reference only: the peer when TensorPipe may skip the socket.
             pairs += [(f"hetps-1shard-{dtype}", PEER_DEFAULT) for dtype in ("fp32", "bf16")] + [(PEER, PEER_DEFAULT)]

@@ -85,7 +85,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
         comparisons.leave()
         comparisons = None
         initialize_parameters(gap_target.model, list(gap_target.addresses))
-        targets = scaling_targets(settings, {model: hetps[model][1][0] for model in settings.models})
+        targets = scaling_targets(settings, {model: hetps[model][("hetps", 1)][0] for model in settings.models})
         with console.status("starting worker processes"):
             pool = WorkerPool(max(*settings.concurrency, settings.rss_workers), [*targets, gap_target])
         fleet.checkpoint("workers joined")

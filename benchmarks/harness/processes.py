@@ -88,6 +88,7 @@ class HetpsJob(NamedTuple):
     rule_opts: tuple[str, ...]
     shard_index: int
     num_shards: int
+    extra_args: tuple[str, ...] = ()  # more ``psserver serve`` flags
 
 
 @dataclass

@@ -29,13 +29,15 @@ PEER = "peer-torch-rpc-fp32"
 PEER_DEFAULT = "peer-torch-rpc-default-fp32"
 # The bare gRPC mover as it is, doing an SGD step's arithmetic, and applying span by span.
 MOVER_KINDS = ("bare", "arith", "overlap")
+# hetps as it is, and with ``--apply-during-reply`` (its update applied span by span as its reply is built).
+HETPS_KINDS = ("hetps", "during")
 
 
 @dataclass(frozen=True)
 class SystemSpec:
     name: str  # e.g. hetps-1shard-bf16
-    # hetps, bare, arith (the bare mover doing the step's arithmetic), overlap (arith, its apply span by
-    # span as the reply is sent), peer, peer-default
+    # hetps, during (hetps with --apply-during-reply), bare, arith (the bare mover doing the step's
+    # arithmetic), overlap (arith, its apply span by span as the reply is sent), peer, peer-default
     kind: str
     shards: int
     wire_dtype: str
@@ -50,6 +52,9 @@ def step_systems() -> list[SystemSpec]:
     # 8-bit pushes (error feedback on) with bf16 pulls, "PUSH/PULL"; the bare mover sends a buffer of
     # the 8-bit push's size without encoding it (the transport's cost of those bytes).
     specs.append(SystemSpec(f"hetps-{INT8}", "hetps", 1, "int8/bf16"))
+    # hetps applying its update span by span as the reply is built (``--apply-during-reply``).
+    specs += [SystemSpec(f"during-1shard-{dtype}", "during", 1, dtype) for dtype in ("fp32", "bf16")]
+    specs.append(SystemSpec(f"during-{INT8}", "during", 1, "int8/bf16"))
     specs.append(SystemSpec(f"bare-{INT8}", "bare", 1, "int8/bf16"))
     # The bare mover doing the arithmetic of an SGD step too (encode, decode, apply, reply conversion):
     # what hetps's single shard loses against it is its own work; what it loses against "bare", arithmetic.
@@ -73,20 +78,26 @@ def mover_groups(specs: Sequence[SystemSpec]) -> list[tuple[str, int]]:
 
 
 def hetps_jobs(settings: Settings) -> list[HetpsJob]:
-    """ASGD servers for every model: one with 1 shard and two of a 2-shard layout."""
+    """ASGD servers for every model: one with 1 shard, two of a 2-shard layout, and one with 1 shard
+    applying during the reply."""
     jobs = []
     for model in settings.models:
         jobs.append(HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1))
         jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
+        jobs.append(HetpsJob(f"hetps-{model}-1shard-during", model, "asgd", (), 0, 1, ("--apply-during-reply",)))
     return jobs
 
 
-def hetps_addresses(settings: Settings, by_label: dict[str, ServerProcess]) -> dict[str, dict[int, list[str]]]:
-    """The addresses of :func:`hetps_jobs`'s servers, by model and number of shards."""
+HetpsAddresses = dict[str, dict[tuple[str, int], list[str]]]
+
+
+def hetps_addresses(settings: Settings, by_label: dict[str, ServerProcess]) -> HetpsAddresses:
+    """The addresses of :func:`hetps_jobs`'s servers, by model, then kind and number of shards."""
     return {
         model: {
-            1: [by_label[f"hetps-{model}-1shard"].address],
-            2: [by_label[f"hetps-{model}-2shard-{i}"].address for i in range(2)],
+            ("hetps", 1): [by_label[f"hetps-{model}-1shard"].address],
+            ("hetps", 2): [by_label[f"hetps-{model}-2shard-{i}"].address for i in range(2)],
+            ("during", 1): [by_label[f"hetps-{model}-1shard-during"].address],
         }
         for model in settings.models
     }
@@ -150,15 +161,15 @@ def start_comparisons(fleet: Fleet, specs: Sequence[SystemSpec] | None = None) -
 def server_addresses(
     spec: SystemSpec,
     model: str,
-    hetps: dict[str, dict[int, list[str]]],
+    hetps: HetpsAddresses,
     movers: dict[tuple[str, int], list[str]],
 ) -> list[str]:
     """The servers a system's step for ``model`` goes through (``["peer"]`` for the peer).
 
-    hetps has servers per model and shard count; each kind of bare mover has servers per shard
+    hetps has servers per model, kind and shard count; each kind of bare mover has servers per shard
     count, keeping a buffer per key for every model; each peer is one process for all."""
-    if spec.kind == "hetps":
-        return hetps[model][spec.shards]
+    if spec.kind in HETPS_KINDS:
+        return hetps[model][(spec.kind, spec.shards)]
     if spec.kind in MOVER_KINDS:
         return movers[(spec.kind, spec.shards)]
     return [spec.kind]
