@@ -13,8 +13,8 @@ component owns its state and its job:
 - ``request_checks``: every refusal of a request's header, as a decision;
 - ``receiving.PushReceiver``: pending pushes, their buffers, ending slow pushes and streams;
 - ``pull_versions.PullVersions``: the versions handed to pulls, one per clock and form, with
-  the wire encoder injected by the transport (the core never builds wire bytes); ``span_apply``:
-  an update applied as its PushPull's version is serialised (``apply_during_reply``);
+  the wire encoder injected by the transport (the core never builds wire bytes);
+- ``span_apply``: an update applied as its PushPull's version is serialised (``apply_during_reply``);
 - ``shard_state``: the checkpoint form; ``refusals.Refusals``: every refusal counted and raised;
 - ``observer.Observers``: the one hook mechanism (metrics; checkpoints via ``subscribe``);
 - ``status``: what the shard reports, as immutable snapshots (``status()``).
@@ -107,12 +107,12 @@ class Shard:
 
     layout: Held[Layout | None] = Held("_model")
     rule: Held[UpdateRule[RuleOptions] | None] = Held("_model")
-    params: Held[torch.Tensor] = Held("_model")
     initialized: Held[bool] = Held("_model")
     clock: Held[int] = Held("_model")
     applied_pushes: Held[int] = Held("_model")
     workers: Held[dict[int, WorkerRecord]] = Held("_membership")
     evictions: Held[int] = Held("_membership")
+    params: Held[torch.Tensor] = Held("_model", lock="_lock")  # an update still pending finished first
 
     @property
     def rejected(self) -> dict[str, int]:
