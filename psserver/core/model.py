@@ -130,7 +130,15 @@ class Model:
         by span as its version is read (``live_params``) or at once by ``settle``; ``release`` gives
         ``update``'s buffer back when the last span is applied. The seconds are then the commit's."""
         assert self.rule is not None
-        self.settle()
+        try:
+            self.settle()
+            if release is not None and not self.defers(kind):
+                raise ValueError(f"rule {self.rule.name} cannot leave a {kind.name} update pending")
+            self._before_update(self._params)
+        except BaseException:
+            if release is not None:
+                release()  # nothing was applied: the buffer handed over for the update must not be lost
+            raise
         staleness = self.clock - base_clock
         snapshots = self._snapshots
         ctx = PushContext(
@@ -142,11 +150,8 @@ class Model:
             snapshot=lambda: snapshots.get(base_clock),
             clock=self.clock,
         )
-        self._before_update(self._params)
         started = time.perf_counter()
         if release is not None:
-            if not self.defers(kind):
-                raise ValueError(f"rule {self.rule.name} cannot leave a {kind.name} update pending")
             # A spannable rule's telemetry depends on ctx alone: an empty span gives it.
             telemetry: Telemetry = self.rule.apply(self._params[:0], update[:0], ctx)
             self._pending = SpanApply(self.rule, self._params, update, ctx, release)

@@ -11,9 +11,13 @@ import torch
 from psproto import codec
 from psproto.layout import Layout
 from psserver.core import span_apply
+from psserver.core.model import Model
+from psserver.core.observer import NullObserver
+from psserver.core.refusals import Refusals
 from psserver.core.rules import RULES, PayloadKind, PushContext, RuleSpec
 from psserver.core.serialized_pull import PullEncoder
 from psserver.core.shard import Shard, ShardConfig
+from psserver.core.snapshots import SnapshotStore
 from psserver.core.span_apply import SpanApply
 
 SPANNABLE = sorted(name for name, rule in RULES.items() if rule.spannable)
@@ -211,3 +215,30 @@ def test_a_plain_push_or_a_rule_that_needs_the_whole_shard_applies_at_once(rule:
     shard, workers = _shard(True, rule)
     _push(shard, workers[0], 1, 0, seed=6, replies=replies)
     assert shard._receiver.buffers.in_use == 0
+
+
+def test_a_commit_that_fails_before_the_update_is_pending_gives_its_buffer_back() -> None:
+    failures: list[torch.Tensor] = []
+
+    def before_update(params: torch.Tensor) -> None:
+        failures.append(params)
+        raise RuntimeError("the versions in flight could not be finished")
+
+    config = ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), apply_during_reply=True)
+    model = Model(config, Refusals(NullObserver()), SnapshotStore(1 << 20), before_update)
+    model.adopt(LAYOUT)
+    released: list[bool] = []
+    with pytest.raises(RuntimeError, match="could not be finished"):
+        model.apply(1, torch.ones(LENGTH), PayloadKind.GRADIENT, 0, {}, partial(released.append, True))
+    assert released == [True] and len(failures) == 1
+    assert model.clock == 0 and torch.equal(model.params, torch.zeros(LENGTH))
+    momentum = Model(
+        ShardConfig(RuleSpec.parse("momentum", {"lr": "0.5"})),
+        Refusals(NullObserver()),
+        SnapshotStore(1),
+        failures.append,
+    )
+    momentum.adopt(LAYOUT)
+    with pytest.raises(ValueError, match="rule momentum cannot leave a GRADIENT update pending"):
+        momentum.apply(1, torch.ones(LENGTH), PayloadKind.GRADIENT, 0, {}, partial(released.append, True))
+    assert released == [True, True] and momentum.clock == 0
