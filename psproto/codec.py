@@ -218,12 +218,10 @@ def payloads(
     Without a conversion the chunks are views of the tensor's memory: nothing is copied until
     a message is written, so the caller must not change ``flat`` before then. With one, each
     chunk is converted as it is reached, so no model-sized temporary is made and the converted
-    chunk is still in cache when its message is written. The tensor's bytes are viewed once, not
-    once per chunk (:class:`Chunker`).
+    chunk is still in cache when its message is written.
     """
-    chunker = Chunker(flat, dtype)
     for span in chunk_spans(flat.numel(), dtype, chunk_bytes):
-        yield chunker.payload(span)
+        yield payload(flat, span, dtype)
 
 
 def encode(
