@@ -5,7 +5,7 @@ parameters are installed once by Init and then changed only by ``apply``, which 
 ``before_update`` first (the pull versions reading them are finished then). Not thread-safe on
 its own: the shard calls it under its lock.
 
-``apply`` with ``release`` leaves a spannable rule's update pending (``psserver.core.span_apply``):
+``apply`` may leave a spannable rule's update pending (``psserver.core.span_apply``):
 ``params`` finishes it before handing the parameters out, and ``live_params`` gives them with the
 hook a version being sent calls before it reads a range of them.
 """
@@ -49,7 +49,7 @@ class Model:
         self.layout: Layout | None = None
         self.rule: UpdateRule[RuleOptions] | None = None
         self._params = torch.empty(0)
-        # An update still being applied span by span (``apply`` with ``release``), or None.
+        # An update still being applied span by span (``apply``), or None.
         self._pending: SpanApply | None = None
         self.initialized = False
         self.clock = 0
@@ -104,7 +104,7 @@ class Model:
             self._pending = None
 
     def defers(self, kind: PayloadKind) -> bool:
-        """Whether ``apply`` with ``release`` leaves an update of ``kind`` pending (a spannable rule)."""
+        """Whether the rule can leave an update of ``kind`` pending (a spannable rule, ``apply``)."""
         return self.rule is not None and self.rule.spannable and kind in self.rule.accepted_kinds
 
     def install(self, values: torch.Tensor) -> bool:
@@ -122,23 +122,19 @@ class Model:
         kind: PayloadKind,
         base_clock: int,
         metadata: dict[str, float],
-        release: Callable[[], None] | None = None,
+        hand_over: Callable[[], Callable[[], None]] | None = None,
     ) -> tuple[PushOutcome, float]:
         """Apply a checked update with the rule and advance the clock; the outcome and the apply's seconds.
 
-        With ``release`` (only where ``defers(kind)``) the update is left pending, to be applied span
-        by span as its version is read (``live_params``) or at once by ``settle``; ``release`` gives
-        ``update``'s buffer back when the last span is applied. The seconds are then the commit's."""
+        ``hand_over`` offers ``update``'s buffer for an update its reply follows: it takes the buffer
+        from its push and returns what gives it back. Where the shard applies during the reply
+        (``apply_during_reply``) and ``defers(kind)``, the update is then left pending, to be applied
+        span by span as its version is read (``live_params``) or at once by ``settle``, and the
+        seconds are the commit's. Otherwise it is applied at once and the buffer stays with its push."""
         assert self.rule is not None
-        try:
-            self.settle()
-            if release is not None and not self.defers(kind):
-                raise ValueError(f"rule {self.rule.name} cannot leave a {kind.name} update pending")
-            self._before_update(self._params)
-        except BaseException:
-            if release is not None:
-                release()  # nothing was applied: the buffer handed over for the update must not be lost
-            raise
+        self.settle()
+        self._before_update(self._params)
+        defer = hand_over is not None and self._config.apply_during_reply and self.defers(kind)
         staleness = self.clock - base_clock
         snapshots = self._snapshots
         ctx = PushContext(
@@ -151,10 +147,11 @@ class Model:
             clock=self.clock,
         )
         started = time.perf_counter()
-        if release is not None:
+        if defer:
+            assert hand_over is not None
             # A spannable rule's telemetry depends on ctx alone: an empty span gives it.
             telemetry: Telemetry = self.rule.apply(self._params[:0], update[:0], ctx)
-            self._pending = SpanApply(self.rule, self._params, update, ctx, release)
+            self._pending = SpanApply(self.rule, self._params, update, ctx, hand_over())
         else:
             telemetry = self.rule.apply(self._params, update, ctx)
         apply_seconds = time.perf_counter() - started

@@ -37,6 +37,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from types import MappingProxyType
 from typing import Any, NoReturn
 
@@ -398,11 +399,10 @@ class Shard:
             return self._commit_bsp(worker, pending, update)
         self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), pending.abandoned)
         self._reservation = self._reservation.released_by(worker.worker_id)
-        release = None
-        if pending.replies_with_params and self.config.apply_during_reply and self._model.defers(pending.kind):
-            release = self._receiver.hand_over(pending)  # given back once the last span is applied
+        # A reply follows: the model may keep the buffer until the update is applied span by span.
+        hand_over = partial(self._receiver.hand_over, pending) if pending.replies_with_params else None
         outcome, _ = self._model.apply(
-            worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata, release
+            worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata, hand_over
         )
         worker.pull_hold = self._pull_holds.after_push(self._model.rule)
         self._local_steps.assign(worker, outcome, pending, self._now(), self._membership.live())

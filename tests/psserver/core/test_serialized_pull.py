@@ -95,3 +95,20 @@ def test_a_version_of_the_live_parameters_keeps_what_it_built() -> None:
     assert version.retained_bytes == len(first)
     version.freeze()
     assert version.retained_bytes == sum(len(m) for m in version) and version.complete
+
+
+def test_before_read_brings_each_range_up_to_date_and_is_refused_for_a_private_source() -> None:
+    source = torch.arange(6, dtype=torch.float32)
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
+    stops: list[int] = []
+
+    def before_read(stop: int) -> None:
+        start = stops[-1] if stops else 0
+        stops.append(stop)
+        source[start:stop] += 10.0  # the pending update of the elements not yet brought up to date
+
+    version = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), before_read=before_read)
+    assert parse(list(version)) == [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+    assert stops == [2, 4, 6]
+    with pytest.raises(ValueError, match="only a version of the live parameters"):
+        SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), retain=False, before_read=print)

@@ -217,7 +217,7 @@ def test_a_plain_push_or_a_rule_that_needs_the_whole_shard_applies_at_once(rule:
     assert shard._receiver.buffers.in_use == 0
 
 
-def test_a_commit_that_fails_before_the_update_is_pending_gives_its_buffer_back() -> None:
+def test_a_commit_that_fails_before_the_update_is_pending_leaves_its_buffer_with_its_push() -> None:
     failures: list[torch.Tensor] = []
 
     def before_update(params: torch.Tensor) -> None:
@@ -227,18 +227,29 @@ def test_a_commit_that_fails_before_the_update_is_pending_gives_its_buffer_back(
     config = ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), apply_during_reply=True)
     model = Model(config, Refusals(NullObserver()), SnapshotStore(1 << 20), before_update)
     model.adopt(LAYOUT)
-    released: list[bool] = []
+    handed_over: list[bool] = []
+
+    def hand_over() -> Callable[[], None]:
+        handed_over.append(True)
+        return lambda: None
+
     with pytest.raises(RuntimeError, match="could not be finished"):
-        model.apply(1, torch.ones(LENGTH), PayloadKind.GRADIENT, 0, {}, partial(released.append, True))
-    assert released == [True] and len(failures) == 1
+        model.apply(1, torch.ones(LENGTH), PayloadKind.GRADIENT, 0, {}, hand_over)
+    assert handed_over == [] and len(failures) == 1
     assert model.clock == 0 and torch.equal(model.params, torch.zeros(LENGTH))
-    momentum = Model(
-        ShardConfig(RuleSpec.parse("momentum", {"lr": "0.5"})),
-        Refusals(NullObserver()),
-        SnapshotStore(1),
-        failures.append,
-    )
-    momentum.adopt(LAYOUT)
-    with pytest.raises(ValueError, match="rule momentum cannot leave a GRADIENT update pending"):
-        momentum.apply(1, torch.ones(LENGTH), PayloadKind.GRADIENT, 0, {}, partial(released.append, True))
-    assert released == [True, True] and momentum.clock == 0
+
+
+@pytest.mark.parametrize(("rule", "during"), [("momentum", True), ("asgd", False)])
+def test_the_model_takes_the_buffer_only_where_it_leaves_the_update_pending(rule: str, during: bool) -> None:
+    config = ShardConfig(RuleSpec.parse(rule, {"lr": "0.5"}), apply_during_reply=during)
+    model = Model(config, Refusals(NullObserver()), SnapshotStore(1 << 20), lambda params: None)
+    model.adopt(LAYOUT)
+    handed_over: list[bool] = []
+
+    def hand_over() -> Callable[[], None]:
+        handed_over.append(True)
+        return lambda: None
+
+    model.apply(1, torch.ones(LENGTH), PayloadKind.GRADIENT, 0, {}, hand_over)
+    assert handed_over == [] and model.clock == 1
+    assert model.live_params()[1] is None and torch.equal(model.params, torch.full((LENGTH,), -0.5))
