@@ -4,7 +4,10 @@
 
 For a ResNet-18-sized model (11,689,512 fp32 parameters) and a ~100k-parameter model, one
 worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on the wire, and 1
-shard with 8-bit pushes and bf16 pulls); a bare gRPC byte mover with the same chunking and bytes
+shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with the messages built ahead of
+their sending on both sides (``ahead``: ``psserver serve --build-replies-ahead``, a worker's
+``--build-pushes-ahead``) and with the update applied during the reply as well (``during``:
+``--apply-during-reply`` too); a bare gRPC byte mover with the same chunking and bytes
 (``benchmarks.harness.bare_grpc``, the transport's ceiling), and the same mover doing the
 arithmetic of an SGD step too (``arith`` rows: 8-bit encode with error feedback, decode, apply,
 reply conversion, and hetps's header and acknowledgement messages; ``overlap`` rows: its apply made
@@ -129,7 +132,11 @@ def measure_steps(
                 addresses = server_addresses(spec, model, hetps, movers)
                 system: StepSystem
                 if spec.kind in HETPS_KINDS:
-                    system = HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat)
+                    # The variants' workers make their pushes ahead of the sending too (--build-pushes-ahead).
+                    ahead = spec.kind != "hetps"
+                    system = HetpsStep(
+                        addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat, build_pushes_ahead=ahead
+                    )
                 elif spec.kind in MOVER_KINDS:
                     key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"
                     system = BareStep(
@@ -231,7 +238,14 @@ def step_results(
                     (spec.name, spec.name.replace("arith", "bare")),
                 ]
         pairs += [(s.name, s.name.replace("overlap", "arith")) for s in specs if s.kind == "overlap"]
-        pairs += [(s.name, s.name.replace("during", "hetps")) for s in specs if s.kind == "during"]
+        for spec in specs:
+            if spec.kind == "ahead":
+                pairs.append((spec.name, spec.name.replace("ahead", "hetps")))
+            elif spec.kind == "during":
+                pairs += [
+                    (spec.name, spec.name.replace("during", "hetps")),
+                    (spec.name, spec.name.replace("during", "ahead")),
+                ]
         if any(spec.name == PEER_DEFAULT for spec in specs):
             # For reference only: the peer when TensorPipe may skip the socket.
             pairs += [(f"hetps-1shard-{dtype}", PEER_DEFAULT) for dtype in ("fp32", "bf16")] + [(PEER, PEER_DEFAULT)]

@@ -182,6 +182,8 @@ class ServerConfig:
     drain_seconds: float = 10.0
     # A spannable rule's update of a PushPull applied span by span as its reply is built.
     apply_during_reply: bool = False
+    # Replies serialised ahead of their sending, on a thread of their own.
+    build_replies_ahead: bool = False
     transport: ServerLimits = field(default_factory=ServerLimits)
     limits: ShardLimits = field(default_factory=ShardLimits)
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -227,6 +229,7 @@ class ServerConfig:
             transfer_pace=self.limits.transfer_pace,
             pull_versions=self.limits.pull_versions,
             apply_during_reply=self.apply_during_reply,
+            build_replies_ahead=self.build_replies_ahead,
             # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
             chunk_bytes=self.transport.reply_chunk_bytes,
         )

@@ -196,7 +196,13 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     is_flag=True,
     help="with a rule whose update touches each element on its own (asgd, sa, dynsgd), apply a PushPull's "
     "update span by span as its reply is built instead of whole before the reply's first byte (same "
-    "result; the apply leaves the step's critical path); other rules apply as usual",
+    "result; with --build-replies-ahead the apply leaves the step's critical path); other rules apply as usual",
+)
+@click.option(
+    "--build-replies-ahead",
+    is_flag=True,
+    help="serialise each reply's messages on a thread of their own, ahead of the thread sending them, so "
+    "the copies (and with --apply-during-reply the update) overlap the sending; needs a spare core",
 )
 @click.option(
     "--receive-idle-seconds",
@@ -290,6 +296,7 @@ def serve(
     max_receiving_pushes: int,
     pull_versions: int,
     apply_during_reply: bool,
+    build_replies_ahead: bool,
     receive_idle_seconds: float,
     min_transfer_rate: float,
     transfer_grace_seconds: float,
@@ -337,6 +344,7 @@ def serve(
         torch_threads=torch_threads,
         drain_seconds=drain_seconds,
         apply_during_reply=apply_during_reply,
+        build_replies_ahead=build_replies_ahead,
         transport=ServerLimits(
             max_message_mb * 1024 * 1024,
             max_concurrent_rpcs,

@@ -161,6 +161,12 @@ def main() -> None:
     help="where a GPU worker encodes int8 pushes: on the GPU (only the 8-bit values cross to the host) "
     "or on the host CPU after the fp32 gradients cross",
 )
+@click.option(
+    "--build-pushes-ahead",
+    is_flag=True,
+    help="make each push's messages (chunk copies, int8 encoding) on a thread of their own, ahead of the "
+    "thread sending them, so the making overlaps the sending; needs a spare core",
+)
 @client_security_options
 def train_command(
     servers: tuple[str, ...],
@@ -188,6 +194,7 @@ def train_command(
     keepalive_seconds: float,
     min_transfer_rate: float,
     encode_on: str,
+    build_pushes_ahead: bool,
     tls_ca: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
@@ -239,6 +246,7 @@ def train_command(
         error_feedback=error_feedback,
         chunk_bytes=chunk_size,
         encode_on=encode_on,
+        build_pushes_ahead=build_pushes_ahead,
     )
     try:
         summary = train(config, loaded)

@@ -66,7 +66,7 @@ from psworker.sessions import (
     reconnect_note,
     recovery_for,
 )
-from psworker.transfer import init_requests, push_requests, receive_params, shard_clock
+from psworker.transfer import init_requests, push_requests, receive_params, requests_made, shard_clock
 
 __all__ = [
     "NO_RETRY",
@@ -107,10 +107,12 @@ class PSClient:
         pull_dtype: str | None = None,
         error_feedback: bool = True,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+        build_pushes_ahead: bool = False,
     ) -> None:
         """``wire_dtype``: pushes' and pulls' dtype unless ``push_dtype``/``pull_dtype`` says otherwise
         (``int8`` pushes only; ``error_feedback``: its residual, ``psworker.push_encoding``);
-        ``chunk_bytes``: what pushes and Init are cut into (``codec.chunk_bytes_problem`` bounds it).
+        ``chunk_bytes``: what pushes and Init are cut into (``codec.chunk_bytes_problem`` bounds it);
+        ``build_pushes_ahead``: a push's messages made on threads of their own (``psproto.ahead``).
         ``connect_timeout``: how long the first Join waits for each shard to come up.
         ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
         ``deadlines``: how long each call may take (``psworker.deadlines``)."""
@@ -146,6 +148,7 @@ class PSClient:
         self._push_id_lock = threading.Lock()
         self._session_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(addresses)), thread_name_prefix="psclient")
+        self.build_pushes_ahead = build_pushes_ahead
         # Set when close() starts: a call still in flight then fails instead of retrying or joining
         # again, or a worker stopped with Ctrl-C would come back to life on the shard it just left.
         self._closing = threading.Event()
@@ -410,30 +413,29 @@ class PSClient:
         chunks: Iterable[codec.ChunkPayload],
         pull_into: torch.Tensor | None,
     ) -> PushResult:
-        requests = push_requests(header, chunks)
-        if pull_into is None:
-            timeout = self._held_deadline(session, self.push_encoder.dtype)
-            reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)
-            return PushResult(reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry), reply.local_steps)
-        timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
-        call = session.data.push_pull(requests, timeout=timeout, metadata=self._metadata)
-        replies = iter(call)
-        first = next(replies)
-        if not isinstance(first, ps_pb2.PushResponse):
-            raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
-        params = (message for message in replies if isinstance(message, wire.PulledChunk))
-        clock = receive_params(params, pull_into[session.range.offset : session.range.end])
-        self.pulled_clocks[session.range.index] = clock
-        # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.
-        ack_clock = None if first.duplicate else first.clock
-        self._observe_clock(session.range.index, pulled_shard_clock(clock, shard_clock(call), ack_clock))
-        return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry), first.local_steps)
+        with requests_made(push_requests(header, chunks), self.build_pushes_ahead) as requests:
+            if pull_into is None:
+                timeout = self._held_deadline(session, self.push_encoder.dtype)
+                reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)
+                return PushResult(
+                    reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry), reply.local_steps
+                )
+            timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
+            call = session.data.push_pull(requests, timeout=timeout, metadata=self._metadata)
+            replies = iter(call)
+            first = next(replies)
+            if not isinstance(first, ps_pb2.PushResponse):
+                raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
+            params = (message for message in replies if isinstance(message, wire.PulledChunk))
+            clock = receive_params(params, pull_into[session.range.offset : session.range.end])
+            self.pulled_clocks[session.range.index] = clock
+            # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.
+            ack_clock = None if first.duplicate else first.clock
+            self._observe_clock(session.range.index, pulled_shard_clock(clock, shard_clock(call), ack_clock))
+            return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry), first.local_steps)
 
     def _held_deadline(self, session: ShardSession, *wire_dtypes: int) -> float:
-        """A call the shard may hold back (SSP, a BSP barrier, a GEM reservation), moving the shard's
-        slice once per dtype: its payload plus the shard's lease, the longest a dead worker holds anyone."""
-        sent = sum(payload_bytes(session.range.length, dtype) for dtype in wire_dtypes)
-        return self.deadlines.transfer(sent, wait_seconds=session.join.lease_seconds)
+        return self.deadlines.held(session.range.length, session.join.lease_seconds, *wire_dtypes)
 
     # -- housekeeping -----------------------------------------------------------------
 

@@ -52,6 +52,13 @@ class DeadlinePolicy:
         for ``wait_seconds``."""
         return self.base_seconds + max(0, payload_bytes) / self.min_bytes_per_second + max(0.0, wait_seconds)
 
+    def held(self, length: int, lease_seconds: float, *wire_dtypes: int) -> float:
+        """A call the shard may hold back (SSP, a BSP barrier, a GEM reservation), moving a shard's
+        ``length`` elements once per dtype: its payload plus the shard's lease, the longest a dead
+        worker holds anyone."""
+        sent = sum(payload_bytes(length, dtype) for dtype in wire_dtypes)
+        return self.transfer(sent, wait_seconds=lease_seconds)
+
 
 def payload_bytes(length: int, wire_dtype: int) -> int:
     """The bytes of ``length`` elements in ``wire_dtype`` (0: fp32; int8 with its block scales) on the

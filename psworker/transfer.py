@@ -11,15 +11,23 @@ more than the copy.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from functools import cache
+from typing import TypeVar
 
 import grpc
 import torch
 
 from psproto import codec, metadata, wire
+from psproto.ahead import Ahead
 from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.v1 import ps_pb2
 
+T = TypeVar("T")
 _SERVICE = "/psproto.v1.ParameterServer/"
+# Pushes made ahead at once in a process; more wait for a thread (none waits on another's sending).
+_PUSH_BUILDERS = 16
 # Field number of the chunk in InitRequest and PushRequest (the header is field 1).
 _CHUNK_FIELD = 2
 
@@ -69,6 +77,27 @@ def push_requests(
     yield ps_pb2.PushRequest(header=header)
     for payload in inline_each(chunks):
         yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
+
+
+@cache
+def _push_builders() -> ThreadPoolExecutor:
+    """The threads that make pushes ahead of their sending, shared by every client of the process
+    (not a client's own pool: its threads are busy sending the pushes)."""
+    return ThreadPoolExecutor(_PUSH_BUILDERS, thread_name_prefix="push-builder")
+
+
+@contextmanager
+def requests_made(requests: Iterator[T], ahead_of_sending: bool) -> Iterator[Iterator[T]]:
+    """``requests`` as they are, or made ahead of their sending (``psproto.ahead``), the making
+    stopped and waited for when the block ends."""
+    if not ahead_of_sending:
+        yield requests
+        return
+    ahead = Ahead(requests, _push_builders())
+    try:
+        yield ahead
+    finally:
+        ahead.close()
 
 
 def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor) -> int:

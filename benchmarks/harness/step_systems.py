@@ -29,14 +29,21 @@ PEER = "peer-torch-rpc-fp32"
 PEER_DEFAULT = "peer-torch-rpc-default-fp32"
 # The bare gRPC mover as it is, doing an SGD step's arithmetic, and applying span by span.
 MOVER_KINDS = ("bare", "arith", "overlap")
-# hetps as it is, and with ``--apply-during-reply`` (its update applied span by span as its reply is built).
-HETPS_KINDS = ("hetps", "during")
+# hetps with its replies built ahead of their sending (``--build-replies-ahead``; the worker builds
+# its pushes ahead too, ``build_pushes_ahead``), and with its update applied span by span as that
+# reply is built, ahead of the sending too (``--apply-during-reply``): each a 1-shard ASGD server of
+# its own beside the plain one, with these flags.
+HETPS_VARIANTS = {
+    "ahead": ("--build-replies-ahead",),
+    "during": ("--build-replies-ahead", "--apply-during-reply"),
+}
+HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
 
 
 @dataclass(frozen=True)
 class SystemSpec:
     name: str  # e.g. hetps-1shard-bf16
-    # hetps, during (hetps with --apply-during-reply), bare, arith (the bare mover doing the step's
+    # hetps, ahead and during (HETPS_VARIANTS), bare, arith (the bare mover doing the step's
     # arithmetic), overlap (arith, its apply span by span as the reply is sent), peer, peer-default
     kind: str
     shards: int
@@ -52,9 +59,9 @@ def step_systems() -> list[SystemSpec]:
     # 8-bit pushes (error feedback on) with bf16 pulls, "PUSH/PULL"; the bare mover sends a buffer of
     # the 8-bit push's size without encoding it (the transport's cost of those bytes).
     specs.append(SystemSpec(f"hetps-{INT8}", "hetps", 1, "int8/bf16"))
-    # hetps applying its update span by span as the reply is built (``--apply-during-reply``).
-    specs += [SystemSpec(f"during-1shard-{dtype}", "during", 1, dtype) for dtype in ("fp32", "bf16")]
-    specs.append(SystemSpec(f"during-{INT8}", "during", 1, "int8/bf16"))
+    for variant in HETPS_VARIANTS:
+        specs += [SystemSpec(f"{variant}-1shard-{dtype}", variant, 1, dtype) for dtype in ("fp32", "bf16")]
+        specs.append(SystemSpec(f"{variant}-{INT8}", variant, 1, "int8/bf16"))
     specs.append(SystemSpec(f"bare-{INT8}", "bare", 1, "int8/bf16"))
     # The bare mover doing the arithmetic of an SGD step too (encode, decode, apply, reply conversion):
     # what hetps's single shard loses against it is its own work; what it loses against "bare", arithmetic.
@@ -79,12 +86,15 @@ def mover_groups(specs: Sequence[SystemSpec]) -> list[tuple[str, int]]:
 
 def hetps_jobs(settings: Settings) -> list[HetpsJob]:
     """ASGD servers for every model: one with 1 shard, two of a 2-shard layout, and one with 1 shard
-    applying during the reply."""
+    for each of ``HETPS_VARIANTS``."""
     jobs = []
     for model in settings.models:
         jobs.append(HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1))
         jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
-        jobs.append(HetpsJob(f"hetps-{model}-1shard-during", model, "asgd", (), 0, 1, ("--apply-during-reply",)))
+        jobs += [
+            HetpsJob(f"hetps-{model}-1shard-{variant}", model, "asgd", (), 0, 1, flags)
+            for variant, flags in HETPS_VARIANTS.items()
+        ]
     return jobs
 
 
@@ -97,7 +107,7 @@ def hetps_addresses(settings: Settings, by_label: dict[str, ServerProcess]) -> H
         model: {
             ("hetps", 1): [by_label[f"hetps-{model}-1shard"].address],
             ("hetps", 2): [by_label[f"hetps-{model}-2shard-{i}"].address for i in range(2)],
-            ("during", 1): [by_label[f"hetps-{model}-1shard-during"].address],
+            **{(variant, 1): [by_label[f"hetps-{model}-1shard-{variant}"].address] for variant in HETPS_VARIANTS},
         }
         for model in settings.models
     }

@@ -34,12 +34,20 @@ class StepSystem(Protocol):
 
 
 def hetps_client(
-    addresses: list[str], layout: Layout, name: str, wire: str, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    addresses: list[str],
+    layout: Layout,
+    name: str,
+    wire: str,
+    chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+    build_pushes_ahead: bool = False,
 ) -> PSClient:
     """A worker's client whose ``wire`` is a dtype for both ways or ``PUSH/PULL`` ("int8/bf16": 8-bit
     pushes, bf16 pulls); a ValueError names a dtype that does not exist (:func:`wire_problem`)."""
     push, _, pull = wire.partition("/")
-    return PSClient(addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push, chunk_bytes=chunk_bytes)
+    return PSClient(
+        addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push, chunk_bytes=chunk_bytes,
+        build_pushes_ahead=build_pushes_ahead,
+    )  # fmt: skip
 
 
 def wire_problem(wire: str) -> str | None:
@@ -63,8 +71,9 @@ class HetpsStep:
         wire_dtype: str,
         flat: torch.Tensor,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+        build_pushes_ahead: bool = False,
     ) -> None:
-        self.client = hetps_client(addresses, layout, name, wire_dtype, chunk_bytes)
+        self.client = hetps_client(addresses, layout, name, wire_dtype, chunk_bytes, build_pushes_ahead)
         if not self.client.initialized:
             self.client.init(flat)
         self.client.pull(torch.empty_like(flat))

@@ -47,3 +47,6 @@ class ShardConfig:
     # A spannable rule's update of a PushPull is applied span by span as its reply is built
     # (``psserver.core.span_apply``) instead of whole before the reply's first byte.
     apply_during_reply: bool = False
+    # A version of the live parameters is serialised ahead of its reply on a thread of its own
+    # (``psserver.core.serialized_pull``), so its copies overlap the sending.
+    build_replies_ahead: bool = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -41,8 +42,11 @@ class PullResult:
 
 
 class PullVersions:
-    def __init__(self, chunk_bytes: int, max_in_flight: int) -> None:
+    def __init__(self, chunk_bytes: int, max_in_flight: int, build_ahead: bool = False) -> None:
+        """``build_ahead``: versions of the live parameters are built ahead of their readers, on a
+        thread of this shard's (``SerializedPull``)."""
         self._chunk_bytes = chunk_bytes
+        self._builder = ThreadPoolExecutor(1, thread_name_prefix="reply-builder") if build_ahead else None
         self._max_in_flight = max_in_flight
         # The parameters of the latest clock in each requested form, shared by every worker pulling it.
         self._cache: dict[_CacheKey, PullResult] = {}
@@ -88,7 +92,8 @@ class PullVersions:
             data_bytes = sum(len(p.data) for p in payloads)
             return PullResult(clock, total, chunks=payloads, data_bytes=data_bytes, wire_dtype=wire_dtype)
         spans = codec.chunk_spans(total, wire_dtype, self._chunk_bytes)
-        messages = SerializedPull(source, clock, wire_dtype, spans, encoder, retain=live, before_read=before_read)
+        builder = self._builder if live else None
+        messages = SerializedPull(source, clock, wire_dtype, spans, encoder, live, before_read, builder)
         data_bytes = total * codec.element_size(wire_dtype)
         return PullResult(
             clock, total, messages=messages, data_bytes=data_bytes, wire_dtype=wire_dtype, encoder=encoder

@@ -11,6 +11,14 @@ shard lock, before every update). ``freeze`` builds the messages not built yet, 
 still gets exactly the version it pulled. A private lock orders a reader's build of one message
 against ``freeze``; it never waits on the shard lock.
 
+A version of the live parameters may also be built ahead (``builder``, ``--build-replies-ahead``):
+when its first reader starts, a builder thread builds its messages in order while the reader's
+thread hands earlier ones to the transport and waits for each to be taken. The reader then finds
+its next message built; where the builder is behind, the reader builds it itself, as without one.
+The copies (and an update applied during the reply, ``before_read``) leave the sending thread's
+path; they release the GIL (torch's conversions, ``bytes.join`` of a large buffer), so the two
+threads overlap.
+
 A version read from a private source that nobody changes (``retain=False``: a snapshot the rule
 keeps anyway) keeps no messages: each reader's message is built when it asks and belongs to it
 alone, so such a version holds no more than its source (which the rule holds anyway) instead
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
 from typing import Protocol
 
 import torch
@@ -46,9 +55,12 @@ class SerializedPull:
         encoder: PullEncoder,
         retain: bool = True,
         before_read: Callable[[int], None] | None = None,
+        builder: Executor | None = None,
     ) -> None:
         if before_read is not None and not retain:
             raise ValueError("only a version of the live parameters reads them while an update is applied")
+        if builder is not None and not retain:
+            raise ValueError("only a version of the live parameters keeps messages built ahead")
         self._source: torch.Tensor | None = source
         # Brings the source's elements [0, stop) up to date before a message reads them (an update
         # applied span by span, ``psserver.core.span_apply``); None: the source is up to date.
@@ -62,6 +74,8 @@ class SerializedPull:
         self._lock = threading.Lock()
         self._messages: list[bytes | None] = [None] * len(self._spans)
         self._unbuilt = len(self._spans)
+        # Builds every message ahead of the readers once the first one starts; None: readers build.
+        self._builder = builder
 
     def __len__(self) -> int:
         return len(self._spans)
@@ -70,12 +84,29 @@ class SerializedPull:
         if not self._retain:
             yield from self._unretained()
             return
+        self._start_builder()
         for index in range(len(self._spans)):
             message = self._messages[index]
             if message is None:
                 with self._lock:
                     message = self._message_locked(index)
             yield message
+
+    def _start_builder(self) -> None:
+        with self._lock:
+            builder, self._builder = self._builder, None
+        if builder is not None and self._unbuilt > 0:
+            builder.submit(self._build_ahead)
+
+    def _build_ahead(self) -> None:
+        """Build every message not built yet, in order, taking the lock for one message at a time
+        so a reader needing one never waits for the rest."""
+        for index in range(len(self._spans)):
+            if self._messages[index] is None:
+                with self._lock:
+                    if self._unbuilt == 0:
+                        return
+                    self._message_locked(index)
 
     def _unretained(self) -> Iterator[bytes]:
         chunker = self._chunker

@@ -89,7 +89,7 @@ class Shard:
         self._refusals = Refusals(self.observer)
         self._membership = Membership(self._refusals, config.lease_seconds, config.max_workers)
         self._receiver = PushReceiver(self._refusals, clock_source, config)
-        self._versions = PullVersions(config.chunk_bytes, config.pull_versions)
+        self._versions = PullVersions(config.chunk_bytes, config.pull_versions, config.build_replies_ahead)
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
         refusal = consistency_refusal(config.rule.options, config.consistency.model)
         if refusal is not None:

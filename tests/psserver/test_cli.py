@@ -160,9 +160,16 @@ def test_serve_maps_the_memory_flags_into_the_server(
     assert thresholds == [mmap_mib]
 
 
-@pytest.mark.parametrize(("flags", "during"), [([], False), (["--rule", "sa", "--apply-during-reply"], True)])
-def test_serve_applies_during_the_reply_only_when_asked(
-    flags: list[str], during: bool, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("flags", "during", "ahead"),
+    [
+        ([], False, False),
+        (["--rule", "sa", "--apply-during-reply"], True, False),
+        (["--rule", "momentum", "--build-replies-ahead"], False, True),
+    ],
+)
+def test_serve_applies_during_the_reply_and_builds_replies_ahead_only_when_asked(
+    flags: list[str], during: bool, ahead: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     configs: list[ServerConfig] = []
     monkeypatch.setattr(serve_cli, "map_large_buffers", lambda mib: None)
@@ -170,6 +177,7 @@ def test_serve_applies_during_the_reply_only_when_asked(
     result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flags], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert [config.shard_config().apply_during_reply for config in configs] == [during]
+    assert [config.shard_config().build_replies_ahead for config in configs] == [ahead]
 
 
 @pytest.mark.parametrize(("environment", "warned"), [({}, True), ({"MALLOC_ARENA_MAX": "1"}, False)])

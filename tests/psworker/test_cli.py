@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from psworker import cli
 from psworker.cli import main
+from psworker.train import TrainConfig, TrainSummary
 
 
 @pytest.mark.parametrize(
@@ -55,3 +57,18 @@ def test_the_dtype_flags_are_documented() -> None:
         "--encode-on [device|host]",
     ):
         assert flag in text
+
+
+@pytest.mark.parametrize(("flags", "ahead"), [([], False), (["--build-pushes-ahead"], True)])
+def test_pushes_are_built_ahead_only_when_asked(flags: list[str], ahead: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    configs: list[TrainConfig] = []
+
+    def train(config: TrainConfig, loaded: object) -> TrainSummary:
+        configs.append(config)
+        raise ValueError("stopped before any call")
+
+    monkeypatch.setattr(cli, "load_task", lambda task, data_dir: object())
+    monkeypatch.setattr(cli, "train", train)
+    result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", *flags])
+    assert result.exit_code == 1 and "stopped before any call" in result.output, result.output
+    assert [config.build_pushes_ahead for config in configs] == [ahead]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import torch
@@ -112,3 +115,70 @@ def test_before_read_brings_each_range_up_to_date_and_is_refused_for_a_private_s
     assert stops == [2, 4, 6]
     with pytest.raises(ValueError, match="only a version of the live parameters"):
         SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), retain=False, before_read=print)
+
+
+class HeldBuilder(Executor):
+    """An Executor whose submitted work runs only when the test says so."""
+
+    def __init__(self) -> None:
+        self.work: list[Callable[[], object]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.work.append(lambda: fn(*args, **kwargs))
+        return Future()
+
+
+def test_the_builder_builds_the_rest_once_the_first_reader_starts_and_readers_reuse_it() -> None:
+    calls: list[int] = []
+    source = torch.arange(6, dtype=torch.float32)
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
+    builder = HeldBuilder()
+    version = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder(calls), builder=builder)
+    assert builder.work == []  # nothing is built for a version nobody reads
+    reader = iter(version)
+    first = next(reader)
+    assert calls == [0] and len(builder.work) == 1
+    builder.work[0]()
+    assert calls == [0, 2, 4] and version.complete
+    source.fill_(-1.0)  # the source is no longer read
+    assert parse([first, *reader]) == parse(list(version)) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert len(builder.work) == 1 and calls == [0, 2, 4]
+    with pytest.raises(ValueError, match="only a version of the live parameters keeps messages built ahead"):
+        SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), retain=False, builder=builder)
+
+
+def test_a_builder_thread_readers_and_freeze_build_each_message_once_and_in_order_of_its_source() -> None:
+    source = torch.arange(4096, dtype=torch.float32)
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=64)
+    applied: list[int] = []
+
+    def before_read(stop: int) -> None:
+        start = applied[-1] if applied else 0
+        if stop > start:
+            applied.append(stop)
+            source[start:stop] *= 2.0  # a pending update, brought up to date range by range
+
+    for _ in range(20):
+        source.copy_(torch.arange(4096, dtype=torch.float32))
+        applied.clear()
+        calls: list[int] = []
+        with ThreadPoolExecutor(1) as builder:
+            version = SerializedPull(
+                source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder(calls), before_read=before_read, builder=builder
+            )
+            got: list[list[bytes]] = [[], [], []]
+            readers = [threading.Thread(target=lambda out=out, v=version: out.extend(v)) for out in got]
+            for reader in readers:
+                reader.start()
+            for reader in readers:
+                reader.join()
+            version.freeze()
+        assert sorted(calls) == [span.start for span in spans] and version.complete
+        expected = (torch.arange(4096, dtype=torch.float32) * 2.0).tolist()
+        for messages in got:
+            values: list[float] = []
+            for data in messages:
+                values += torch.frombuffer(
+                    bytearray(ps_pb2.PullResponse.FromString(data).chunk.data), dtype=torch.float32
+                ).tolist()
+            assert values == expected

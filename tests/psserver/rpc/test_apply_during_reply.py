@@ -1,4 +1,5 @@
-"""``--apply-during-reply`` over real gRPC: the same parameters as applying whole, and no buffer left behind."""
+"""``--apply-during-reply`` and ``--build-replies-ahead`` over real gRPC: the same parameters as
+applying whole and sending as built, and no buffer left behind."""
 
 from __future__ import annotations
 
@@ -26,19 +27,23 @@ def small_spans(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(span_apply, "SPAN_ELEMENTS", 100)
 
 
-def _shards(during_reply: bool) -> list[Shard]:
+def _shards(during_reply: bool, ahead: bool) -> list[Shard]:
     # Replies of 128 elements: many messages per shard, none lined up with the 100-element spans.
-    config = ShardConfig(RuleSpec.parse("sa", {"lr": "0.2"}), chunk_bytes=512, apply_during_reply=during_reply)
+    rule = RuleSpec.parse("sa", {"lr": "0.2"})
+    config = ShardConfig(rule, chunk_bytes=512, apply_during_reply=during_reply, build_replies_ahead=ahead)
     return [Shard(ShardConfig(**{**config.__dict__, "shard_index": i, "num_shards": 2})) for i in range(2)]
 
 
-def _train(during_reply: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _train(during_reply: bool, ahead: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Two workers taking turns through PushPull for a few steps; what each got back, and the shards' parameters."""
-    shards = _shards(during_reply)
+    shards = _shards(during_reply, ahead)
     generator = torch.Generator().manual_seed(0)
     got = []
     with serving(shards[0]) as first, serving(shards[1]) as second:
-        clients = [PSClient([first, second], LAYOUT, name=f"w{i}", wire_dtype="fp32") for i in range(2)]
+        addresses = [first, second]
+        clients = [
+            PSClient(addresses, LAYOUT, name=f"w{i}", wire_dtype="fp32", build_pushes_ahead=ahead) for i in range(2)
+        ]
         try:
             clients[0].init(torch.randn(LAYOUT.total_length, generator=generator))
             for client in clients:
@@ -56,20 +61,25 @@ def _train(during_reply: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
     return got, torch.cat([shard.params for shard in shards])
 
 
-def test_pushpull_gives_the_same_parameters_applied_during_the_reply_or_before_it() -> None:
+@pytest.mark.parametrize(("during_reply", "ahead"), [(True, False), (False, True), (True, True)])
+def test_pushpull_gives_the_same_parameters_applied_during_the_reply_or_built_ahead(
+    during_reply: bool, ahead: bool
+) -> None:
     got_whole, params_whole = _train(False)
-    got_during, params_during = _train(True)
+    got_during, params_during = _train(during_reply, ahead)
     assert len(got_whole) == len(got_during) == 6
     for whole, during in zip(got_whole, got_during, strict=True):
         assert torch.equal(whole, during)
     assert torch.equal(params_whole, params_during)
 
 
-def test_a_reply_the_client_cancels_still_has_its_whole_update_applied() -> None:
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_reply_the_client_cancels_still_has_its_whole_update_applied(ahead: bool) -> None:
     # 4 MB of parameters: more than the client's receive window, so the server is still building
     # the reply (and applying the update span by span) when the client walks away.
     length = 1_000_000
-    config = ShardConfig(RuleSpec.parse("asgd", {"lr": "1.0"}), chunk_bytes=64 * 1024, apply_during_reply=True)
+    rule = RuleSpec.parse("asgd", {"lr": "1.0"})
+    config = ShardConfig(rule, chunk_bytes=64 * 1024, apply_during_reply=True, build_replies_ahead=ahead)
     shard = Shard(config)
     layout = Layout.from_named_shapes([("w", (length,))], 1)
     with serving(shard) as address, grpc.insecure_channel(address) as channel:

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from psproto.ahead import Ahead
+
+
+def test_items_come_in_order_and_the_builder_ends_with_them() -> None:
+    with ThreadPoolExecutor(1) as builder:
+        ahead = Ahead(iter(range(100)), builder, depth=3)
+        assert list(ahead) == list(range(100))
+        assert list(ahead) == []  # ended for good
+        ahead.close()
+
+
+def test_the_builder_runs_at_most_depth_items_ahead_of_the_sender() -> None:
+    made: list[int] = []
+    full = threading.Event()
+
+    def items() -> Iterator[int]:
+        for i in range(50):
+            made.append(i)
+            if len(made) == 4:  # 3 in the queue and the 4th waiting for room
+                full.set()
+            yield i
+
+    with ThreadPoolExecutor(1) as builder:
+        ahead = Ahead(items(), builder, depth=3)
+        assert full.wait(10)
+        time.sleep(0.2)  # time enough for a builder that ignored the bound to run on
+        assert len(made) == 4
+        assert next(ahead) == 0
+        assert list(ahead) == list(range(1, 50))
+
+
+def test_a_failure_while_making_reaches_the_sender_after_the_items_before_it() -> None:
+    def items() -> Iterator[int]:
+        yield 1
+        yield 2
+        raise RuntimeError("the encoder failed")
+
+    with ThreadPoolExecutor(1) as builder:
+        ahead = Ahead(items(), builder)
+        assert [next(ahead), next(ahead)] == [1, 2]
+        with pytest.raises(RuntimeError, match="the encoder failed"):
+            next(ahead)
+        with pytest.raises(StopIteration):
+            next(ahead)
+
+
+def test_close_stops_the_builder_and_waits_for_it_before_returning() -> None:
+    made: list[int] = []
+    closed = threading.Event()
+
+    def items() -> Iterator[int]:
+        try:
+            for i in range(1000):
+                made.append(i)
+                yield i
+        finally:
+            closed.set()
+
+    with ThreadPoolExecutor(1) as builder:
+        ahead = Ahead(items(), builder, depth=2)
+        assert next(ahead) == 0
+        ahead.close()
+        assert closed.is_set()  # the stream was ended on the builder's thread before close returned
+        count = len(made)
+        time.sleep(0.1)
+        assert len(made) == count < 1000
+        with pytest.raises(StopIteration):
+            next(ahead)
+        ahead.close()
+
+
+def test_a_depth_below_one_is_refused() -> None:
+    with ThreadPoolExecutor(1) as builder, pytest.raises(ValueError, match="depth must be at least 1, got 0"):
+        Ahead(iter(()), builder, depth=0)
