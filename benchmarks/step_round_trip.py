@@ -4,10 +4,11 @@
 
 For a ResNet-18-sized model (11,689,512 fp32 parameters) and a ~100k-parameter model, one
 worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on the wire, and 1
-shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with the messages built ahead of
-their sending on both sides (``ahead``: ``psserver serve --build-replies-ahead``, a worker's
-``--build-pushes-ahead``) and with the update applied during the reply as well (``during``:
-``--apply-during-reply`` too); a bare gRPC byte mover with the same chunking and bytes
+shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with the reply's messages built
+ahead of their sending (``ahead``: ``psserver serve --build-replies-ahead``), with the update
+applied during that reply as well (``during``: ``--apply-during-reply`` too), and with the
+worker's push messages built ahead against a plain server (``pushahead``: ``--build-pushes-ahead``);
+a bare gRPC byte mover with the same chunking and bytes
 (``benchmarks.harness.bare_grpc``, the transport's ceiling), and the same mover doing the
 arithmetic of an SGD step too (``arith`` rows: 8-bit encode with error feedback, decode, apply,
 reply conversion, and hetps's header and acknowledgement messages; ``overlap`` rows: its apply made
@@ -57,6 +58,7 @@ from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.stats import Summary, scaled, speed_ratio, summarize
 from benchmarks.harness.step_systems import (
     HETPS_KINDS,
+    HETPS_VARIANTS,
     INT8,
     MOVER_KINDS,
     PEER,
@@ -132,8 +134,7 @@ def measure_steps(
                 addresses = server_addresses(spec, model, hetps, movers)
                 system: StepSystem
                 if spec.kind in HETPS_KINDS:
-                    # The variants' workers make their pushes ahead of the sending too (--build-pushes-ahead).
-                    ahead = spec.kind != "hetps"
+                    ahead = spec.kind in HETPS_VARIANTS and HETPS_VARIANTS[spec.kind][1]
                     system = HetpsStep(
                         addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat, build_pushes_ahead=ahead
                     )
@@ -239,8 +240,8 @@ def step_results(
                 ]
         pairs += [(s.name, s.name.replace("overlap", "arith")) for s in specs if s.kind == "overlap"]
         for spec in specs:
-            if spec.kind == "ahead":
-                pairs.append((spec.name, spec.name.replace("ahead", "hetps")))
+            if spec.kind in ("ahead", "pushahead"):
+                pairs.append((spec.name, spec.name.replace(spec.kind, "hetps", 1)))
             elif spec.kind == "during":
                 pairs += [
                     (spec.name, spec.name.replace("during", "hetps")),

@@ -29,13 +29,14 @@ PEER = "peer-torch-rpc-fp32"
 PEER_DEFAULT = "peer-torch-rpc-default-fp32"
 # The bare gRPC mover as it is, doing an SGD step's arithmetic, and applying span by span.
 MOVER_KINDS = ("bare", "arith", "overlap")
-# hetps with its replies built ahead of their sending (``--build-replies-ahead``; the worker builds
-# its pushes ahead too, ``build_pushes_ahead``), and with its update applied span by span as that
-# reply is built, ahead of the sending too (``--apply-during-reply``): each a 1-shard ASGD server of
-# its own beside the plain one, with these flags.
-HETPS_VARIANTS = {
-    "ahead": ("--build-replies-ahead",),
-    "during": ("--build-replies-ahead", "--apply-during-reply"),
+# hetps with its replies built ahead of their sending (``--build-replies-ahead``); with its update
+# applied span by span as that reply is built, ahead of the sending too (``--apply-during-reply``);
+# and with its worker building its pushes ahead (``build_pushes_ahead``) against a plain server.
+# Each a 1-shard ASGD server of its own beside the plain one: kind -> (server flags, pushes ahead).
+HETPS_VARIANTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "ahead": (("--build-replies-ahead",), False),
+    "during": (("--build-replies-ahead", "--apply-during-reply"), False),
+    "pushahead": ((), True),
 }
 HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
 
@@ -43,7 +44,7 @@ HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
 @dataclass(frozen=True)
 class SystemSpec:
     name: str  # e.g. hetps-1shard-bf16
-    # hetps, ahead and during (HETPS_VARIANTS), bare, arith (the bare mover doing the step's
+    # hetps, ahead, during and pushahead (HETPS_VARIANTS), bare, arith (the bare mover doing the step's
     # arithmetic), overlap (arith, its apply span by span as the reply is sent), peer, peer-default
     kind: str
     shards: int
@@ -93,7 +94,7 @@ def hetps_jobs(settings: Settings) -> list[HetpsJob]:
         jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
         jobs += [
             HetpsJob(f"hetps-{model}-1shard-{variant}", model, "asgd", (), 0, 1, flags)
-            for variant, flags in HETPS_VARIANTS.items()
+            for variant, (flags, _) in HETPS_VARIANTS.items()
         ]
     return jobs
 

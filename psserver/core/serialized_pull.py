@@ -12,12 +12,13 @@ still gets exactly the version it pulled. A private lock orders a reader's build
 against ``freeze``; it never waits on the shard lock.
 
 A version of the live parameters may also be built ahead (``builder``, ``--build-replies-ahead``):
-when its first reader starts, a builder thread builds its messages in order while the reader's
-thread hands earlier ones to the transport and waits for each to be taken. The reader then finds
-its next message built; where the builder is behind, the reader builds it itself, as without one.
-The copies (and an update applied during the reply, ``before_read``) leave the sending thread's
-path; they release the GIL (torch's conversions, ``bytes.join`` of a large buffer), so the two
-threads overlap.
+when its first reader starts, a builder thread builds its messages in order, at most
+``AHEAD_MESSAGES`` past the furthest reader, while the reader's thread hands earlier ones to the
+transport and waits for each to be taken. The reader then finds its next message built; where
+the builder is behind, the reader builds it itself, as without one. The copies (and an update
+applied during the reply, ``before_read``) leave the sending thread's path; they release the GIL
+(torch's conversions, ``bytes.join`` of a large buffer), so the two threads overlap. A builder
+whose reader stops taking messages for ``READER_QUIET_SECONDS`` leaves the rest to the readers.
 
 A version read from a private source that nobody changes (``retain=False``: a snapshot the rule
 keeps anyway) keeps no messages: each reader's message is built when it asks and belongs to it
@@ -35,6 +36,11 @@ from typing import Protocol
 import torch
 
 from psproto import codec
+
+# How far a builder runs ahead of the furthest reader: near enough that what it built is still in
+# cache when the transport copies it (a whole shard built ahead is cold by then, and the copies cost more).
+AHEAD_MESSAGES = 4
+READER_QUIET_SECONDS = 1.0
 
 
 class PullEncoder(Protocol):
@@ -74,8 +80,12 @@ class SerializedPull:
         self._lock = threading.Lock()
         self._messages: list[bytes | None] = [None] * len(self._spans)
         self._unbuilt = len(self._spans)
-        # Builds every message ahead of the readers once the first one starts; None: readers build.
+        # Builds the messages ahead of the readers once the first one starts; None: readers build.
         self._builder = builder
+        self._building = False
+        # The furthest a reader has come (messages asked for), told to the builder as it moves.
+        self._asked = 0
+        self._reader_moved = threading.Condition()
 
     def __len__(self) -> int:
         return len(self._spans)
@@ -86,6 +96,8 @@ class SerializedPull:
             return
         self._start_builder()
         for index in range(len(self._spans)):
+            if self._building:
+                self._ask(index + 1)
             message = self._messages[index]
             if message is None:
                 with self._lock:
@@ -95,18 +107,33 @@ class SerializedPull:
     def _start_builder(self) -> None:
         with self._lock:
             builder, self._builder = self._builder, None
-        if builder is not None and self._unbuilt > 0:
-            builder.submit(self._build_ahead)
+            if builder is None or self._unbuilt == 0:
+                return  # another reader started it, or nothing is left to build
+            self._building = True
+        builder.submit(self._build_ahead)
+
+    def _ask(self, count: int) -> None:
+        with self._reader_moved:
+            if count > self._asked:
+                self._asked = count
+                self._reader_moved.notify()
 
     def _build_ahead(self) -> None:
-        """Build every message not built yet, in order, taking the lock for one message at a time
-        so a reader needing one never waits for the rest."""
-        for index in range(len(self._spans)):
-            if self._messages[index] is None:
-                with self._lock:
-                    if self._unbuilt == 0:
-                        return
-                    self._message_locked(index)
+        """Build the messages not built yet, in order and ``AHEAD_MESSAGES`` past the furthest reader
+        at most, taking the lock for one message at a time so a reader needing one never waits for more."""
+        try:
+            for index in range(len(self._spans)):
+                with self._reader_moved:
+                    while index >= self._asked + AHEAD_MESSAGES:
+                        if not self._reader_moved.wait(READER_QUIET_SECONDS):
+                            return  # the readers went quiet (a client gone, or slow): they build the rest
+                if self._messages[index] is None:
+                    with self._lock:
+                        if self._unbuilt == 0:
+                            return
+                        self._message_locked(index)
+        finally:
+            self._building = False
 
     def _unretained(self) -> Iterator[bytes]:
         chunker = self._chunker

@@ -12,6 +12,7 @@ import torch
 
 from psproto import codec, wire
 from psproto.v1 import ps_pb2
+from psserver.core import serialized_pull
 from psserver.core.serialized_pull import SerializedPull
 
 
@@ -182,3 +183,33 @@ def test_a_builder_thread_readers_and_freeze_build_each_message_once_and_in_orde
                     bytearray(ps_pb2.PullResponse.FromString(data).chunk.data), dtype=torch.float32
                 ).tolist()
             assert values == expected
+
+
+def test_the_builder_stays_a_few_messages_ahead_of_the_reader_and_leaves_a_quiet_one_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(serialized_pull, "READER_QUIET_SECONDS", 0.3)
+    calls: list[int] = []
+    source = torch.arange(40, dtype=torch.float32)
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)  # 20 messages
+    builder = HeldBuilder()
+    version = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder(calls), builder=builder)
+    reader = iter(version)
+    next(reader)
+    next(reader)
+    running = threading.Thread(target=builder.work[0])
+    running.start()
+    running.join(5)  # the reader took 2 messages and went quiet: the builder stops 4 past them
+    assert not running.is_alive()
+    assert calls == [0, 2, 4, 6, 8, 10]
+    assert parse_any([*reader]) == source[4:].tolist()  # the reader builds what the builder left
+    assert sorted(calls) == [span.start for span in spans] and version.complete
+
+
+def parse_any(messages: list[bytes]) -> list[float]:
+    values: list[float] = []
+    for data in messages:
+        values += torch.frombuffer(
+            bytearray(ps_pb2.PullResponse.FromString(data).chunk.data), dtype=torch.float32
+        ).tolist()
+    return values
