@@ -7,7 +7,8 @@ worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on th
 shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with the reply's messages built
 ahead of their sending (``ahead``: ``psserver serve --build-replies-ahead``), with the update
 applied during that reply as well (``during``: ``--apply-during-reply`` too), and with the
-worker's push messages built ahead against a plain server (``pushahead``: ``--build-pushes-ahead``);
+worker's push messages built ahead against a plain server (``pushahead``: ``--build-pushes-ahead``),
+and all three together (``all``);
 a bare gRPC byte mover with the same chunking and bytes
 (``benchmarks.harness.bare_grpc``, the transport's ceiling), and the same mover doing the
 arithmetic of an SGD step too (``arith`` rows: 8-bit encode with error feedback, decode, apply,
@@ -242,11 +243,11 @@ def step_results(
         for spec in specs:
             if spec.kind in ("ahead", "pushahead"):
                 pairs.append((spec.name, spec.name.replace(spec.kind, "hetps", 1)))
-            elif spec.kind == "during":
-                pairs += [
-                    (spec.name, spec.name.replace("during", "hetps")),
-                    (spec.name, spec.name.replace("during", "ahead")),
-                ]
+            elif spec.kind in ("during", "all"):
+                # What each adds: applying during the reply to building it ahead, the worker's side to both.
+                previous = "ahead" if spec.kind == "during" else "during"
+                pairs.append((spec.name, spec.name.replace(spec.kind, "hetps", 1)))
+                pairs.append((spec.name, spec.name.replace(spec.kind, previous, 1)))
         if any(spec.name == PEER_DEFAULT for spec in specs):
             # For reference only: the peer when TensorPipe may skip the socket.
             pairs += [(f"hetps-1shard-{dtype}", PEER_DEFAULT) for dtype in ("fp32", "bf16")] + [(PEER, PEER_DEFAULT)]

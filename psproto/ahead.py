@@ -51,20 +51,29 @@ class Ahead(Generic[T]):
         return self
 
     def __next__(self) -> T:
-        if self._ended:
-            raise StopIteration
-        item = self._made.get()
-        if item is _END:
-            self._ended = True
-            raise StopIteration
-        if isinstance(item, _Failed):
-            self._ended = True
-            raise item.error
-        return item  # type: ignore[no-any-return]
+        while not self._ended:
+            try:
+                item = self._made.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                # Closed while waiting (the call ended: refused, cancelled, past its deadline): the
+                # builder puts nothing more, and gRPC's thread must not wait here for ever.
+                self._ended = self._stop.is_set()
+                continue
+            if item is _END:
+                self._ended = True
+            elif isinstance(item, _Failed):
+                self._ended = True
+                raise item.error
+            else:
+                return item  # type: ignore[no-any-return]
+        raise StopIteration
 
     def close(self) -> None:
         """Stop the builder and wait until it has stopped; safe to call more than once."""
         self._stop.set()
+        if self._work.cancel():
+            self._ended = True  # still queued for a thread: it never started, so nothing ran
+            return
         while not self._work.done():
             with contextlib.suppress(queue.Empty):
                 self._made.get(timeout=_POLL_SECONDS)  # room for a builder waiting to put one

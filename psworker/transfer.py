@@ -26,8 +26,9 @@ from psproto.v1 import ps_pb2
 
 T = TypeVar("T")
 _SERVICE = "/psproto.v1.ParameterServer/"
-# Pushes made ahead at once in a process; more wait for a thread (none waits on another's sending).
-_PUSH_BUILDERS = 16
+# Pushes made ahead at once in a process. A builder keeps its thread until its stream is made, at
+# its sender's pace, so a push beyond these would wait for another's sending (threads start as needed).
+_PUSH_BUILDERS = 64
 # Field number of the chunk in InitRequest and PushRequest (the header is field 1).
 _CHUNK_FIELD = 2
 

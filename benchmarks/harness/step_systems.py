@@ -31,12 +31,14 @@ PEER_DEFAULT = "peer-torch-rpc-default-fp32"
 MOVER_KINDS = ("bare", "arith", "overlap")
 # hetps with its replies built ahead of their sending (``--build-replies-ahead``); with its update
 # applied span by span as that reply is built, ahead of the sending too (``--apply-during-reply``);
-# and with its worker building its pushes ahead (``build_pushes_ahead``) against a plain server.
-# Each a 1-shard ASGD server of its own beside the plain one: kind -> (server flags, pushes ahead).
+# with its worker building its pushes ahead (``build_pushes_ahead``) against a plain server; and all
+# of them together. Each a 1-shard ASGD server of its own beside the plain one: kind -> (server
+# flags, pushes ahead).
 HETPS_VARIANTS: dict[str, tuple[tuple[str, ...], bool]] = {
     "ahead": (("--build-replies-ahead",), False),
     "during": (("--build-replies-ahead", "--apply-during-reply"), False),
     "pushahead": ((), True),
+    "all": (("--build-replies-ahead", "--apply-during-reply"), True),
 }
 HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
 
@@ -44,7 +46,7 @@ HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
 @dataclass(frozen=True)
 class SystemSpec:
     name: str  # e.g. hetps-1shard-bf16
-    # hetps, ahead, during and pushahead (HETPS_VARIANTS), bare, arith (the bare mover doing the step's
+    # hetps, ahead, during, pushahead and all (HETPS_VARIANTS), bare, arith (the bare mover doing the step's
     # arithmetic), overlap (arith, its apply span by span as the reply is sent), peer, peer-default
     kind: str
     shards: int

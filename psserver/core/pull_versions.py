@@ -27,6 +27,9 @@ from psserver.core.serialized_pull import PullEncoder, SerializedPull
 __all__ = ["PullEncoder", "PullResult", "PullVersions"]
 
 _CacheKey = tuple[int, int, PullEncoder | None]
+# Replies built ahead at once: a builder follows its reader's pace, so versions sent at the same
+# time (several forms, ``max_in_flight`` clocks) each get one; more are built by their readers.
+_BUILDERS = 4
 
 
 @dataclass(frozen=True, eq=False)  # identity: results are tracked while being sent
@@ -44,9 +47,9 @@ class PullResult:
 class PullVersions:
     def __init__(self, chunk_bytes: int, max_in_flight: int, build_ahead: bool = False) -> None:
         """``build_ahead``: versions of the live parameters are built ahead of their readers, on a
-        thread of this shard's (``SerializedPull``)."""
+        few threads of this shard's (``SerializedPull``)."""
         self._chunk_bytes = chunk_bytes
-        self._builder = ThreadPoolExecutor(1, thread_name_prefix="reply-builder") if build_ahead else None
+        self._builder = ThreadPoolExecutor(_BUILDERS, thread_name_prefix="reply-builder") if build_ahead else None
         self._max_in_flight = max_in_flight
         # The parameters of the latest clock in each requested form, shared by every worker pulling it.
         self._cache: dict[_CacheKey, PullResult] = {}

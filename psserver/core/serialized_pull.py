@@ -28,19 +28,32 @@ of a second copy of the shard in reply bytes.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import Protocol
 
 import torch
 
 from psproto import codec
+from psproto.inline_ops import inline_torch_ops
 
 # How far a builder runs ahead of the furthest reader: near enough that what it built is still in
 # cache when the transport copies it (a whole shard built ahead is cold by then, and the copies cost more).
 AHEAD_MESSAGES = 4
 READER_QUIET_SECONDS = 1.0
+
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def _log_failure(work: Future[None]) -> None:
+    """A builder's failure (the rule's apply of a span, an encoder): its reader meets it too, when it
+    builds that message itself; logged here so the builder's own is not lost."""
+    error = None if work.cancelled() else work.exception()
+    if error is not None:
+        _LOGGER.error("building a reply ahead of its sending failed", exc_info=error)
 
 
 class PullEncoder(Protocol):
@@ -110,7 +123,7 @@ class SerializedPull:
             if builder is None or self._unbuilt == 0:
                 return  # another reader started it, or nothing is left to build
             self._building = True
-        builder.submit(self._build_ahead)
+        builder.submit(self._build_ahead).add_done_callback(_log_failure)
 
     def _ask(self, count: int) -> None:
         with self._reader_moved:
@@ -120,18 +133,20 @@ class SerializedPull:
 
     def _build_ahead(self) -> None:
         """Build the messages not built yet, in order and ``AHEAD_MESSAGES`` past the furthest reader
-        at most, taking the lock for one message at a time so a reader needing one never waits for more."""
+        at most, taking the lock for one message at a time so a reader needing one never waits for
+        more; leave as soon as every message is built (by anyone: ``freeze`` before an update)."""
         try:
-            for index in range(len(self._spans)):
-                with self._reader_moved:
-                    while index >= self._asked + AHEAD_MESSAGES:
-                        if not self._reader_moved.wait(READER_QUIET_SECONDS):
-                            return  # the readers went quiet (a client gone, or slow): they build the rest
-                if self._messages[index] is None:
-                    with self._lock:
-                        if self._unbuilt == 0:
-                            return
-                        self._message_locked(index)
+            with inline_torch_ops():  # one span at a time: waking the intra-op pool costs more than it saves
+                for index in range(len(self._spans)):
+                    with self._reader_moved:
+                        while self._unbuilt and index >= self._asked + AHEAD_MESSAGES:
+                            if not self._reader_moved.wait(READER_QUIET_SECONDS):
+                                return  # the readers went quiet (a client gone, or slow): they build the rest
+                    if self._unbuilt == 0:
+                        return
+                    if self._messages[index] is None:
+                        with self._lock:
+                            self._message_locked(index)
         finally:
             self._building = False
 
@@ -174,6 +189,8 @@ class SerializedPull:
             self._messages[index] = message
             self._unbuilt -= 1
             if self._unbuilt == 0:
+                with self._reader_moved:
+                    self._reader_moved.notify_all()  # a builder waiting for its reader has nothing left
                 # The messages are the copy now: nothing here keeps the source (or its update) alive.
                 self._source = self._chunker = self._before_read = None
         return message

@@ -116,6 +116,7 @@ def test_each_system_is_charged_the_cpu_of_its_own_servers() -> None:
             ("during", 1): [f"{model}-d"],
             ("ahead", 1): [f"{model}-a"],
             ("pushahead", 1): [f"{model}-p"],
+            ("all", 1): [f"{model}-all"],
         }
         for model in ("resnet18", "small")
     }
@@ -127,6 +128,7 @@ def test_each_system_is_charged_the_cpu_of_its_own_servers() -> None:
         assert server_addresses(by_name["during-1shard-int8push-bf16pull"], model, hetps, movers) == [f"{model}-d"]
         assert server_addresses(by_name["ahead-1shard-fp32"], model, hetps, movers) == [f"{model}-a"]
         assert server_addresses(by_name["pushahead-1shard-bf16"], model, hetps, movers) == [f"{model}-p"]
+        assert server_addresses(by_name["all-1shard-int8push-bf16pull"], model, hetps, movers) == [f"{model}-all"]
         assert server_addresses(by_name["bare-1shard-bf16"], model, hetps, movers) == ["b1"]
         assert server_addresses(by_name["bare-2shard-fp32"], model, hetps, movers) == ["b2a", "b2b"]
         assert server_addresses(by_name["arith-1shard-int8push-bf16pull"], model, hetps, movers) == ["a1"]
@@ -142,7 +144,7 @@ def test_every_kind_of_mover_has_servers_arranged_like_hetps() -> None:
     # As many rows share a mover's server as share hetps's with the same shards, so each server
     # idles as long between its steps.
     hetps_rows = {shards: sum(s.kind == "hetps" and s.shards == shards for s in specs) for shards in (1, 2)}
-    for variant in ("ahead", "during", "pushahead"):
+    for variant in ("ahead", "during", "pushahead", "all"):
         assert sum(s.kind == variant for s in specs) == hetps_rows[1], variant
     for kind, shards in groups:
         rows = sum(s.kind == kind and s.shards == shards for s in specs)

@@ -81,3 +81,37 @@ def test_close_stops_the_builder_and_waits_for_it_before_returning() -> None:
 def test_a_depth_below_one_is_refused() -> None:
     with ThreadPoolExecutor(1) as builder, pytest.raises(ValueError, match="depth must be at least 1, got 0"):
         Ahead(iter(()), builder, depth=0)
+
+
+def test_a_sender_waiting_for_an_item_ends_when_the_call_is_closed() -> None:
+    def items() -> Iterator[str]:
+        yield "header"
+        time.sleep(0.5)  # a chunk still being encoded when the call fails
+        yield "chunk"
+
+    got: list[str] = []
+    with ThreadPoolExecutor(1) as builder:
+        ahead = Ahead(items(), builder)
+        sender = threading.Thread(target=lambda: got.extend(ahead), daemon=True)  # gRPC's thread
+        sender.start()
+        time.sleep(0.1)  # it took the header and waits for the chunk
+        ahead.close()  # the call ended: refused, cancelled or past its deadline
+        sender.join(2)
+        assert not sender.is_alive() and got == ["header"]
+
+
+def test_closing_a_stream_still_waiting_for_a_builder_thread_returns_at_once_and_makes_nothing() -> None:
+    made: list[int] = []
+
+    def items() -> Iterator[int]:
+        made.append(1)
+        yield 1
+
+    with ThreadPoolExecutor(1) as builder:
+        busy = Ahead(iter(range(10**6)), builder, depth=2)  # a push whose server is not reading
+        queued = Ahead(items(), builder)  # this push's builder waits for busy's thread
+        started = time.monotonic()
+        queued.close()
+        assert time.monotonic() - started < 0.5
+        busy.close()
+    assert made == [] and list(queued) == []

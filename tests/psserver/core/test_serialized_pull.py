@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
@@ -213,3 +214,42 @@ def parse_any(messages: list[bytes]) -> list[float]:
             bytearray(ps_pb2.PullResponse.FromString(data).chunk.data), dtype=torch.float32
         ).tolist()
     return values
+
+
+def test_a_builder_leaves_once_freeze_built_everything_though_its_reader_is_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(serialized_pull, "READER_QUIET_SECONDS", 30.0)
+    source = torch.arange(40, dtype=torch.float32)
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)  # 20 messages
+    with ThreadPoolExecutor(1) as builder:
+        version = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), builder=builder)
+        reader = iter(version)
+        next(reader)  # the builder runs 4 past it, then waits for the reader
+        version.freeze()  # an update is coming: everything is built now
+        later = SerializedPull(source, 4, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), builder=builder)
+        started = time.monotonic()
+        builder.submit(lambda: None).result(timeout=5)  # the builder thread is free again
+        assert time.monotonic() - started < 5 and version.complete
+        assert parse_any(list(later)) == source.tolist()
+
+
+def test_a_builder_that_fails_logs_why_and_its_reader_meets_the_failure_too(caplog: pytest.LogCaptureFixture) -> None:
+    source = torch.arange(6, dtype=torch.float32)
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
+
+    def before_read(stop: int) -> None:
+        if threading.current_thread() is not threading.main_thread() or stop > 2:
+            raise RuntimeError("the span's apply failed")
+
+    with ThreadPoolExecutor(1) as builder:
+        version = SerializedPull(
+            source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), before_read=before_read, builder=builder
+        )
+        reader = iter(version)
+        next(reader)
+        builder.submit(lambda: None).result(timeout=5)  # the builder has run (and failed)
+    assert "building a reply ahead of its sending failed" in caplog.text
+    assert "the span's apply failed" in caplog.text
+    with pytest.raises(RuntimeError, match="the span's apply failed"):
+        next(reader)
