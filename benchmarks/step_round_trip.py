@@ -19,7 +19,8 @@ a reference row only, the same peer on TensorPipe's default channels (its worker
 of its own, ``benchmarks.harness.peer_remote``).
 Every server runs in its own process on loopback, under hetps's allocator settings and torch
 thread count, and every system gets the same warm-up steps. Systems are interleaved step by
-step, so ratios compare like with like on a busy machine; around every step the CPU time of
+step, in a fresh (seeded) order every round so no system always follows the same one, and ratios
+compare like with like on a busy machine; around every step the CPU time of
 the system's servers and of its client is read.
 Targets: hetps 1 shard fp32 at least 0.8x the peer's speed, bf16 at least 1.3x, 8-bit pushes
 with bf16 pulls at least 1.5x the peer's fp32 step (beside it, what the bare mover moving the
@@ -34,6 +35,7 @@ Also the ``steps`` section of ``python -m benchmarks.throughput``.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -90,6 +92,8 @@ PEER_FP32, PEER_BF16 = 0.8, 1.3
 # 8-bit pushes with bf16 pulls against the peer's fp32 step; their bytes per step against fp32's.
 PEER_INT8, INT8_BYTES = 1.5, 0.4
 BARE_FRACTION = 0.9
+# The systems' order in each round of steps is drawn from this seed, so a run can be repeated.
+ORDER_SEED = 0
 
 
 # -- the measurement --------------------------------------------------------------------------
@@ -157,6 +161,7 @@ def measure_steps(
         for model, spec, system, update, out in runs:
             processes = [*pids_of[(model, spec.name)], *system.client_pids]
             warmed[(model, spec.name)] = warm_up(system, update, out, settings.warmup, partial(_rss_mb, processes))
+        order = random.Random(ORDER_SEED)
         with console.status("steps") as status:
             # Repeat -1 is interleaved like the others but not recorded: the peer, even once warm by
             # the memory rule, took up to 2.5x as long in the first interleaved repeat as in later ones.
@@ -166,9 +171,11 @@ def measure_steps(
                     status.update(f"steps: {model}, {done}")
                     mine = [run for run in runs if run[0] == model]
                     times: dict[str, list[float]] = {spec.name: [] for _, spec, _, _, _ in mine}
-                    for round_index in range(settings.steps[model]):
-                        shift = (repeat * settings.steps[model] + round_index) % len(mine)
-                        for _, spec, system, update, out in mine[shift:] + mine[:shift]:
+                    for _ in range(settings.steps[model]):
+                        # A fresh order every round. Rotating one order kept each system's neighbours:
+                        # a system always came right after the same one (hetps-1shard-fp32 after the
+                        # peer on default channels, whose threads spin on after its step).
+                        for _, spec, system, update, out in order.sample(mine, len(mine)):
                             pids, clients = pids_of[(model, spec.name)], system.client_pids
                             server_before = cpu_of(pids)
                             client_before = time.process_time() + cpu_of(clients)
