@@ -15,6 +15,9 @@ interval from :data:`MIN_KEEPALIVE_S` (1 s) up pairs with it.
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import grpc
 
 from psproto import codec
@@ -24,6 +27,9 @@ DEFAULT_KEEPALIVE_S = 10.0
 # Twice the server's accepted ping interval, so timer jitter never counts as a ping too many.
 MIN_KEEPALIVE_S = 1.0
 MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
+# How long closing a channel may take before it is left to the process's exit.
+CLOSE_TIMEOUT_S = 5.0
+_LOGGER = logging.getLogger(__name__)
 
 
 def check_keepalive(keepalive_seconds: float) -> None:
@@ -74,3 +80,20 @@ def open_channel(
     if credentials is not None:
         return grpc.secure_channel(address, credentials, options=options)
     return grpc.insecure_channel(address, options=options)
+
+
+def close_channel(channel: grpc.Channel, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+    """Close ``channel``, waiting at most ``timeout`` seconds; whether it closed in that time.
+
+    gRPC's ``Channel.close`` waits until every call on the channel has been taken apart by the
+    thread that made it. A blocking call that thread left by an exception raised in the middle of
+    it (SIGTERM's SystemExit, Ctrl-C) is never taken apart, and the close would wait for ever: a
+    worker stopped with SIGTERM then never exited. The close runs on a daemon thread instead, so
+    such a channel is left to the process's exit."""
+    closer = threading.Thread(target=channel.close, name="channel-close", daemon=True)
+    closer.start()
+    closer.join(timeout)
+    if closer.is_alive():
+        _LOGGER.warning("a channel did not close within %.0f s (a call on it was abandoned); leaving it", timeout)
+        return False
+    return True

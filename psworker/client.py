@@ -44,7 +44,7 @@ from psproto import codec, wire
 from psproto.layout import Layout
 from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2
-from psworker.channels import DEFAULT_KEEPALIVE_S, check_keepalive, open_channel
+from psworker.channels import DEFAULT_KEEPALIVE_S, check_keepalive, close_channel, open_channel
 from psworker.deadlines import DeadlinePolicy, payload_bytes
 from psworker.fan_out import fan_out
 from psworker.push_encoding import OnePush, PushEncoder, wire_dtypes
@@ -287,7 +287,7 @@ class PSClient:
             self.sessions[index] = stale.on_channel(self._channel(stale.address))
             self.stats.reconnects += 1
         # Cancels whatever else was still waiting on the dead connection; those calls retry on the new one.
-        stale.channel.close()
+        close_channel(stale.channel)
         note = reconnect_note(stale, error, call_seconds, failing_seconds, self.retry.give_up_seconds)
         _LOGGER.warning("%s: %s", self.name, note)
 
@@ -489,7 +489,7 @@ class PSClient:
                         timeout=LEAVE_TIMEOUT_S,
                         metadata=self._metadata,
                     )
-            session.channel.close()
+            close_channel(session.channel)
         self._pool.shutdown(wait=False)
 
     def __enter__(self) -> PSClient:
