@@ -33,13 +33,36 @@ def make(source: torch.Tensor, calls: list[int]) -> SerializedPull:
     return SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder(calls))
 
 
-def parse(messages: list[bytes]) -> list[float]:
+def values_of(messages: list[bytes]) -> list[float]:
+    """The fp32 values PullResponse ``messages`` carry, in order."""
     values: list[float] = []
+    for data in messages:
+        chunk = ps_pb2.PullResponse.FromString(data).chunk
+        values += torch.frombuffer(bytearray(chunk.data), dtype=torch.float32).tolist()
+    return values
+
+
+def parse(messages: list[bytes]) -> list[float]:
+    """``values_of`` the messages of the 6-element version of clock 3 that ``make`` builds."""
     for data in messages:
         response = ps_pb2.PullResponse.FromString(data)
         assert (response.clock, response.total_length) == (3, 6)
-        values += torch.frombuffer(bytearray(response.chunk.data), dtype=torch.float32).tolist()
-    return values
+    return values_of(messages)
+
+
+class PendingUpdate:
+    """A ``before_read`` hook: ``update`` applied to the source's elements not yet brought up to date."""
+
+    def __init__(self, source: torch.Tensor, update: Callable[[torch.Tensor], object]) -> None:
+        self.source = source
+        self.update = update
+        self.stops: list[int] = []
+
+    def __call__(self, stop: int) -> None:
+        start = self.stops[-1] if self.stops else 0
+        if stop > start:
+            self.stops.append(stop)
+            self.update(self.source[start:stop])
 
 
 def test_messages_are_built_when_read_and_shared_by_readers() -> None:
@@ -105,16 +128,10 @@ def test_a_version_of_the_live_parameters_keeps_what_it_built() -> None:
 def test_before_read_brings_each_range_up_to_date_and_is_refused_for_a_private_source() -> None:
     source = torch.arange(6, dtype=torch.float32)
     spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
-    stops: list[int] = []
-
-    def before_read(stop: int) -> None:
-        start = stops[-1] if stops else 0
-        stops.append(stop)
-        source[start:stop] += 10.0  # the pending update of the elements not yet brought up to date
-
+    before_read = PendingUpdate(source, lambda elements: elements.add_(10.0))
     version = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), before_read=before_read)
     assert parse(list(version)) == [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
-    assert stops == [2, 4, 6]
+    assert before_read.stops == [2, 4, 6]
     with pytest.raises(ValueError, match="only a version of the live parameters"):
         SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), retain=False, before_read=print)
 
@@ -152,17 +169,9 @@ def test_the_builder_builds_the_rest_once_the_first_reader_starts_and_readers_re
 def test_a_builder_thread_readers_and_freeze_build_each_message_once_and_in_order_of_its_source() -> None:
     source = torch.arange(4096, dtype=torch.float32)
     spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=64)
-    applied: list[int] = []
-
-    def before_read(stop: int) -> None:
-        start = applied[-1] if applied else 0
-        if stop > start:
-            applied.append(stop)
-            source[start:stop] *= 2.0  # a pending update, brought up to date range by range
-
     for _ in range(20):
         source.copy_(torch.arange(4096, dtype=torch.float32))
-        applied.clear()
+        before_read = PendingUpdate(source, lambda elements: elements.mul_(2.0))
         calls: list[int] = []
         with ThreadPoolExecutor(1) as builder:
             version = SerializedPull(
@@ -177,13 +186,7 @@ def test_a_builder_thread_readers_and_freeze_build_each_message_once_and_in_orde
             version.freeze()
         assert sorted(calls) == [span.start for span in spans] and version.complete
         expected = (torch.arange(4096, dtype=torch.float32) * 2.0).tolist()
-        for messages in got:
-            values: list[float] = []
-            for data in messages:
-                values += torch.frombuffer(
-                    bytearray(ps_pb2.PullResponse.FromString(data).chunk.data), dtype=torch.float32
-                ).tolist()
-            assert values == expected
+        assert [values_of(messages) for messages in got] == [expected] * 3
 
 
 def test_the_builder_stays_a_few_messages_ahead_of_the_reader_and_leaves_a_quiet_one_the_rest(
@@ -203,17 +206,8 @@ def test_the_builder_stays_a_few_messages_ahead_of_the_reader_and_leaves_a_quiet
     running.join(5)  # the reader took 2 messages and went quiet: the builder stops 4 past them
     assert not running.is_alive()
     assert calls == [0, 2, 4, 6, 8, 10]
-    assert parse_any([*reader]) == source[4:].tolist()  # the reader builds what the builder left
+    assert values_of([*reader]) == source[4:].tolist()  # the reader builds what the builder left
     assert sorted(calls) == [span.start for span in spans] and version.complete
-
-
-def parse_any(messages: list[bytes]) -> list[float]:
-    values: list[float] = []
-    for data in messages:
-        values += torch.frombuffer(
-            bytearray(ps_pb2.PullResponse.FromString(data).chunk.data), dtype=torch.float32
-        ).tolist()
-    return values
 
 
 def test_a_builder_leaves_once_freeze_built_everything_though_its_reader_is_slow(
@@ -231,7 +225,7 @@ def test_a_builder_leaves_once_freeze_built_everything_though_its_reader_is_slow
         started = time.monotonic()
         builder.submit(lambda: None).result(timeout=5)  # the builder thread is free again
         assert time.monotonic() - started < 5 and version.complete
-        assert parse_any(list(later)) == source.tolist()
+        assert values_of(list(later)) == source.tolist()
 
 
 def test_a_builder_that_fails_logs_why_and_its_reader_meets_the_failure_too(caplog: pytest.LogCaptureFixture) -> None:
