@@ -139,7 +139,7 @@ def measure_steps(
                 addresses = server_addresses(spec, model, hetps, movers)
                 system: StepSystem
                 if spec.kind in HETPS_KINDS:
-                    ahead = spec.kind in HETPS_VARIANTS and HETPS_VARIANTS[spec.kind][1]
+                    ahead = spec.kind in HETPS_VARIANTS and HETPS_VARIANTS[spec.kind].pushes_ahead
                     system = HetpsStep(
                         addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat, build_pushes_ahead=ahead
                     )
@@ -247,14 +247,12 @@ def step_results(
                     (spec.name, spec.name.replace("arith", "bare")),
                 ]
         pairs += [(s.name, s.name.replace("overlap", "arith")) for s in specs if s.kind == "overlap"]
-        for spec in specs:
-            if spec.kind in ("ahead", "pushahead"):
-                pairs.append((spec.name, spec.name.replace(spec.kind, "hetps", 1)))
-            elif spec.kind in ("during", "all"):
-                # What each adds: applying during the reply to building it ahead, the worker's side to both.
-                previous = "ahead" if spec.kind == "during" else "during"
-                pairs.append((spec.name, spec.name.replace(spec.kind, "hetps", 1)))
-                pairs.append((spec.name, spec.name.replace(spec.kind, previous, 1)))
+        pairs += [
+            (s.name, s.name.replace(s.kind, other, 1))
+            for s in specs
+            if s.kind in HETPS_VARIANTS
+            for other in HETPS_VARIANTS[s.kind].compared_with
+        ]
         if any(spec.name == PEER_DEFAULT for spec in specs):
             # For reference only: the peer when TensorPipe may skip the socket.
             pairs += [(f"hetps-1shard-{dtype}", PEER_DEFAULT) for dtype in ("fp32", "bf16")] + [(PEER, PEER_DEFAULT)]

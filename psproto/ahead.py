@@ -21,8 +21,6 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future
 from typing import Any, Generic, TypeVar
 
-from psproto.inline_ops import inline_torch_ops
-
 T = TypeVar("T")
 
 # Messages made ahead of the sender at most: 4 MiB of the default 1 MiB chunks.
@@ -80,18 +78,19 @@ class Ahead(Generic[T]):
         self._ended = True
 
     def _build(self, items: Iterator[T]) -> None:
-        with inline_torch_ops():  # one chunk at a time: the intra-op pool would cost more than it saves
-            try:
-                while not self._stop.is_set():
-                    item = next(items, _END)
-                    if not self._put(item) or item is _END:
-                        break
-            except BaseException as error:  # handed to the sender, which raises it in the call
-                self._put(_Failed(error))
-            finally:
-                close = getattr(items, "close", None)
-                if close is not None:
-                    close()  # a stream stopped half-way ends here, on the thread that ran it
+        # How an item is made (torch's threads included: ``psworker.transfer.push_requests`` makes
+        # each chunk inline) is the stream's business; this only moves the making to this thread.
+        try:
+            while not self._stop.is_set():
+                item = next(items, _END)
+                if not self._put(item) or item is _END:
+                    break
+        except BaseException as error:  # handed to the sender, which raises it in the call
+            self._put(_Failed(error))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # a stream stopped half-way ends here, on the thread that ran it
 
     def _put(self, item: object) -> bool:
         while not self._stop.is_set():

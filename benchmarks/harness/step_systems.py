@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch.distributed import rpc
 
@@ -29,16 +30,25 @@ PEER = "peer-torch-rpc-fp32"
 PEER_DEFAULT = "peer-torch-rpc-default-fp32"
 # The bare gRPC mover as it is, doing an SGD step's arithmetic, and applying span by span.
 MOVER_KINDS = ("bare", "arith", "overlap")
-# hetps with its replies built ahead of their sending (``--build-replies-ahead``); with its update
-# applied span by span as that reply is built, ahead of the sending too (``--apply-during-reply``);
-# with its worker building its pushes ahead (``build_pushes_ahead``) against a plain server; and all
-# of them together. Each a 1-shard ASGD server of its own beside the plain one: kind -> (server
-# flags, pushes ahead).
-HETPS_VARIANTS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "ahead": (("--build-replies-ahead",), False),
-    "during": (("--build-replies-ahead", "--apply-during-reply"), False),
-    "pushahead": ((), True),
-    "all": (("--build-replies-ahead", "--apply-during-reply"), True),
+
+
+class HetpsVariant(NamedTuple):
+    """hetps run another way: its server's flags, whether its worker builds pushes ahead, and the
+    kinds its rows are compared with (what the variant adds to each)."""
+
+    server_flags: tuple[str, ...]
+    pushes_ahead: bool
+    compared_with: tuple[str, ...]
+
+
+# Each on a 1-shard ASGD server of its own beside the plain one: replies built ahead of their
+# sending; the update applied span by span as that reply is built, ahead of the sending too; the
+# worker building its pushes ahead against a plain server; and all of them together.
+HETPS_VARIANTS = {
+    "ahead": HetpsVariant(("--build-replies-ahead",), False, ("hetps",)),
+    "during": HetpsVariant(("--build-replies-ahead", "--apply-during-reply"), False, ("hetps", "ahead")),
+    "pushahead": HetpsVariant((), True, ("hetps",)),
+    "all": HetpsVariant(("--build-replies-ahead", "--apply-during-reply"), True, ("hetps", "during")),
 }
 HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
 
@@ -96,7 +106,7 @@ def hetps_jobs(settings: Settings) -> list[HetpsJob]:
         jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
         jobs += [
             HetpsJob(f"hetps-{model}-1shard-{variant}", model, "asgd", (), 0, 1, flags)
-            for variant, (flags, _) in HETPS_VARIANTS.items()
+            for variant, (flags, _, _) in HETPS_VARIANTS.items()
         ]
     return jobs
 

@@ -103,7 +103,7 @@ class Model:
             self._pending.finish()
             self._pending = None
 
-    def defers(self, kind: PayloadKind) -> bool:
+    def _defers(self, kind: PayloadKind) -> bool:
         """Whether the rule can leave an update of ``kind`` pending (a spannable rule, ``apply``)."""
         return self.rule is not None and self.rule.spannable and kind in self.rule.accepted_kinds
 
@@ -128,13 +128,15 @@ class Model:
 
         ``hand_over`` offers ``update``'s buffer for an update its reply follows: it takes the buffer
         from its push and returns what gives it back. Where the shard applies during the reply
-        (``apply_during_reply``) and ``defers(kind)``, the update is then left pending, to be applied
-        span by span as its version is read (``live_params``) or at once by ``settle``, and the
-        seconds are the commit's. Otherwise it is applied at once and the buffer stays with its push."""
+        (``apply_during_reply``) and the rule can (``_defers``), the update is then left pending, to
+        be applied span by span as its version is read (``live_params``) or at once by ``settle``,
+        and the seconds are the commit's. Otherwise it is applied at once and the buffer stays with
+        its push."""
         assert self.rule is not None
         self.settle()
         self._before_update(self._params)
-        defer = hand_over is not None and self._config.apply_during_reply and self.defers(kind)
+        if not (self._config.apply_during_reply and self._defers(kind)):
+            hand_over = None  # applied at once: the buffer stays with its push
         staleness = self.clock - base_clock
         snapshots = self._snapshots
         ctx = PushContext(
@@ -147,8 +149,7 @@ class Model:
             clock=self.clock,
         )
         started = time.perf_counter()
-        if defer:
-            assert hand_over is not None
+        if hand_over is not None:
             # A spannable rule's telemetry depends on ctx alone: an empty span gives it.
             telemetry: Telemetry = self.rule.apply(self._params[:0], update[:0], ctx)
             self._pending = SpanApply(self.rule, self._params, update, ctx, hand_over())
