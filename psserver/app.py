@@ -433,6 +433,7 @@ class ServerApp:
             return
         self._stopped = True
         self.drain()
+        self.shard.close()
         if self._reaper is not None:
             self._reaper.stop()
         if self.checkpointer is not None and self._running is not None:

@@ -143,3 +143,15 @@ class PullVersions:
 
     def clear(self) -> None:
         self._cache = {}
+
+    def close(self) -> None:
+        """Stop building replies ahead and wait for the builder threads to leave (at most the message
+        each is building): the server has stopped, and a builder waiting for a reader that is gone
+        would otherwise hold the process's exit for up to ``READER_QUIET_SECONDS``."""
+        builder, self._builder = self._builder, None
+        if builder is None:
+            return
+        for result in list(self._in_flight):
+            if isinstance(result.messages, SerializedPull):
+                result.messages.stop_building()
+        builder.shutdown(wait=True, cancel_futures=True)

@@ -18,7 +18,8 @@ transport and waits for each to be taken. The reader then finds its next message
 the builder is behind, the reader builds it itself, as without one. The copies (and an update
 applied during the reply, ``before_read``) leave the sending thread's path; they release the GIL
 (torch's conversions, ``bytes.join`` of a large buffer), so the two threads overlap. A builder
-whose reader stops taking messages for ``READER_QUIET_SECONDS`` leaves the rest to the readers.
+whose reader stops taking messages for ``READER_QUIET_SECONDS``, or whose shard closes
+(``stop_building``), leaves the rest to the readers.
 
 A version read from a private source that nobody changes (``retain=False``: a snapshot the rule
 keeps anyway) keeps no messages: each reader's message is built when it asks and belongs to it
@@ -99,6 +100,8 @@ class SerializedPull:
         # The furthest a reader has come (messages asked for), told to the builder as it moves.
         self._asked = 0
         self._reader_moved = threading.Condition()
+        # Set by ``stop_building`` (the server stopping): a builder leaves at once, none starts.
+        self._stopped = False
 
     def __len__(self) -> int:
         return len(self._spans)
@@ -123,7 +126,12 @@ class SerializedPull:
             if builder is None or self._unbuilt == 0:
                 return  # another reader started it, or nothing is left to build
             self._building = True
-        builder.submit(self._build_ahead).add_done_callback(_log_failure)
+        try:
+            work = builder.submit(self._build_ahead)
+        except RuntimeError:  # the pool was shut down meanwhile (``PullVersions.close``): readers build
+            self._building = False
+            return
+        work.add_done_callback(_log_failure)
 
     def _ask(self, count: int) -> None:
         with self._reader_moved:
@@ -139,16 +147,25 @@ class SerializedPull:
             with inline_torch_ops():  # one span at a time: waking the intra-op pool costs more than it saves
                 for index in range(len(self._spans)):
                     with self._reader_moved:
-                        while self._unbuilt and index >= self._asked + AHEAD_MESSAGES:
+                        while self._unbuilt and index >= self._asked + AHEAD_MESSAGES and not self._stopped:
                             if not self._reader_moved.wait(READER_QUIET_SECONDS):
                                 return  # the readers went quiet (a client gone, or slow): they build the rest
-                    if self._unbuilt == 0:
+                    if self._unbuilt == 0 or self._stopped:
                         return
                     if self._messages[index] is None:
                         with self._lock:
                             self._message_locked(index)
         finally:
             self._building = False
+
+    def stop_building(self) -> None:
+        """No builder starts for this version any more, and a running one leaves after the message
+        it is building: its readers build the rest, as without one."""
+        with self._lock:
+            self._builder = None
+        with self._reader_moved:
+            self._stopped = True
+            self._reader_moved.notify_all()
 
     def _unretained(self) -> Iterator[bytes]:
         chunker = self._chunker

@@ -350,6 +350,10 @@ class Shard:
         with self._lock:
             self._model.settle()
 
+    def close(self) -> None:
+        """Stop the threads building replies ahead: the transport has stopped sending them."""
+        self._versions.close()
+
     def cancel_stalled_pushes(self) -> list[PendingPush]:
         return self._receiver.cancel_stalled()
 
@@ -444,14 +448,9 @@ class Shard:
             self._changed.notify_all()
 
     def _replay_locked(self, worker: WorkerRecord, previous: PushOutcome) -> PushOutcome:
-        worker.duplicate_pushes += 1
+        outcome = worker.replay(previous, self._model.clock)
         self.observer.push_duplicate(worker)
-        return PushOutcome(
-            clock=previous.clock if previous.clock >= 0 else self._model.clock,
-            staleness=previous.staleness,
-            telemetry=previous.telemetry,
-            duplicate=True,
-        )
+        return outcome
 
     # -- checks ------------------------------------------------------------------------
 

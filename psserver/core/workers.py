@@ -107,6 +107,13 @@ class WorkerRecord:
         """The outcome of an already applied push id, or None if it is new."""
         return self.memory.previous_outcome(push_id)
 
+    def replay(self, previous: PushOutcome, clock: int) -> PushOutcome:
+        """A retried push's answer: what it produced (the current ``clock`` when only the
+        watermark remembers it), marked a duplicate, and counted."""
+        self.duplicate_pushes += 1
+        clock = previous.clock if previous.clock >= 0 else clock
+        return PushOutcome(clock, previous.staleness, previous.telemetry, duplicate=True)
+
     def record_push(self, push_id: int, outcome: PushOutcome) -> None:
         self.pushes += 1
         self.staleness_sum += outcome.staleness

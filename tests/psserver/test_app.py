@@ -192,3 +192,19 @@ def test_a_server_without_metrics_reports_none() -> None:
         assert app.metrics is None and app.metrics_port is None and app.ready_info.metrics_port is None
         with grpc.insecure_channel(app.address) as channel:
             assert ps_pb2_grpc.ParameterServerStub(channel).Status(ps_pb2.StatusRequest(), timeout=10).clock == 0
+
+
+def _reply_builders() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith("reply-builder")]
+
+
+def test_stopping_a_server_that_builds_replies_ahead_leaves_no_builder_thread() -> None:
+    assert not _reply_builders()
+    with ServerApp.build(_config(build_replies_ahead=True)) as app:
+        with grpc.insecure_channel(app.address) as channel:
+            stub = ps_pb2_grpc.ParameterServerStub(channel)
+            worker_id = _join_and_init(stub)
+            pulled = list(stub.Pull(ps_pb2.PullRequest(worker_id=worker_id), timeout=10))
+            assert sum(len(reply.chunk.data) for reply in pulled) == 64 * 4
+        assert _reply_builders(), "the pull's reply was not built ahead"
+    assert not _reply_builders()

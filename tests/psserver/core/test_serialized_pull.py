@@ -247,3 +247,16 @@ def test_a_builder_that_fails_logs_why_and_its_reader_meets_the_failure_too(capl
     assert "the span's apply failed" in caplog.text
     with pytest.raises(RuntimeError, match="the span's apply failed"):
         next(reader)
+
+
+def test_a_version_whose_builders_were_stopped_or_shut_down_is_built_by_its_readers() -> None:
+    source = torch.arange(6, dtype=torch.float32)
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
+    builder = HeldBuilder()
+    stopped = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), builder=builder)
+    stopped.stop_building()
+    assert values_of(list(stopped)) == source.tolist() and builder.work == []
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    unscheduled = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), builder=pool)
+    assert values_of(list(unscheduled)) == source.tolist()
