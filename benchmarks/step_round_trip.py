@@ -106,11 +106,12 @@ def measure_steps(
     server_pids: dict[str, int],
     console: Console,
     remote: RemoteWorker | None = None,
+    systems: Sequence[SystemSpec] | None = None,
 ) -> dict[str, Any]:
-    """Worker steps through every system, interleaved step by step.
+    """Worker steps through every system (``systems``, default :func:`step_systems`), interleaved step by step.
 
     A repeat of a model is ``steps[model]`` rounds; a round is one step of every system, in
-    an order rotated every round. All systems therefore sample the same moments of a shared,
+    a fresh order every round. All systems therefore sample the same moments of a shared,
     noisy machine, and a repeat's ratio compares medians taken over the same few seconds.
 
     Around every step (outside its timing) the CPU time of the system's server processes
@@ -118,7 +119,7 @@ def measure_steps(
     on a machine with fewer cores than busy threads the step's time follows the CPU both
     sides spend on it. ``remote`` is the reference peer's worker (its system is left out without one).
     """
-    specs = [spec for spec in step_systems() if remote is not None or spec.kind != "peer-default"]
+    specs = [spec for spec in systems or step_systems() if remote is not None or spec.kind != "peer-default"]
     generator = torch.Generator().manual_seed(0)
     runs: list[tuple[str, SystemSpec, StepSystem, torch.Tensor, torch.Tensor]] = []
     per_repeat: dict[tuple[str, str], list[float]] = {}
@@ -256,11 +257,13 @@ def step_results(
         if any(spec.name == PEER_DEFAULT for spec in specs):
             # For reference only: the peer when TensorPipe may skip the socket.
             pairs += [(f"hetps-1shard-{dtype}", PEER_DEFAULT) for dtype in ("fp32", "bf16")] + [(PEER, PEER_DEFAULT)]
+        measured = {spec.name for spec in specs}
         ratios = {
             f"{first} vs {other}": speed_ratio(
                 per_repeat[(model, first)], per_repeat[(model, other)], samples[(model, first)], samples[(model, other)]
             )
             for first, other in pairs
+            if first in measured and other in measured
         }
         results[model] = {"parameters": length, "systems": systems, "speed_ratios": ratios}
     return results

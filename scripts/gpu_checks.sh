@@ -2,18 +2,21 @@
 # The checks that need a CUDA host, in one run: the CUDA tests, a whole ResNet-18 worker step on
 # CUDA (pinned and pageable host buffers) against the same step on CPU, the same step with 8-bit
 # pushes and bf16 pulls encoded on the GPU and on the host, the host<->GPU crossing alone, and the
-# throughput benchmark (16-worker section included) on that host's cores.
+# throughput benchmark (16-worker section included) on that host's cores; flags measures whether the
+# flags that take work off a step's path pay on its cores (benchmarks.step_flags).
 #
 #     scripts/gpu_checks.sh OUT_DIR [CHECK ...]      (PYTHON=python3 by default)
 #
-# CHECK is any of tests, step, step-int8, threads, transfer, throughput (default: all, in that order);
+# CHECK is any of tests, step, step-int8, threads, transfer, throughput, flags (default: all but flags,
+# in that order);
 # threads times the CUDA step with torch's default intra-op threads and with one, one after the other.
 # Writes OUT_DIR/host.txt and, per check, its log and JSON (pytest_cuda.log, gpu_step.{json,log},
-# gpu_step_int8.{json,log}, gpu_step_threads_{default,1}.{json,log}, cuda_transfer.{json,log}, throughput.{json,log}); each check runs even
+# gpu_step_int8.{json,log}, gpu_step_threads_{default,1}.{json,log}, cuda_transfer.{json,log}, throughput.{json,log},
+# step_flags.{json,log}); each check runs even
 # if one before it failed, and host.txt records every exit status. With ARCHIVE=PATH it also packs
 # OUT_DIR into that one .tar.gz (for a runner that brings back only a few files).
 set -u
-out=${1:?usage: scripts/gpu_checks.sh OUT_DIR [tests|step|step-int8|threads|transfer|throughput ...]}
+out=${1:?usage: scripts/gpu_checks.sh OUT_DIR [tests|step|step-int8|threads|transfer|throughput|flags ...]}
 shift
 checks=${*:-tests step step-int8 threads transfer throughput}
 python=${PYTHON:-python3}
@@ -40,7 +43,8 @@ for check in $checks; do
           --out "$work/gpu_step_threads_1.json" >"$out/gpu_step_threads_1.log" 2>&1 ;;
     transfer) timeout 60 "$python" -m benchmarks.cuda_transfer --out "$work/cuda_transfer.json" >"$out/cuda_transfer.log" 2>&1 ;;
     throughput) timeout 330 "$python" -m benchmarks.throughput --quick --out "$work/throughput.json" >"$out/throughput.log" 2>&1 ;;
-    *) echo "unknown check $check (tests, step, step-int8, threads, transfer, throughput)" >&2; exit 2 ;;
+    flags) timeout 300 "$python" -m benchmarks.step_flags --out "$work/step_flags.json" >"$out/step_flags.log" 2>&1 ;;
+    *) echo "unknown check $check (tests, step, step-int8, threads, transfer, throughput, flags)" >&2; exit 2 ;;
   esac
   echo "$check rc=$? $(date -u +%T)" >>"$out/host.txt"
 done

@@ -97,13 +97,14 @@ def mover_groups(specs: Sequence[SystemSpec]) -> list[tuple[str, int]]:
 # -- hetps's servers ---------------------------------------------------------------------------
 
 
-def hetps_jobs(settings: Settings) -> list[HetpsJob]:
-    """ASGD servers for every model: one with 1 shard, two of a 2-shard layout, and one with 1 shard
-    for each of ``HETPS_VARIANTS``."""
+def hetps_jobs(settings: Settings, two_shards: bool = True) -> list[HetpsJob]:
+    """ASGD servers for every model: one with 1 shard, two of a 2-shard layout (unless not
+    ``two_shards``), and one with 1 shard for each of ``HETPS_VARIANTS``."""
     jobs = []
     for model in settings.models:
         jobs.append(HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1))
-        jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
+        if two_shards:
+            jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
         jobs += [
             HetpsJob(f"hetps-{model}-1shard-{variant}", model, "asgd", (), 0, 1, flags)
             for variant, (flags, _, _) in HETPS_VARIANTS.items()
@@ -116,14 +117,14 @@ HetpsAddresses = dict[str, dict[tuple[str, int], list[str]]]
 
 def hetps_addresses(settings: Settings, by_label: dict[str, ServerProcess]) -> HetpsAddresses:
     """The addresses of :func:`hetps_jobs`'s servers, by model, then kind and number of shards."""
-    return {
-        model: {
-            ("hetps", 1): [by_label[f"hetps-{model}-1shard"].address],
-            ("hetps", 2): [by_label[f"hetps-{model}-2shard-{i}"].address for i in range(2)],
-            **{(variant, 1): [by_label[f"hetps-{model}-1shard-{variant}"].address] for variant in HETPS_VARIANTS},
-        }
-        for model in settings.models
-    }
+    addresses: HetpsAddresses = {}
+    for model in settings.models:
+        addresses[model] = {("hetps", 1): [by_label[f"hetps-{model}-1shard"].address]}
+        if f"hetps-{model}-2shard-0" in by_label:
+            addresses[model][("hetps", 2)] = [by_label[f"hetps-{model}-2shard-{i}"].address for i in range(2)]
+        for variant in HETPS_VARIANTS:
+            addresses[model][(variant, 1)] = [by_label[f"hetps-{model}-1shard-{variant}"].address]
+    return addresses
 
 
 # -- the systems hetps is compared with -----------------------------------------------------------
@@ -152,14 +153,9 @@ class Comparisons:
         rpc.shutdown(graceful=graceful)
 
 
-def start_comparisons(fleet: Fleet, specs: Sequence[SystemSpec] | None = None) -> Comparisons:
-    """The bare movers of every group of ``specs`` (default: :func:`step_systems`), started at once, and
-    the two torch.distributed.rpc peers; this process joins the first."""
-    labels = [
-        f"{kind}-{shards}shard-{index}"
-        for kind, shards in mover_groups(specs or step_systems())
-        for index in range(shards)
-    ]
+def start_movers(fleet: Fleet, specs: Sequence[SystemSpec]) -> dict[tuple[str, int], list[ServerProcess]]:
+    """The bare movers of every group of ``specs``, started at once; by kind and shard count."""
+    labels = [f"{kind}-{shards}shard-{index}" for kind, shards in mover_groups(specs) for index in range(shards)]
     with ThreadPoolExecutor(max_workers=max(1, len(labels))) as pool:
         started = list(
             pool.map(lambda label: fleet.start_helper(label, "bare", "benchmarks.harness.bare_grpc"), labels)
@@ -168,6 +164,13 @@ def start_comparisons(fleet: Fleet, specs: Sequence[SystemSpec] | None = None) -
     for server in started:
         kind, shards, _ = server.label.split("-")
         movers.setdefault((kind, int(shards.removesuffix("shard"))), []).append(server)
+    return movers
+
+
+def start_comparisons(fleet: Fleet, specs: Sequence[SystemSpec] | None = None) -> Comparisons:
+    """The bare movers of every group of ``specs`` (default: :func:`step_systems`), started at once, and
+    the two torch.distributed.rpc peers; this process joins the first."""
+    movers = start_movers(fleet, specs or step_systems())
     peer = fleet.start_helper("peer-torch-rpc", "peer", "benchmarks.harness.torch_rpc_peer")
     default = fleet.start_helper(
         "peer-torch-rpc-default", "peer", "benchmarks.harness.torch_rpc_peer", ("--channels", "default")

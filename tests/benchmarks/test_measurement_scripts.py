@@ -25,6 +25,7 @@ SCRIPTS = [
     "push_codec_accuracy",
     "chunk_size",
     "step_profile",
+    "step_flags",
 ]
 
 
