@@ -5,14 +5,17 @@
 
 The flags that take work off a step's path are off by default (docs/operations.md): replies built
 ahead of their sending (``psserver serve --build-replies-ahead``), the update applied during that
-reply (``--apply-during-reply``), and a worker's pushes built ahead (``psworker train
---build-pushes-ahead``). They move work to other threads, so whether they pay depends on the cores
-a host has to spare. ``benchmarks.step_round_trip`` measures them among its 40-odd systems; this
-measures only what decides them, so the same time buys more repeats: for one model, one worker
-steps through plain hetps and each of ``HETPS_VARIANTS`` (``ahead``, ``during``, ``pushahead``,
-``all``), each on a 1-shard ASGD server of its own, and through the bare gRPC mover and that mover
-doing the step's arithmetic (``arith``) for scale, at fp32, bf16, and 8-bit pushes with bf16 pulls.
-Systems step in a fresh (seeded) order every round, as in ``step_round_trip``.
+reply (``--apply-during-reply``), a worker's pushes built ahead (``psworker train
+--build-pushes-ahead``) and its 8-bit chunks encoded on several threads (``--encode-threads``).
+They move work to other threads, so whether they pay depends on the cores a host has to spare.
+``benchmarks.step_round_trip`` measures them among its 40-odd systems; this measures only what
+decides them, so the same time buys more repeats: for one model, one worker steps through plain
+hetps and each of ``HETPS_VARIANTS`` (``ahead``, ``during``, ``pushahead``, ``all``, ``wide``), each
+on a 1-shard ASGD server of its own, and through the bare gRPC mover and that mover doing the step's
+arithmetic (``arith``) for scale, at fp32, bf16, and 8-bit pushes with bf16 pulls. Systems step in
+a fresh (seeded) order every round, as in ``step_round_trip``. ``wide`` changes only the 8-bit
+encode, so its fp32 and bf16 rows are plain hetps against itself: how far apart two equal systems
+land in this run.
 
 The verdict per variant and wire form compares the variant's step with plain hetps's, repeat by
 repeat: ``faster`` when it was faster in every repeat, ``slower`` when slower in every one, else

@@ -8,7 +8,8 @@ shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with the reply's 
 ahead of their sending (``ahead``: ``psserver serve --build-replies-ahead``), with the update
 applied during that reply as well (``during``: ``--apply-during-reply`` too), and with the
 worker's push messages built ahead against a plain server (``pushahead``: ``--build-pushes-ahead``),
-and all three together (``all``);
+all three together (``all``), and the worker encoding 8-bit chunks on several threads (``wide``:
+``--encode-threads``);
 a bare gRPC byte mover with the same chunking and bytes
 (``benchmarks.harness.bare_grpc``, the transport's ceiling), and the same mover doing the
 arithmetic of an SGD step too (``arith`` rows: 8-bit encode with error feedback, decode, apply,
@@ -66,6 +67,7 @@ from benchmarks.harness.step_systems import (
     MOVER_KINDS,
     PEER,
     PEER_DEFAULT,
+    PLAIN,
     Comparisons,
     HetpsAddresses,
     SystemSpec,
@@ -140,10 +142,11 @@ def measure_steps(
                 addresses = server_addresses(spec, model, hetps, movers)
                 system: StepSystem
                 if spec.kind in HETPS_KINDS:
-                    ahead = spec.kind in HETPS_VARIANTS and HETPS_VARIANTS[spec.kind].pushes_ahead
+                    variant = HETPS_VARIANTS.get(spec.kind, PLAIN)
                     system = HetpsStep(
-                        addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat, build_pushes_ahead=ahead
-                    )
+                        addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat,
+                        build_pushes_ahead=variant.pushes_ahead, encode_threads=variant.encode_threads,
+                    )  # fmt: skip
                 elif spec.kind in MOVER_KINDS:
                     key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"
                     system = BareStep(

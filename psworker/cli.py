@@ -167,6 +167,14 @@ def main() -> None:
     help="make each push's messages (chunk copies, int8 encoding) on a thread of their own, ahead of the "
     "thread sending them, so the making overlaps the sending; needs a spare core",
 )
+@click.option(
+    "--encode-threads",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="threads encoding a push's int8 chunks at once on the host (the bytes are the same); more than 1 "
+    "pays only with cores to spare",
+)
 @client_security_options
 def train_command(
     servers: tuple[str, ...],
@@ -195,6 +203,7 @@ def train_command(
     min_transfer_rate: float,
     encode_on: str,
     build_pushes_ahead: bool,
+    encode_threads: int,
     tls_ca: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
@@ -247,6 +256,7 @@ def train_command(
         chunk_bytes=chunk_size,
         encode_on=encode_on,
         build_pushes_ahead=build_pushes_ahead,
+        encode_threads=encode_threads,
     )
     try:
         summary = train(config, loaded)

@@ -11,16 +11,15 @@ push dtype) -> ``psworker.transfer`` -> ``psproto.codec`` / ``psproto.wire`` (by
 from the tensor) -> gRPC. The new parameters come back along ``transfer.receive_params`` into the
 binding's flat parameter buffer.
 
-It rides through network failures and server restarts (``psworker.sessions`` decides how,
-from the refusal's reason). Every call has a deadline sized to its payload
-(``psworker.deadlines``) and every connection pings the server (``psworker.channels``), so a
-silent link fails the calls on it within 1.5 keepalive intervals instead of hanging them. A call
-that got no answer (UNAVAILABLE, DEADLINE_EXCEEDED) is sent again with exponential backoff on a
-new connection, the old channel closed, each replacement logged; a push keeps its push id (the
-server applies a push id at most once and acknowledges a repeat as a duplicate). A shard
-that no longer knows the worker (UNKNOWN_WORKER: it was evicted, or
-the server restarted without its record) is joined again with ``resume``, which keeps the
-worker's push-id memory on the server. When a restarted shard is behind the clocks this
+It rides through network failures and server restarts (``psworker.sessions`` decides how, from the
+refusal's reason). Every call has a deadline sized to its payload (``psworker.deadlines``) and every
+connection pings the server (``psworker.channels``), so a silent link fails the calls on it within
+1.5 keepalive intervals instead of hanging them. A call that got no answer (UNAVAILABLE,
+DEADLINE_EXCEEDED) is sent again with exponential backoff on a new connection, the old channel
+closed, each replacement logged; a push keeps its push id (the server applies a push id at most once
+and acknowledges a repeat as a duplicate). A shard that no longer knows the worker (UNKNOWN_WORKER:
+it was evicted, or the server restarted without its record) is joined again with ``resume``, which
+keeps the worker's push-id memory on the server. When a restarted shard is behind the clocks this
 client already saw, the rollback is recorded in ``rollbacks``.
 """
 
@@ -108,11 +107,13 @@ class PSClient:
         error_feedback: bool = True,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
         build_pushes_ahead: bool = False,
+        encode_threads: int = 1,
     ) -> None:
         """``wire_dtype``: pushes' and pulls' dtype unless ``push_dtype``/``pull_dtype`` says otherwise
         (``int8`` pushes only; ``error_feedback``: its residual, ``psworker.push_encoding``);
         ``chunk_bytes``: what pushes and Init are cut into (``codec.chunk_bytes_problem`` bounds it);
-        ``build_pushes_ahead``: a push's messages made on threads of their own (``psproto.ahead``).
+        ``build_pushes_ahead``: a push's messages made on threads of their own (``psproto.ahead``);
+        ``encode_threads``: threads encoding a push's 8-bit chunks at once (``push_encoding.BlockPush``).
         ``connect_timeout``: how long the first Join waits for each shard to come up.
         ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
         ``deadlines``: how long each call may take (``psworker.deadlines``)."""
@@ -134,7 +135,7 @@ class PSClient:
         self.device = device
         self.observer = observer
         self.wire_dtype = pull  # what pulls (and PushPull's parameters) come back in
-        self.push_encoder = PushEncoder(push, error_feedback, chunk_bytes)
+        self.push_encoder = PushEncoder(push, error_feedback, chunk_bytes, encode_threads)
         self.connect_timeout = connect_timeout
         self.retry = retry or RetryPolicy()
         # Called for the current parameters when a shard came back empty (restarted without a checkpoint).

@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import cache
 
 import torch
 
@@ -56,14 +58,26 @@ class OnePush:
         return self._encoded[shard.index]
 
 
+@cache
+def _encode_pool(threads: int) -> ThreadPoolExecutor:
+    """The threads that encode 8-bit chunks side by side, one pool per thread count in a process."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="push-encoder")
+
+
 class BlockPush:
     """One shard's 8-bit chunks of one push, each encoded when it is first sent and kept for retries.
 
     Encoding chunk by chunk as the transport asks for them overlaps the encode with the sending
     (a whole ResNet-18-sized push is one pass over 47 MB, made before the first byte left when it
     was encoded at once). With error feedback, each chunk's new residual goes into a buffer of its
-    own; it replaces the shard's residual when the last chunk is encoded, and only if every scale
-    is finite (a push the server will refuse leaves the residual as it was)."""
+    own; it replaces the shard's residual when the last chunk is taken, and only if every scale
+    is finite (a push the server will refuse leaves the residual as it was).
+
+    With ``encode_threads`` above 1 the chunks are encoded on that many threads at once (the
+    compiled encode releases the GIL), up to twice as many chunks ahead of the one taken; each
+    writes its own span of the new residual, so the bytes are those of one thread's encode. The
+    encodes started ahead are waited for when the iteration ends, however it ends, so none writes
+    after the push's caller goes on; a retry takes what they made."""
 
     def __init__(self, encoder: PushEncoder, shard: int, part: torch.Tensor) -> None:
         self._encoder = encoder
@@ -77,26 +91,46 @@ class BlockPush:
         self._spans = codec.chunk_spans(part.numel(), codec.INT8_BLOCK, encoder.chunk_bytes)
         self._encoded: list[codec.ChunkPayload] = []
         self._finite = True
+        threads = encoder.encode_threads
+        self._pool = _encode_pool(threads) if threads > 1 and len(self._spans) > 1 else None
+        self._window = 2 * threads
+        # Encodes started ahead of the chunk taken, by chunk index.
+        self._started: dict[int, Future[tuple[codec.ChunkPayload, bool]]] = {}
 
     def __iter__(self) -> Iterator[codec.ChunkPayload]:
-        for index, span in enumerate(self._spans):
-            if index == len(self._encoded):
-                self._encoded.append(self._encode(span))
-            yield self._encoded[index]
+        try:
+            for index in range(len(self._spans)):
+                if index == len(self._encoded):
+                    self._encoded.append(self._take(index))
+                yield self._encoded[index]
+        finally:
+            wait(list(self._started.values()))
 
-    def _encode(self, span: range) -> codec.ChunkPayload:
-        piece = self._part[span.start : span.stop]
+    def _take(self, index: int) -> codec.ChunkPayload:
+        """Chunk ``index`` encoded (here, or by the pool), counted towards the residual's replacement."""
         if self._encoder.error_feedback and self._updated is None:
             self._updated = self._encoder.residual_buffer(self._shard, self._part.numel())
+        if self._pool is None:
+            payload, finite = self._encode(self._spans[index])
+        else:
+            for ahead in range(index, min(index + self._window, len(self._spans))):
+                if ahead not in self._started and ahead >= len(self._encoded):
+                    self._started[ahead] = self._pool.submit(self._encode, self._spans[ahead])
+            payload, finite = self._started.pop(index).result()
+        self._finite = self._finite and finite
+        if self._updated is not None and self._finite and index == len(self._spans) - 1:
+            self._encoder.keep_residual(self._shard, self._updated, self._generation)
+        return payload
+
+    def _encode(self, span: range) -> tuple[codec.ChunkPayload, bool]:
+        """One chunk's payload and whether its scales are finite; the new residual's span written."""
+        piece = self._part[span.start : span.stop]
         if self._updated is None:
             values, scales = blocks.encode(piece)
         else:
             previous = None if self._residual is None else self._residual[span.start : span.stop]
             values, scales, _ = blocks.encode_with_feedback(piece, previous, self._updated[span.start : span.stop])
-        self._finite = self._finite and bool(torch.isfinite(scales).all())
-        if self._updated is not None and self._finite and span.stop == self._part.numel():
-            self._encoder.keep_residual(self._shard, self._updated, self._generation)
-        return codec.block_payload(span.start, values, scales)
+        return codec.block_payload(span.start, values, scales), bool(torch.isfinite(scales).all())
 
 
 class DeviceBlockPush:
@@ -136,13 +170,21 @@ class PushEncoder:
     """Turns a shard's slice of an update into the chunks a push sends."""
 
     def __init__(
-        self, dtype: codec.DTypeValue, error_feedback: bool = True, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+        self,
+        dtype: codec.DTypeValue,
+        error_feedback: bool = True,
+        chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+        encode_threads: int = 1,
     ) -> None:
+        """``encode_threads``: threads that encode a host's 8-bit chunks at once (``BlockPush``)."""
         problem = codec.chunk_bytes_problem(chunk_bytes, MAX_MESSAGE_BYTES)
         if problem is not None:
             raise ValueError(problem)
+        if encode_threads < 1:
+            raise ValueError(f"encode_threads must be at least 1, got {encode_threads}")
         self.dtype = dtype
         self.chunk_bytes = chunk_bytes
+        self.encode_threads = encode_threads
         self.error_feedback = error_feedback and dtype == codec.INT8_BLOCK
         self._residuals: dict[int, torch.Tensor] = {}
         # A residual that was replaced, kept to be written over by the next push's.

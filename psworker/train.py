@@ -73,6 +73,8 @@ class TrainConfig:
     encode_on: str = "device"
     # Whether a push's messages are made ahead of their sending, on a thread of their own (PSClient).
     build_pushes_ahead: bool = False
+    # Threads encoding a push's 8-bit chunks at once on the host (PSClient's encode_threads).
+    encode_threads: int = 1
 
 
 @dataclass
@@ -179,6 +181,7 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             error_feedback=config.error_feedback,
             chunk_bytes=config.chunk_bytes,
             build_pushes_ahead=config.build_pushes_ahead,
+            encode_threads=config.encode_threads,
             tls=config.tls,
             auth_token=config.auth_token,
             retry=RetryPolicy(give_up_seconds=config.retry_seconds),

@@ -33,24 +33,34 @@ MOVER_KINDS = ("bare", "arith", "overlap")
 
 
 class HetpsVariant(NamedTuple):
-    """hetps run another way: its server's flags, whether its worker builds pushes ahead, and the
-    kinds its rows are compared with (what the variant adds to each)."""
+    """hetps run another way: its server's flags, whether its worker builds pushes ahead, the
+    kinds its rows are compared with (what the variant adds to each), and how many threads its
+    worker encodes 8-bit chunks on."""
 
     server_flags: tuple[str, ...]
     pushes_ahead: bool
     compared_with: tuple[str, ...]
+    encode_threads: int = 1
 
+
+# The ``wide`` variant's encode threads: enough to outpace one sending thread on a host with cores to spare.
+WIDE_ENCODE_THREADS = 4
 
 # Each on a 1-shard ASGD server of its own beside the plain one: replies built ahead of their
 # sending; the update applied span by span as that reply is built, ahead of the sending too; the
-# worker building its pushes ahead against a plain server; and all of them together.
+# worker building its pushes ahead against a plain server; all of them together; and the worker
+# encoding its 8-bit chunks on several threads against a plain server (its fp32 and bf16 rows
+# differ from plain hetps in nothing, which shows the comparison's noise).
 HETPS_VARIANTS = {
     "ahead": HetpsVariant(("--build-replies-ahead",), False, ("hetps",)),
     "during": HetpsVariant(("--build-replies-ahead", "--apply-during-reply"), False, ("hetps", "ahead")),
     "pushahead": HetpsVariant((), True, ("hetps",)),
     "all": HetpsVariant(("--build-replies-ahead", "--apply-during-reply"), True, ("hetps", "during")),
+    "wide": HetpsVariant((), False, ("hetps", "pushahead"), WIDE_ENCODE_THREADS),
 }
 HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
+# Plain hetps, as a variant: no flags.
+PLAIN = HetpsVariant((), False, ())
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,7 @@ def hetps_jobs(settings: Settings, two_shards: bool = True) -> list[HetpsJob]:
             jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
         jobs += [
             HetpsJob(f"hetps-{model}-1shard-{variant}", model, "asgd", (), 0, 1, flags)
-            for variant, (flags, _, _) in HETPS_VARIANTS.items()
+            for variant, (flags, _, _, _) in HETPS_VARIANTS.items()
         ]
     return jobs
 

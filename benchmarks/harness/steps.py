@@ -40,13 +40,14 @@ def hetps_client(
     wire: str,
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
     build_pushes_ahead: bool = False,
+    encode_threads: int = 1,
 ) -> PSClient:
     """A worker's client whose ``wire`` is a dtype for both ways or ``PUSH/PULL`` ("int8/bf16": 8-bit
     pushes, bf16 pulls); a ValueError names a dtype that does not exist (:func:`wire_problem`)."""
     push, _, pull = wire.partition("/")
     return PSClient(
         addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push, chunk_bytes=chunk_bytes,
-        build_pushes_ahead=build_pushes_ahead,
+        build_pushes_ahead=build_pushes_ahead, encode_threads=encode_threads,
     )  # fmt: skip
 
 
@@ -72,8 +73,9 @@ class HetpsStep:
         flat: torch.Tensor,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
         build_pushes_ahead: bool = False,
+        encode_threads: int = 1,
     ) -> None:
-        self.client = hetps_client(addresses, layout, name, wire_dtype, chunk_bytes, build_pushes_ahead)
+        self.client = hetps_client(addresses, layout, name, wire_dtype, chunk_bytes, build_pushes_ahead, encode_threads)
         if not self.client.initialized:
             self.client.init(flat)
         self.client.pull(torch.empty_like(flat))

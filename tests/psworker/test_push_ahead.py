@@ -1,10 +1,15 @@
-"""Pushes made ahead of their sending (``build_pushes_ahead``): the same bytes, the same residuals."""
+"""Pushes made ahead of their sending (``build_pushes_ahead``) or encoded on several threads
+(``encode_threads``): the same bytes, the same residuals."""
 
 from __future__ import annotations
+
+import threading
+from typing import Any
 
 import pytest
 import torch
 
+from psproto import blocks
 from psproto.ahead import Ahead
 from psproto.layout import Layout
 from psserver.core.rules import RuleSpec
@@ -18,7 +23,9 @@ LAYOUT = Layout.from_named_shapes([("w", (600, 500)), ("b", (77,))], 2)
 CHUNK_BYTES = 64 * 1024  # the smallest a worker may use
 
 
-def _train(ahead: bool, push_dtype: str) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor | None]]:
+def _train(
+    ahead: bool, push_dtype: str, encode_threads: int = 1
+) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor | None]]:
     """One worker's PushPulls and plain pushes; what came back, the shards' parameters and the residuals."""
     shards = [
         Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.1"}), shard_index=i, num_shards=2, chunk_bytes=CHUNK_BYTES))
@@ -28,7 +35,7 @@ def _train(ahead: bool, push_dtype: str) -> tuple[list[torch.Tensor], torch.Tens
     got = []
     with serving(shards[0]) as first, serving(shards[1]) as second, PSClient(
         [first, second], LAYOUT, name="w", push_dtype=push_dtype, pull_dtype="fp32",
-        chunk_bytes=CHUNK_BYTES, build_pushes_ahead=ahead,
+        chunk_bytes=CHUNK_BYTES, build_pushes_ahead=ahead, encode_threads=encode_threads,
     ) as client:  # fmt: skip
         client.init(torch.randn(LAYOUT.total_length, generator=generator))
         client.pull(torch.empty(LAYOUT.total_length))
@@ -69,3 +76,25 @@ def test_pushes_made_ahead_send_what_pushes_made_in_turn_send(monkeypatch: pytes
                 assert torch.equal(residual_in_turn, residual_ahead) and residual_ahead.abs().sum() > 0
             else:
                 assert residual_in_turn is residual_ahead is None
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_8_bit_pushes_encoded_on_several_threads_send_what_one_thread_sends(
+    ahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded_on: set[str] = set()
+    encode = blocks.encode_with_feedback
+
+    def noted(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        encoded_on.add(threading.current_thread().name.split("_")[0])
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(blocks, "encode_with_feedback", noted)
+    got_one, params_one, residuals_one = _train(False, "int8")
+    assert "push-encoder" not in encoded_on
+    got_many, params_many, residuals_many = _train(ahead, "int8", encode_threads=3)
+    assert "push-encoder" in encoded_on
+    assert all(torch.equal(one, many) for one, many in zip(got_one, got_many, strict=True))
+    assert torch.equal(params_one, params_many)
+    for one, many in zip(residuals_one, residuals_many, strict=True):
+        assert one is not None and many is not None and torch.equal(one, many)
