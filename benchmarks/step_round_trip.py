@@ -8,8 +8,8 @@ shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with the reply's 
 ahead of their sending (``ahead``: ``psserver serve --build-replies-ahead``), with the update
 applied during that reply as well (``during``: ``--apply-during-reply`` too), and with the
 worker's push messages built ahead against a plain server (``pushahead``: ``--build-pushes-ahead``),
-all three together (``all``), and the worker encoding 8-bit chunks on several threads (``wide``:
-``--encode-threads``);
+the worker encoding 8-bit chunks on several threads (``wide``: ``--encode-threads``), and all of
+these together (``all``);
 a bare gRPC byte mover with the same chunking and bytes
 (``benchmarks.harness.bare_grpc``, the transport's ceiling), and the same mover doing the
 arithmetic of an SGD step too (``arith`` rows: 8-bit encode with error feedback, decode, apply,

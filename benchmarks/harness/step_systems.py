@@ -43,19 +43,21 @@ class HetpsVariant(NamedTuple):
     encode_threads: int = 1
 
 
-# The ``wide`` variant's encode threads: enough to outpace one sending thread on a host with cores to spare.
+# The encode threads of ``wide`` and ``all``: enough to outpace one sending thread on a host with cores to spare.
 WIDE_ENCODE_THREADS = 4
 
 # Each on a 1-shard ASGD server of its own beside the plain one: replies built ahead of their
 # sending; the update applied span by span as that reply is built, ahead of the sending too; the
-# worker building its pushes ahead against a plain server; all of them together; and the worker
-# encoding its 8-bit chunks on several threads against a plain server (its fp32 and bf16 rows
-# differ from plain hetps in nothing, which shows the comparison's noise).
+# worker building its pushes ahead against a plain server; all of these together, the worker's
+# 8-bit chunks encoded on several threads too; and only that encode against a plain server (``wide``:
+# its fp32 and bf16 rows differ from plain hetps in nothing, which shows the comparison's noise).
 HETPS_VARIANTS = {
     "ahead": HetpsVariant(("--build-replies-ahead",), False, ("hetps",)),
     "during": HetpsVariant(("--build-replies-ahead", "--apply-during-reply"), False, ("hetps", "ahead")),
     "pushahead": HetpsVariant((), True, ("hetps",)),
-    "all": HetpsVariant(("--build-replies-ahead", "--apply-during-reply"), True, ("hetps", "during")),
+    "all": HetpsVariant(
+        ("--build-replies-ahead", "--apply-during-reply"), True, ("hetps", "during"), WIDE_ENCODE_THREADS
+    ),
     "wide": HetpsVariant((), False, ("hetps", "pushahead"), WIDE_ENCODE_THREADS),
 }
 HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
