@@ -5,12 +5,15 @@
 
 The flags that take work off a step's path are off by default (docs/operations.md): replies built
 ahead of their sending (``psserver serve --build-replies-ahead``), the update applied during that
-reply (``--apply-during-reply``), a worker's pushes built ahead (``psworker train
---build-pushes-ahead``) and its 8-bit chunks encoded on several threads (``--encode-threads``).
+reply (``--apply-during-reply``), a push's chunks received while the last is decoded
+(``--receive-pushes-ahead``), a worker's pushes built ahead (``psworker train
+--build-pushes-ahead``), its 8-bit chunks encoded on several threads (``--encode-threads``), and
+its replies received while the last message is decoded (``--receive-replies-ahead``).
 They move work to other threads, so whether they pay depends on the cores a host has to spare.
 ``benchmarks.step_round_trip`` measures them among its 40-odd systems; this measures only what
 decides them, so the same time buys more repeats: for one model, one worker steps through plain
-hetps and each of ``HETPS_VARIANTS`` (``ahead``, ``during``, ``pushahead``, ``all``, ``wide``), each
+hetps and each of ``HETPS_VARIANTS`` (``ahead``, ``during``, ``pushahead``, ``wide``, ``receive``,
+``all``), each
 on a 1-shard ASGD server of its own, and through the bare gRPC mover and that mover doing the step's
 arithmetic (``arith``) for scale, at fp32, bf16, and 8-bit pushes with bf16 pulls. Systems step in
 a fresh (seeded) order every round, as in ``step_round_trip``. ``wide`` changes only the 8-bit

@@ -8,8 +8,10 @@ shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with the reply's 
 ahead of their sending (``ahead``: ``psserver serve --build-replies-ahead``), with the update
 applied during that reply as well (``during``: ``--apply-during-reply`` too), and with the
 worker's push messages built ahead against a plain server (``pushahead``: ``--build-pushes-ahead``),
-the worker encoding 8-bit chunks on several threads (``wide``: ``--encode-threads``), and all of
-these together (``all``);
+the worker encoding 8-bit chunks on several threads (``wide``: ``--encode-threads``), each side
+receiving a stream's next message while it decodes the last (``receive``: ``psserver serve
+--receive-pushes-ahead``, ``psworker train --receive-replies-ahead``), and all of these together
+(``all``);
 a bare gRPC byte mover with the same chunking and bytes
 (``benchmarks.harness.bare_grpc``, the transport's ceiling), and the same mover doing the
 arithmetic of an SGD step too (``arith`` rows: 8-bit encode with error feedback, decode, apply,
@@ -146,6 +148,7 @@ def measure_steps(
                     system = HetpsStep(
                         addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat,
                         build_pushes_ahead=variant.pushes_ahead, encode_threads=variant.encode_threads,
+                        receive_replies_ahead=variant.replies_received_ahead,
                     )  # fmt: skip
                 elif spec.kind in MOVER_KINDS:
                     key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"

@@ -10,6 +10,10 @@ operations release the GIL. The sender finds the next message made, or waits for
 Whoever starts one must :meth:`~Ahead.close` it when the call ends, however it ends (a finished
 stream closes itself): the builder is then stopped and waited for, so nothing it writes (an 8-bit
 encoder's residual) is still being written when the call's caller goes on.
+
+The same works the other way round, for a stream that comes in: with a call's incoming messages as
+the items, the builder thread asks gRPC for the next message while the thread that iterates decodes
+the one before (gRPC's receiving thread hands a call one message at a time, when it is asked for).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import contextlib
 import queue
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from functools import cache
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -27,6 +32,16 @@ T = TypeVar("T")
 DEPTH = 4
 _END: Any = object()
 _POLL_SECONDS = 0.05  # how often a builder waiting for room checks whether it was stopped
+# Streams made ahead at once in a process, per use. A builder keeps its thread until its stream
+# ends, at the pace of whoever iterates, so a stream beyond these would wait for another's end.
+SHARED_THREADS = 64
+
+
+@cache
+def threads_for(use: str) -> ThreadPoolExecutor:
+    """The threads a process makes streams ahead on for ``use`` (their name), shared by every call
+    of the process and started as needed. Not a client's own pool: its threads are busy in the calls."""
+    return ThreadPoolExecutor(SHARED_THREADS, thread_name_prefix=use)
 
 
 class _Failed:
@@ -35,20 +50,38 @@ class _Failed:
 
 
 class Ahead(Generic[T]):
-    """``items``, made on ``builder`` at most ``depth`` ahead of whoever iterates."""
+    """``items``, made on ``builder`` at most ``depth`` ahead of whoever iterates.
 
-    def __init__(self, items: Iterable[T], builder: Executor, depth: int = DEPTH) -> None:
+    ``start_after``: that many items are taken from ``items`` by whoever iterates, as they are asked
+    for, and the builder starts when the next one is asked for (a push's first chunk takes its
+    receive buffer: a push still waiting for one reads nothing ahead)."""
+
+    def __init__(self, items: Iterable[T], builder: Executor, depth: int = DEPTH, start_after: int = 0) -> None:
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
         self._made: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._ended = False
-        self._work: Future[None] = builder.submit(self._build, iter(items))
+        self._items = iter(items)
+        self._builder = builder
+        self._direct = start_after
+        self._work: Future[None] | None = None
+        if not start_after:
+            self._work = builder.submit(self._build, self._items)  # a head start on the first item
 
     def __iter__(self) -> Iterator[T]:
         return self
 
     def __next__(self) -> T:
+        if self._direct and not self._ended:
+            self._direct -= 1
+            try:
+                return next(self._items)
+            except BaseException:
+                self._ended = True
+                raise
+        if self._work is None and not self._ended:
+            self._work = self._builder.submit(self._build, self._items)
         while not self._ended:
             try:
                 item = self._made.get(timeout=_POLL_SECONDS)
@@ -66,13 +99,18 @@ class Ahead(Generic[T]):
                 return item  # type: ignore[no-any-return]
         raise StopIteration
 
-    def close(self) -> None:
-        """Stop the builder and wait until it has stopped; safe to call more than once."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the builder and wait until it has stopped; safe to call more than once.
+
+        ``wait=False`` for items whose making touches nothing the caller goes on to use (messages read
+        from a call): a builder waiting for its next item then leaves once it has it, or once the
+        call ends, without holding up the caller."""
         self._stop.set()
-        if self._work.cancel():
-            self._ended = True  # still queued for a thread: it never started, so nothing ran
+        work = self._work
+        if work is None or work.cancel():
+            self._ended = True  # not started, or still queued for a thread: nothing ran
             return
-        while not self._work.done():
+        while wait and not work.done():
             with contextlib.suppress(queue.Empty):
                 self._made.get(timeout=_POLL_SECONDS)  # room for a builder waiting to put one
         self._ended = True

@@ -44,6 +44,11 @@ class ShardRange:
     def end(self) -> int:
         return self.offset + self.length
 
+    @property
+    def span(self) -> slice:
+        """The range as a slice of the flat vector."""
+        return slice(self.offset, self.end)
+
 
 # Characters the hash text puts between names and shapes (``name:d1,d2;name2:...``).
 HASH_SEPARATORS = (":", ";")

@@ -184,6 +184,8 @@ class ServerConfig:
     apply_during_reply: bool = False
     # Replies serialised ahead of their sending, on a thread of their own.
     build_replies_ahead: bool = False
+    # A push's chunks received on a thread of their own while the handler decodes.
+    receive_pushes_ahead: bool = False
     transport: ServerLimits = field(default_factory=ServerLimits)
     limits: ShardLimits = field(default_factory=ShardLimits)
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -230,6 +232,7 @@ class ServerConfig:
             pull_versions=self.limits.pull_versions,
             apply_during_reply=self.apply_during_reply,
             build_replies_ahead=self.build_replies_ahead,
+            receive_pushes_ahead=self.receive_pushes_ahead,
             # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
             chunk_bytes=self.transport.reply_chunk_bytes,
         )

@@ -205,6 +205,12 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     "the copies (and with --apply-during-reply the update) overlap the sending; needs a spare core",
 )
 @click.option(
+    "--receive-pushes-ahead",
+    is_flag=True,
+    help="receive each push's next chunk on a thread of its own while the handler decodes the last one, "
+    "so the decoding overlaps the receiving; needs a spare core",
+)
+@click.option(
     "--receive-idle-seconds",
     default=30.0,
     show_default=True,
@@ -297,6 +303,7 @@ def serve(
     pull_versions: int,
     apply_during_reply: bool,
     build_replies_ahead: bool,
+    receive_pushes_ahead: bool,
     receive_idle_seconds: float,
     min_transfer_rate: float,
     transfer_grace_seconds: float,
@@ -345,6 +352,7 @@ def serve(
         drain_seconds=drain_seconds,
         apply_during_reply=apply_during_reply,
         build_replies_ahead=build_replies_ahead,
+        receive_pushes_ahead=receive_pushes_ahead,
         transport=ServerLimits(
             max_message_mb * 1024 * 1024,
             max_concurrent_rpcs,

@@ -118,11 +118,7 @@ class InProcessService:
             self.shard.discard_push(pending)
         if pull_into is not None:
             self.pull(pull_into)
-        return [
-            PushResult(
-                outcome.clock, outcome.staleness, outcome.duplicate, dict(outcome.telemetry), outcome.local_steps
-            )
-        ]
+        return [PushResult.of(outcome)]
 
     def heartbeat(self, stats: Mapping[str, float]) -> None:
         self.shard.heartbeat(self.worker_id, dict(stats))

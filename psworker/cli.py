@@ -175,6 +175,12 @@ def main() -> None:
     help="threads encoding a push's int8 chunks at once on the host (the bytes are the same); more than 1 "
     "pays only with cores to spare",
 )
+@click.option(
+    "--receive-replies-ahead",
+    is_flag=True,
+    help="receive the pulled parameters' next message on a thread of its own while the last is decoded, so "
+    "the decoding overlaps the receiving; needs a spare core",
+)
 @client_security_options
 def train_command(
     servers: tuple[str, ...],
@@ -204,6 +210,7 @@ def train_command(
     encode_on: str,
     build_pushes_ahead: bool,
     encode_threads: int,
+    receive_replies_ahead: bool,
     tls_ca: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
@@ -257,6 +264,7 @@ def train_command(
         encode_on=encode_on,
         build_pushes_ahead=build_pushes_ahead,
         encode_threads=encode_threads,
+        receive_replies_ahead=receive_replies_ahead,
     )
     try:
         summary = train(config, loaded)

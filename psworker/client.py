@@ -108,12 +108,14 @@ class PSClient:
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
         build_pushes_ahead: bool = False,
         encode_threads: int = 1,
+        receive_replies_ahead: bool = False,
     ) -> None:
         """``wire_dtype``: pushes' and pulls' dtype unless ``push_dtype``/``pull_dtype`` says otherwise
         (``int8`` pushes only; ``error_feedback``: its residual, ``psworker.push_encoding``);
         ``chunk_bytes``: what pushes and Init are cut into (``codec.chunk_bytes_problem`` bounds it);
         ``build_pushes_ahead``: a push's messages made on threads of their own (``psproto.ahead``);
-        ``encode_threads``: threads encoding a push's 8-bit chunks at once (``push_encoding.BlockPush``).
+        ``encode_threads``: threads encoding a push's 8-bit chunks at once (``push_encoding.BlockPush``);
+        ``receive_replies_ahead``: each next message of pulled parameters asked for while the last is decoded.
         ``connect_timeout``: how long the first Join waits for each shard to come up.
         ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
         ``deadlines``: how long each call may take (``psworker.deadlines``)."""
@@ -149,7 +151,7 @@ class PSClient:
         self._push_id_lock = threading.Lock()
         self._session_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(addresses)), thread_name_prefix="psclient")
-        self.build_pushes_ahead = build_pushes_ahead
+        self.build_pushes_ahead, self.receive_replies_ahead = build_pushes_ahead, receive_replies_ahead
         # Set when close() starts: a call still in flight then fails instead of retrying or joining
         # again, or a worker stopped with Ctrl-C would come back to life on the shard it just left.
         self._closing = threading.Event()
@@ -320,7 +322,7 @@ class PSClient:
 
     def _init_shard(self, session: ShardSession, flat: torch.Tensor) -> bool:
         header = ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash)
-        requests = init_requests(header, flat[session.range.offset : session.range.end], self.push_encoder.chunk_bytes)
+        requests = init_requests(header, flat[session.range.span], self.push_encoder.chunk_bytes)
         timeout = self.deadlines.transfer(payload_bytes(session.range.length, codec.FLOAT32))
         reply: ps_pb2.InitResponse = session.data.init(requests, timeout=timeout, metadata=self._metadata)
         return reply.applied
@@ -342,7 +344,7 @@ class PSClient:
         request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype, reserve=reserve)
         timeout = self._held_deadline(session, self.wire_dtype)
         messages = session.data.pull(request, timeout=timeout, metadata=self._metadata)
-        clock = receive_params(messages, out[session.range.offset : session.range.end])
+        clock = receive_params(messages, out[session.range.span], self.receive_replies_ahead)
         self.pulled_clocks[session.range.index] = clock
         self._observe_clock(session.range.index, pulled_shard_clock(clock, shard_clock(messages)))
         return clock
@@ -418,9 +420,7 @@ class PSClient:
             if pull_into is None:
                 timeout = self._held_deadline(session, self.push_encoder.dtype)
                 reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)
-                return PushResult(
-                    reply.clock, reply.staleness, reply.duplicate, dict(reply.telemetry), reply.local_steps
-                )
+                return PushResult.of(reply)
             timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
             call = session.data.push_pull(requests, timeout=timeout, metadata=self._metadata)
             replies = iter(call)
@@ -428,12 +428,12 @@ class PSClient:
             if not isinstance(first, ps_pb2.PushResponse):
                 raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
             params = (message for message in replies if isinstance(message, wire.PulledChunk))
-            clock = receive_params(params, pull_into[session.range.offset : session.range.end])
+            clock = receive_params(params, pull_into[session.range.span], self.receive_replies_ahead)
             self.pulled_clocks[session.range.index] = clock
             # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.
             ack_clock = None if first.duplicate else first.clock
             self._observe_clock(session.range.index, pulled_shard_clock(clock, shard_clock(call), ack_clock))
-            return PushResult(first.clock, first.staleness, first.duplicate, dict(first.telemetry), first.local_steps)
+            return PushResult.of(first)
 
     def _held_deadline(self, session: ShardSession, *wire_dtypes: int) -> float:
         return self.deadlines.held(session.range.length, session.join.lease_seconds, *wire_dtypes)

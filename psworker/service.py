@@ -20,6 +20,21 @@ import torch
 from psproto.v1 import ps_pb2
 
 
+class Acknowledgement(Protocol):
+    """A push's acknowledgement as a shard gives it (a PushResponse, or the core's PushOutcome)."""
+
+    @property
+    def clock(self) -> int: ...
+    @property
+    def staleness(self) -> int: ...
+    @property
+    def duplicate(self) -> bool: ...
+    @property
+    def telemetry(self) -> Mapping[str, float]: ...
+    @property
+    def local_steps(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class PushResult:
     """One shard's acknowledgement of a push."""
@@ -30,6 +45,10 @@ class PushResult:
     telemetry: dict[str, float]
     # DyLU: the local steps the shard assigns to this worker's next window; 0 when it assigns none.
     local_steps: int = 0
+
+    @classmethod
+    def of(cls, ack: Acknowledgement) -> PushResult:
+        return cls(ack.clock, ack.staleness, ack.duplicate, dict(ack.telemetry), ack.local_steps)
 
 
 class ParameterService(Protocol):

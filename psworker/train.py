@@ -75,6 +75,8 @@ class TrainConfig:
     build_pushes_ahead: bool = False
     # Threads encoding a push's 8-bit chunks at once on the host (PSClient's encode_threads).
     encode_threads: int = 1
+    # Whether pulled parameters' next message is received on a thread of its own while the last is decoded.
+    receive_replies_ahead: bool = False
 
 
 @dataclass
@@ -182,6 +184,7 @@ def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
             chunk_bytes=config.chunk_bytes,
             build_pushes_ahead=config.build_pushes_ahead,
             encode_threads=config.encode_threads,
+            receive_replies_ahead=config.receive_replies_ahead,
             tls=config.tls,
             auth_token=config.auth_token,
             retry=RetryPolicy(give_up_seconds=config.retry_seconds),

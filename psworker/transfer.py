@@ -11,24 +11,19 @@ more than the copy.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from functools import cache
 from typing import TypeVar
 
 import grpc
 import torch
 
 from psproto import codec, metadata, wire
-from psproto.ahead import Ahead
+from psproto.ahead import Ahead, threads_for
 from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.v1 import ps_pb2
 
 T = TypeVar("T")
 _SERVICE = "/psproto.v1.ParameterServer/"
-# Pushes made ahead at once in a process. A builder keeps its thread until its stream is made, at
-# its sender's pace, so a push beyond these would wait for another's sending (threads start as needed).
-_PUSH_BUILDERS = 64
 # Field number of the chunk in InitRequest and PushRequest (the header is field 1).
 _CHUNK_FIELD = 2
 
@@ -80,13 +75,6 @@ def push_requests(
         yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
 
 
-@cache
-def _push_builders() -> ThreadPoolExecutor:
-    """The threads that make pushes ahead of their sending, shared by every client of the process
-    (not a client's own pool: its threads are busy sending the pushes)."""
-    return ThreadPoolExecutor(_PUSH_BUILDERS, thread_name_prefix="push-builder")
-
-
 @contextmanager
 def requests_made(requests: Iterator[T], ahead_of_sending: bool) -> Iterator[Iterator[T]]:
     """``requests`` as they are, or made ahead of their sending (``psproto.ahead``), the making
@@ -94,21 +82,29 @@ def requests_made(requests: Iterator[T], ahead_of_sending: bool) -> Iterator[Ite
     if not ahead_of_sending:
         yield requests
         return
-    ahead = Ahead(requests, _push_builders())
+    ahead = Ahead(requests, threads_for("push-builder"))
     try:
         yield ahead
     finally:
         ahead.close()
 
 
-def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor) -> int:
-    """Decode pulled chunks into ``part`` (one shard's slice of a flat fp32 buffer); returns their clock."""
+def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor, ahead: bool = False) -> int:
+    """Decode pulled chunks into ``part`` (one shard's slice of a flat fp32 buffer); returns their clock.
+
+    ``ahead``: each next message is asked of gRPC on a thread of its own while this one decodes the
+    last (``psproto.ahead``), so the two overlap."""
     assembler = codec.Assembler(part, track_finite=False)
     clock = -1
-    with inline_torch_ops():
-        for message in messages:
-            clock = message.clock
-            assembler.add(message.chunk)
+    received = Ahead(messages, threads_for("reply-receiver")) if ahead else messages
+    try:
+        with inline_torch_ops():
+            for message in received:
+                clock = message.clock
+                assembler.add(message.chunk)
+    finally:
+        if isinstance(received, Ahead):
+            received.close(wait=False)
     assembler.finish()
     return clock
 

@@ -34,13 +34,14 @@ MOVER_KINDS = ("bare", "arith", "overlap")
 
 class HetpsVariant(NamedTuple):
     """hetps run another way: its server's flags, whether its worker builds pushes ahead, the
-    kinds its rows are compared with (what the variant adds to each), and how many threads its
-    worker encodes 8-bit chunks on."""
+    kinds its rows are compared with (what the variant adds to each), how many threads its worker
+    encodes 8-bit chunks on, and whether its worker receives replies ahead."""
 
     server_flags: tuple[str, ...]
     pushes_ahead: bool
     compared_with: tuple[str, ...]
     encode_threads: int = 1
+    replies_received_ahead: bool = False
 
 
 # The encode threads of ``wide`` and ``all``: enough to outpace one sending thread on a host with cores to spare.
@@ -48,17 +49,20 @@ WIDE_ENCODE_THREADS = 4
 
 # Each on a 1-shard ASGD server of its own beside the plain one: replies built ahead of their
 # sending; the update applied span by span as that reply is built, ahead of the sending too; the
-# worker building its pushes ahead against a plain server; all of these together, the worker's
-# 8-bit chunks encoded on several threads too; and only that encode against a plain server (``wide``:
-# its fp32 and bf16 rows differ from plain hetps in nothing, which shows the comparison's noise).
+# worker building its pushes ahead against a plain server; only the worker's 8-bit chunks encoded
+# on several threads (``wide``: its fp32 and bf16 rows differ from plain hetps in nothing, which
+# shows the comparison's noise); each side receiving its next message while it decodes the last
+# (``receive``: the server a push's chunks, the worker a reply's); and all of these together.
+_SERVER_AHEAD = ("--build-replies-ahead", "--apply-during-reply")
 HETPS_VARIANTS = {
     "ahead": HetpsVariant(("--build-replies-ahead",), False, ("hetps",)),
-    "during": HetpsVariant(("--build-replies-ahead", "--apply-during-reply"), False, ("hetps", "ahead")),
+    "during": HetpsVariant(_SERVER_AHEAD, False, ("hetps", "ahead")),
     "pushahead": HetpsVariant((), True, ("hetps",)),
-    "all": HetpsVariant(
-        ("--build-replies-ahead", "--apply-during-reply"), True, ("hetps", "during"), WIDE_ENCODE_THREADS
-    ),
     "wide": HetpsVariant((), False, ("hetps", "pushahead"), WIDE_ENCODE_THREADS),
+    "receive": HetpsVariant(("--receive-pushes-ahead",), False, ("hetps",), replies_received_ahead=True),
+    "all": HetpsVariant(
+        (*_SERVER_AHEAD, "--receive-pushes-ahead"), True, ("hetps", "during"), WIDE_ENCODE_THREADS, True
+    ),
 }
 HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
 # Plain hetps, as a variant: no flags.
@@ -119,7 +123,7 @@ def hetps_jobs(settings: Settings, two_shards: bool = True) -> list[HetpsJob]:
             jobs += [HetpsJob(f"hetps-{model}-2shard-{i}", model, "asgd", (), i, 2) for i in range(2)]
         jobs += [
             HetpsJob(f"hetps-{model}-1shard-{variant}", model, "asgd", (), 0, 1, flags)
-            for variant, (flags, _, _, _) in HETPS_VARIANTS.items()
+            for variant, (flags, *_) in HETPS_VARIANTS.items()
         ]
     return jobs
 

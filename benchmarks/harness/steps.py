@@ -41,6 +41,7 @@ def hetps_client(
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
     build_pushes_ahead: bool = False,
     encode_threads: int = 1,
+    receive_replies_ahead: bool = False,
 ) -> PSClient:
     """A worker's client whose ``wire`` is a dtype for both ways or ``PUSH/PULL`` ("int8/bf16": 8-bit
     pushes, bf16 pulls); a ValueError names a dtype that does not exist (:func:`wire_problem`)."""
@@ -48,6 +49,7 @@ def hetps_client(
     return PSClient(
         addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push, chunk_bytes=chunk_bytes,
         build_pushes_ahead=build_pushes_ahead, encode_threads=encode_threads,
+        receive_replies_ahead=receive_replies_ahead,
     )  # fmt: skip
 
 
@@ -74,8 +76,11 @@ class HetpsStep:
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
         build_pushes_ahead: bool = False,
         encode_threads: int = 1,
+        receive_replies_ahead: bool = False,
     ) -> None:
-        self.client = hetps_client(addresses, layout, name, wire_dtype, chunk_bytes, build_pushes_ahead, encode_threads)
+        self.client = hetps_client(
+            addresses, layout, name, wire_dtype, chunk_bytes, build_pushes_ahead, encode_threads, receive_replies_ahead
+        )
         if not self.client.initialized:
             self.client.init(flat)
         self.client.pull(torch.empty_like(flat))

@@ -50,3 +50,6 @@ class ShardConfig:
     # A version of the live parameters is serialised ahead of its reply on a thread of its own
     # (``psserver.core.serialized_pull``), so its copies overlap the sending.
     build_replies_ahead: bool = False
+    # A push's next chunk is received (asked of gRPC) on a thread of its own while the handler decodes
+    # the last one (``psserver.rpc.servicer``), so the two overlap.
+    receive_pushes_ahead: bool = False

@@ -14,6 +14,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from psproto import metadata, wire
+from psproto.ahead import Ahead, threads_for
 from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
@@ -300,11 +301,15 @@ class ParameterServerServicer:
             cancel=context.cancel,
             abandoned=_abandoned(context),
         )
+        # With receive_pushes_ahead each next chunk is asked of gRPC on a thread of its own while this one
+        # decodes the last; from the second on, so a push waiting for a receive buffer reads nothing ahead.
+        ahead = self.shard.config.receive_pushes_ahead
+        messages = Ahead(request_iterator, threads_for("push-receiver"), start_after=1) if ahead else request_iterator
         try:
             try:
                 # Chunk by chunk on this thread; the rule's apply (commit_push) keeps torch's threads.
                 with inline_torch_ops():
-                    for message in request_iterator:
+                    for message in messages:
                         # Decoded by the pending push straight into its receive buffer.
                         pending.add(_chunk_of(message, "Push"))
             except grpc.RpcError:
@@ -316,6 +321,8 @@ class ParameterServerServicer:
                 raise
             return header, self.shard.commit_push(pending)
         finally:
+            if isinstance(messages, Ahead):
+                messages.close(wait=False)  # its thread only reads the call, which is ending
             # A refused chunk or a broken stream must not keep its receive buffer.
             self.shard.discard_push(pending)
 

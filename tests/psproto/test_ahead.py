@@ -115,3 +115,61 @@ def test_closing_a_stream_still_waiting_for_a_builder_thread_returns_at_once_and
         assert time.monotonic() - started < 0.5
         busy.close()
     assert made == [] and list(queued) == []
+
+
+def test_close_without_waiting_returns_while_the_builder_waits_for_its_next_item() -> None:
+    release = threading.Event()
+    asked = threading.Event()
+
+    def items() -> Iterator[int]:
+        yield 1
+        asked.set()
+        release.wait(10)  # a message not received yet
+        yield 2
+
+    with ThreadPoolExecutor(1) as builder:
+        ahead = Ahead(items(), builder)
+        assert next(ahead) == 1
+        assert asked.wait(10)
+        started = time.monotonic()
+        ahead.close(wait=False)
+        assert time.monotonic() - started < 1 and list(ahead) == []
+        release.set()
+        # The builder leaves once it has its item, putting nothing more.
+        builder.submit(lambda: None).result(timeout=10)
+        assert ahead._made.empty()
+
+
+def test_the_first_items_are_taken_by_whoever_iterates_and_the_builder_starts_after_them() -> None:
+    taken_on: list[str] = []
+
+    def items() -> Iterator[int]:
+        for i in range(6):
+            taken_on.append(threading.current_thread().name)
+            yield i
+
+    with ThreadPoolExecutor(1, thread_name_prefix="builder") as builder:
+        ahead = Ahead(items(), builder, start_after=2)
+        assert [next(ahead), next(ahead)] == [0, 1]
+        time.sleep(0.2)  # a builder started early would have made more by now
+        assert taken_on == [threading.current_thread().name] * 2
+        assert list(ahead) == [2, 3, 4, 5]
+        assert all(name.startswith("builder") for name in taken_on[2:])
+        ahead.close()
+
+
+def test_a_stream_ending_or_failing_among_the_first_items_ends_it_without_a_builder() -> None:
+    builder = ThreadPoolExecutor(1)
+    assert list(Ahead(iter([7]), builder, start_after=3)) == [7]
+
+    def failing() -> Iterator[int]:
+        yield 1
+        raise RuntimeError("the stream broke")
+
+    ahead = Ahead(failing(), builder, start_after=3)
+    assert next(ahead) == 1
+    with pytest.raises(RuntimeError, match="the stream broke"):
+        next(ahead)
+    assert list(ahead) == []
+    ahead.close()
+    builder.shutdown()

@@ -161,15 +161,16 @@ def test_serve_maps_the_memory_flags_into_the_server(
 
 
 @pytest.mark.parametrize(
-    ("flags", "during", "ahead"),
+    ("flags", "during", "ahead", "receiving"),
     [
-        ([], False, False),
-        (["--rule", "sa", "--apply-during-reply"], True, False),
-        (["--rule", "momentum", "--build-replies-ahead"], False, True),
+        ([], False, False, False),
+        (["--rule", "sa", "--apply-during-reply"], True, False, False),
+        (["--rule", "momentum", "--build-replies-ahead"], False, True, False),
+        (["--rule", "gap-aware", "--receive-pushes-ahead"], False, False, True),
     ],
 )
-def test_serve_applies_during_the_reply_and_builds_replies_ahead_only_when_asked(
-    flags: list[str], during: bool, ahead: bool, monkeypatch: pytest.MonkeyPatch
+def test_serve_applies_during_the_reply_and_builds_replies_or_receives_pushes_ahead_only_when_asked(
+    flags: list[str], during: bool, ahead: bool, receiving: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     configs: list[ServerConfig] = []
     monkeypatch.setattr(serve_cli, "map_large_buffers", lambda mib: None)
@@ -178,6 +179,7 @@ def test_serve_applies_during_the_reply_and_builds_replies_ahead_only_when_asked
     assert result.exit_code == 0, result.output
     assert [config.shard_config().apply_during_reply for config in configs] == [during]
     assert [config.shard_config().build_replies_ahead for config in configs] == [ahead]
+    assert [config.shard_config().receive_pushes_ahead for config in configs] == [receiving]
 
 
 @pytest.mark.parametrize(("environment", "warned"), [({}, True), ({"MALLOC_ARENA_MAX": "1"}, False)])

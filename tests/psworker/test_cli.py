@@ -80,6 +80,13 @@ def test_pushes_are_built_ahead_only_when_asked(flags: list[str], ahead: bool, m
     assert _train_config(flags, monkeypatch).build_pushes_ahead is ahead
 
 
+@pytest.mark.parametrize(("flags", "ahead"), [([], False), (["--receive-replies-ahead"], True)])
+def test_replies_are_received_ahead_only_when_asked(
+    flags: list[str], ahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _train_config(flags, monkeypatch).receive_replies_ahead is ahead
+
+
 @pytest.mark.parametrize(("flags", "threads"), [([], 1), (["--encode-threads", "3"], 3)])
 def test_encode_threads_reach_the_training_config(
     flags: list[str], threads: int, monkeypatch: pytest.MonkeyPatch

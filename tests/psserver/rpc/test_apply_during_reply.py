@@ -1,4 +1,4 @@
-"""``--apply-during-reply`` and ``--build-replies-ahead`` over real gRPC: the same parameters as
+"""``--apply-during-reply``, ``--build-replies-ahead`` and receiving ahead over real gRPC: the same parameters as
 applying whole and sending as built, and no buffer left behind."""
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def small_spans(monkeypatch: pytest.MonkeyPatch) -> None:
 def _shards(during_reply: bool, ahead: bool) -> list[Shard]:
     # Replies of 128 elements: many messages per shard, none lined up with the 100-element spans.
     rule = RuleSpec.parse("sa", {"lr": "0.2"})
-    config = ShardConfig(rule, chunk_bytes=512, apply_during_reply=during_reply, build_replies_ahead=ahead)
+    config = ShardConfig(
+        rule, chunk_bytes=512, apply_during_reply=during_reply, build_replies_ahead=ahead, receive_pushes_ahead=ahead
+    )
     return [Shard(ShardConfig(**{**config.__dict__, "shard_index": i, "num_shards": 2})) for i in range(2)]
 
 
@@ -42,7 +44,15 @@ def _train(during_reply: bool, ahead: bool = False) -> tuple[list[torch.Tensor],
     with serving(shards[0]) as first, serving(shards[1]) as second:
         addresses = [first, second]
         clients = [
-            PSClient(addresses, LAYOUT, name=f"w{i}", wire_dtype="fp32", build_pushes_ahead=ahead) for i in range(2)
+            PSClient(
+                addresses,
+                LAYOUT,
+                name=f"w{i}",
+                wire_dtype="fp32",
+                build_pushes_ahead=ahead,
+                receive_replies_ahead=ahead,
+            )
+            for i in range(2)
         ]
         try:
             clients[0].init(torch.randn(LAYOUT.total_length, generator=generator))
