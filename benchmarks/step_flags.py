@@ -1,7 +1,7 @@
 """Whether hetps's step flags pay on this host: one worker's steps through plain hetps and each set of flags.
 
     python -m benchmarks.step_flags [--quick | --smoke] [--model resnet18] [--repeats N]
-                                    [--out benchmarks/results/step_flags.json]
+                                    [--variants receive,all] [--out benchmarks/results/step_flags.json]
 
 The flags that take work off a step's path are off by default (docs/operations.md): replies built
 ahead of their sending (``psserver serve --build-replies-ahead``), the update applied during that
@@ -45,7 +45,6 @@ from benchmarks.harness.processes import Fleet
 from benchmarks.harness.report import prepare_output, print_validity, run_header, spread, write_results
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.step_systems import (
-    HETPS_KINDS,
     HETPS_VARIANTS,
     INT8,
     SystemSpec,
@@ -68,8 +67,9 @@ def row_name(kind: str, wire: str) -> str:
     return f"{kind}-{INT8}" if wire == "int8/bf16" else f"{kind}-1shard-{wire}"
 
 
-def flag_systems() -> list[SystemSpec]:
-    return [SystemSpec(row_name(kind, wire), kind, 1, wire) for kind in (*HETPS_KINDS, *MOVERS) for wire in WIRE_FORMS]
+def flag_systems(variants: Sequence[str] = tuple(HETPS_VARIANTS)) -> list[SystemSpec]:
+    kinds = ("hetps", *variants, *MOVERS)
+    return [SystemSpec(row_name(kind, wire), kind, 1, wire) for kind in kinds for wire in WIRE_FORMS]
 
 
 def verdict(ratio: dict[str, float]) -> str:
@@ -81,13 +81,15 @@ def verdict(ratio: dict[str, float]) -> str:
     return "level"
 
 
-def flag_verdicts(steps: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+def flag_verdicts(
+    steps: dict[str, Any], variants: Sequence[str] = tuple(HETPS_VARIANTS)
+) -> dict[str, dict[str, dict[str, Any]]]:
     """Per variant and wire form: its speed against plain hetps's (median, min, max over repeats)
     and the verdict; beside it, plain hetps's and the variant's speed against the bare mover."""
     verdicts: dict[str, dict[str, dict[str, Any]]] = {}
     for data in steps.values():
         ratios = data["speed_ratios"]
-        for variant in HETPS_VARIANTS:
+        for variant in variants:
             for wire in WIRE_FORMS:
                 name, plain, bare = row_name(variant, wire), row_name("hetps", wire), row_name("bare", wire)
                 against = ratios[f"{name} vs {plain}"]
@@ -124,30 +126,39 @@ def print_verdicts(verdicts: dict[str, dict[str, dict[str, Any]]], valid: bool, 
     console.print(table)
 
 
-def parse(argv: Sequence[str] | None) -> tuple[Settings, Path]:
+def parse(argv: Sequence[str] | None) -> tuple[Settings, Path, tuple[str, ...]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--smoke", action="store_true", help="a tiny model and a few steps (tests)")
     parser.add_argument("--model", choices=sorted(MODELS), default=None, help="default resnet18 (tiny with --smoke)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 9, 5 with --quick)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(HETPS_VARIANTS),
+        help="the flag sets to step, comma-separated (default: all of them; fewer leave time for more repeats)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_flags.json"))
     args = parser.parse_args(argv)
+    variants = tuple(name.strip() for name in args.variants.split(",") if name.strip())
+    unknown = [name for name in variants if name not in HETPS_VARIANTS]
+    if unknown or not variants:
+        parser.error(f"--variants: {', '.join(unknown) or 'none given'}; choose from {', '.join(HETPS_VARIANTS)}")
     base = Settings.smoke() if args.smoke else Settings.quick() if args.quick else Settings()
     repeats = args.repeats if args.repeats is not None else 2 if args.smoke else 5 if args.quick else 9
     if repeats < 1:
         parser.error("--repeats must be at least 1")
     model = args.model or ("tiny" if args.smoke else "resnet18")
-    return replace(base, models=(model,), repeats=repeats), args.out
+    return replace(base, models=(model,), repeats=repeats), args.out, variants
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    settings, out = parse(argv)
+    settings, out, variants = parse(argv)
     console, log_dir = prepare_output(out)
     torch.set_num_threads(TORCH_THREADS)
     started = time.perf_counter()
     results = run_header(settings)
     fleet = Fleet(log_dir)
-    systems = flag_systems()
+    systems = flag_systems(variants)
     try:
         with console.status("starting servers"):
             hetps = hetps_addresses(settings, fleet.start_all(hetps_jobs(settings, two_shards=False)))
@@ -166,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if system["kind"] in MOVERS
     ]
     results["validity"] = summarize_checks(checks)
-    results["verdicts"] = flag_verdicts(results["steps"])
+    results["verdicts"] = flag_verdicts(results["steps"], variants)
     results["wall_seconds"] = time.perf_counter() - started
     print_step_tables(results["steps"], console)
     print_validity(results["validity"], console)
