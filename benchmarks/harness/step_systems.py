@@ -113,9 +113,11 @@ def mover_groups(specs: Sequence[SystemSpec]) -> list[tuple[str, int]]:
 # -- hetps's servers ---------------------------------------------------------------------------
 
 
-def hetps_jobs(settings: Settings, two_shards: bool = True) -> list[HetpsJob]:
+def hetps_jobs(
+    settings: Settings, two_shards: bool = True, variants: Sequence[str] = tuple(HETPS_VARIANTS)
+) -> list[HetpsJob]:
     """ASGD servers for every model: one with 1 shard, two of a 2-shard layout (unless not
-    ``two_shards``), and one with 1 shard for each of ``HETPS_VARIANTS``."""
+    ``two_shards``), and one with 1 shard for each of ``variants`` (of ``HETPS_VARIANTS``)."""
     jobs = []
     for model in settings.models:
         jobs.append(HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1))
@@ -124,6 +126,7 @@ def hetps_jobs(settings: Settings, two_shards: bool = True) -> list[HetpsJob]:
         jobs += [
             HetpsJob(f"hetps-{model}-1shard-{variant}", model, "asgd", (), 0, 1, flags)
             for variant, (flags, *_) in HETPS_VARIANTS.items()
+            if variant in variants
         ]
     return jobs
 
@@ -139,7 +142,8 @@ def hetps_addresses(settings: Settings, by_label: dict[str, ServerProcess]) -> H
         if f"hetps-{model}-2shard-0" in by_label:
             addresses[model][("hetps", 2)] = [by_label[f"hetps-{model}-2shard-{i}"].address for i in range(2)]
         for variant in HETPS_VARIANTS:
-            addresses[model][(variant, 1)] = [by_label[f"hetps-{model}-1shard-{variant}"].address]
+            if f"hetps-{model}-1shard-{variant}" in by_label:
+                addresses[model][(variant, 1)] = [by_label[f"hetps-{model}-1shard-{variant}"].address]
     return addresses
 
 
