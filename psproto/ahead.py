@@ -38,10 +38,10 @@ SHARED_THREADS = 64
 
 
 @cache
-def threads_for(use: str) -> ThreadPoolExecutor:
-    """The threads a process makes streams ahead on for ``use`` (their name), shared by every call
-    of the process and started as needed. Not a client's own pool: its threads are busy in the calls."""
-    return ThreadPoolExecutor(SHARED_THREADS, thread_name_prefix=use)
+def threads_for(use: str, count: int = SHARED_THREADS) -> ThreadPoolExecutor:
+    """``count`` threads a process runs ``use``'s work on (their name), shared by every call of the
+    process and started as needed. Not a client's own pool: its threads are busy in the calls."""
+    return ThreadPoolExecutor(count, thread_name_prefix=use)
 
 
 class _Failed:

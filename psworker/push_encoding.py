@@ -17,12 +17,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from functools import cache
+from concurrent.futures import Future, wait
 
 import torch
 
 from psproto import blocks, codec
+from psproto.ahead import threads_for
 from psproto.layout import ShardRange
 from psworker.channels import MAX_MESSAGE_BYTES
 
@@ -58,12 +58,6 @@ class OnePush:
         return self._encoded[shard.index]
 
 
-@cache
-def _encode_pool(threads: int) -> ThreadPoolExecutor:
-    """The threads that encode 8-bit chunks side by side, one pool per thread count in a process."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="push-encoder")
-
-
 class BlockPush:
     """One shard's 8-bit chunks of one push, each encoded when it is first sent and kept for retries.
 
@@ -92,7 +86,7 @@ class BlockPush:
         self._encoded: list[codec.ChunkPayload] = []
         self._finite = True
         threads = encoder.encode_threads
-        self._pool = _encode_pool(threads) if threads > 1 and len(self._spans) > 1 else None
+        self._pool = threads_for("push-encoder", threads) if threads > 1 and len(self._spans) > 1 else None
         self._window = 2 * threads
         # Encodes started ahead of the chunk taken, by chunk index.
         self._started: dict[int, Future[tuple[codec.ChunkPayload, bool]]] = {}
@@ -114,7 +108,7 @@ class BlockPush:
             payload, finite = self._encode(self._spans[index])
         else:
             for ahead in range(index, min(index + self._window, len(self._spans))):
-                if ahead not in self._started and ahead >= len(self._encoded):
+                if ahead not in self._started:
                     self._started[ahead] = self._pool.submit(self._encode, self._spans[ahead])
             payload, finite = self._started.pop(index).result()
         self._finite = self._finite and finite
