@@ -39,7 +39,7 @@ from typing import TypeVar
 import grpc
 import torch
 
-from psproto import codec, wire
+from psproto import codec
 from psproto.layout import Layout
 from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2
@@ -47,7 +47,7 @@ from psworker.channels import DEFAULT_KEEPALIVE_S, check_keepalive, close_channe
 from psworker.deadlines import DeadlinePolicy, payload_bytes
 from psworker.fan_out import fan_out
 from psworker.push_encoding import OnePush, PushEncoder, wire_dtypes
-from psworker.service import PushResult
+from psworker.service import PushResult, ServerMismatchError
 from psworker.sessions import (
     LEAVE_TIMEOUT_S,
     NO_RETRY,
@@ -55,7 +55,6 @@ from psworker.sessions import (
     Recovery,
     RetryPolicy,
     Rollback,
-    ServerMismatchError,
     ShardSession,
     first_join,
     is_future_clock,
@@ -65,7 +64,7 @@ from psworker.sessions import (
     reconnect_note,
     recovery_for,
 )
-from psworker.transfer import init_requests, push_requests, receive_params, requests_made, shard_clock
+from psworker.transfer import init_requests, push_pull_reply, push_requests, receive_params, requests_made, shard_clock
 
 __all__ = [
     "NO_RETRY",
@@ -423,17 +422,12 @@ class PSClient:
                 return PushResult.of(reply)
             timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
             call = session.data.push_pull(requests, timeout=timeout, metadata=self._metadata)
-            replies = iter(call)
-            first = next(replies)
-            if not isinstance(first, ps_pb2.PushResponse):
-                raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
-            params = (message for message in replies if isinstance(message, wire.PulledChunk))
-            clock = receive_params(params, pull_into[session.range.span], self.receive_replies_ahead)
+            ack, clock = push_pull_reply(call, pull_into[session.range.span], self.receive_replies_ahead)
             self.pulled_clocks[session.range.index] = clock
             # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.
-            ack_clock = None if first.duplicate else first.clock
+            ack_clock = None if ack.duplicate else ack.clock
             self._observe_clock(session.range.index, pulled_shard_clock(clock, shard_clock(call), ack_clock))
-            return PushResult.of(first)
+            return PushResult.of(ack)
 
     def _held_deadline(self, session: ShardSession, *wire_dtypes: int) -> float:
         return self.deadlines.held(session.range.length, session.join.lease_seconds, *wire_dtypes)

@@ -20,6 +20,10 @@ import torch
 from psproto.v1 import ps_pb2
 
 
+class ServerMismatchError(RuntimeError):
+    """The shards the client reached do not agree with the model it holds, or one answered out of protocol."""
+
+
 class Acknowledgement(Protocol):
     """A push's acknowledgement as a shard gives it (a PushResponse, or the core's PushOutcome)."""
 

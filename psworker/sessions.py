@@ -25,6 +25,7 @@ from psproto.errors import Reason, limit_of, reason_of
 from psproto.layout import ShardRange
 from psproto.reasons import TransientLimit
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psworker.service import ServerMismatchError
 from psworker.transfer import DataPath
 
 
@@ -152,10 +153,6 @@ def pulled_shard_clock(version_clock: int, shard_clock: int | None, ack_clock: i
     if shard_clock is not None:
         return shard_clock
     return version_clock if ack_clock is None else max(version_clock, ack_clock)
-
-
-class ServerMismatchError(RuntimeError):
-    """The shards the client reached do not agree with the model it holds."""
 
 
 @dataclass

@@ -142,13 +142,12 @@ def digits(seed: int = 0, data_dir: Path | None = None) -> Task:
     """scikit-learn's bundled handwritten digits (1,797 8×8 images), 80/20 stratified split.
 
     ``data_dir`` is ignored: the data ships inside scikit-learn."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from psworker.digits import load_digits, stratified_split
 
-    data = load_digits()
-    images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(data.target, dtype=torch.long)
-    train_idx, test_idx = train_test_split(range(len(labels)), test_size=0.2, random_state=seed, stratify=data.target)
+    pixels, targets = load_digits()
+    images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(targets, dtype=torch.long)
+    train_idx, test_idx = (torch.from_numpy(part) for part in stratified_split(targets, 0.2, seed))
     model_seed = seed
 
     def build() -> nn.Module:

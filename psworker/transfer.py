@@ -21,6 +21,7 @@ from psproto import codec, metadata, wire
 from psproto.ahead import Ahead, threads_for
 from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.v1 import ps_pb2
+from psworker.service import ServerMismatchError
 
 T = TypeVar("T")
 _SERVICE = "/psproto.v1.ParameterServer/"
@@ -107,6 +108,19 @@ def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor, ahe
             received.close(wait=False)
     assembler.finish()
     return clock
+
+
+def push_pull_reply(
+    replies: Iterable[ps_pb2.PushResponse | wire.PulledChunk], part: torch.Tensor, ahead: bool = False
+) -> tuple[ps_pb2.PushResponse, int]:
+    """Receive a PushPull's reply: its acknowledgement, then the parameters decoded into ``part`` (as
+    :func:`receive_params`); returns the acknowledgement and the parameters' clock."""
+    messages = iter(replies)
+    ack = next(messages)
+    if not isinstance(ack, ps_pb2.PushResponse):
+        raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
+    params = (message for message in messages if isinstance(message, wire.PulledChunk))
+    return ack, receive_params(params, part, ahead)
 
 
 def shard_clock(call: grpc.Call) -> int | None:

@@ -9,7 +9,8 @@ import torch
 
 from psproto import codec, wire
 from psproto.v1 import ps_pb2
-from psworker.transfer import push_requests, receive_params
+from psworker.service import ServerMismatchError
+from psworker.transfer import push_pull_reply, push_requests, receive_params
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -41,3 +42,26 @@ def test_pushed_chunks_are_made_with_one_intra_op_thread() -> None:
 
     requests = list(push_requests(ps_pb2.PushHeader(push_id=1), chunks()))
     assert len(requests) == 4 and threads_seen == [1] * 3
+
+
+def _pulled(values: torch.Tensor, clock: int) -> Iterator[wire.PulledChunk]:
+    for payload in codec.payloads(values, codec.FLOAT32, chunk_bytes=16):
+        chunk = ps_pb2.Chunk()
+        payload.fill(chunk)
+        yield wire.PulledChunk(clock=clock, total_length=len(values), chunk=chunk)  # type: ignore[arg-type]
+
+
+def test_a_push_pull_reply_is_its_acknowledgement_then_the_parameters() -> None:
+    values = torch.arange(10, dtype=torch.float32)
+    ack = ps_pb2.PushResponse(clock=5, staleness=2)
+    out = torch.zeros(10)
+    received, clock = push_pull_reply([ack, *_pulled(values, 5)], out)
+    assert received == ack and clock == 5
+    assert torch.equal(out, values)
+
+
+def test_parameters_before_the_acknowledgement_are_refused_and_nothing_is_written() -> None:
+    out = torch.zeros(10)
+    with pytest.raises(ServerMismatchError, match="before its acknowledgement"):
+        push_pull_reply(_pulled(torch.ones(10), 3), out)
+    assert torch.equal(out, torch.zeros(10))
