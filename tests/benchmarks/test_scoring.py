@@ -4,21 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from benchmarks.harness.scoring import NICENESS, BackgroundScorer, _priority
 from benchmarks.harness.snapshots import score
 from psworker.tasks import digits
+from tests.benchmarks.trained import trained_digits_model
 
 
 def test_the_background_scorer_gives_the_in_process_score_and_removes_its_spool_file(tmp_path: Path) -> None:
     task = digits()
-    trained = task.build_model()
-    optimizer = torch.optim.SGD(trained.parameters(), lr=0.1, momentum=0.9)
-    for _ in range(200):
-        optimizer.zero_grad()
-        task.loss(trained(task.train_inputs), task.train_targets).backward()
-        optimizer.step()
+    trained = trained_digits_model(task)
     untrained = [p.detach().clone() for p in task.build_model().parameters()]
     learned = [p.detach().clone() for p in trained.parameters()]
     snapshots = [(0.0, untrained), (1.0, learned), (2.0, learned)]

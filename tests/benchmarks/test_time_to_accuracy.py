@@ -25,6 +25,7 @@ from benchmarks.time_to_accuracy import (
 from benchmarks.tta_report import aggregate, local_sgd_targets, targets
 from psworker.tasks import LOSS, digits
 from tests.benchmarks.namespaces import network_namespace_available
+from tests.benchmarks.trained import trained_digits_model
 
 
 def test_smoke_races_ddp_against_a_hetps_rule_over_real_processes(tmp_path: Path) -> None:
@@ -95,12 +96,7 @@ def _snapshots(task_seed_model: torch.nn.Module, times: list[float]) -> list[tup
 def test_score_finds_the_first_snapshot_at_the_target_on_the_whole_test_set() -> None:
     task = digits()
     untrained = task.build_model()
-    trained = task.build_model()
-    optimizer = torch.optim.SGD(trained.parameters(), lr=0.1, momentum=0.9)
-    for _ in range(300):
-        optimizer.zero_grad()
-        task.loss(trained(task.train_inputs), task.train_targets).backward()
-        optimizer.step()
+    trained = trained_digits_model(task)
     snapshots = _snapshots(untrained, [0.0, 1.0]) + _snapshots(trained, [2.0, 3.0])
     scored = score(task, snapshots, target=0.9)
     assert scored.time_to_target == 2.0
