@@ -161,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     systems = flag_systems(variants)
     try:
         with console.status("starting servers"):
-            hetps = hetps_addresses(settings, fleet.start_all(hetps_jobs(settings, False, variants)))
+            hetps = hetps_addresses(
+                settings, fleet.start_all(hetps_jobs(settings, two_shards=False, variants=variants))
+            )
             movers = start_movers(fleet, systems)
         results["server_settings"] = server_settings(fleet)
         server_pids = {server.address: server.pid for server in fleet.servers}

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from sklearn.datasets import load_digits as sklearn_load_digits
 from sklearn.model_selection import train_test_split
 
 from psworker import digits
+from psworker.cli import main
 from psworker.digits import DigitsDataError, load_digits, stratified_split
 from psworker.tasks import TaskError, load_task
 
@@ -77,3 +79,10 @@ def test_a_missing_data_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path:
     monkeypatch.setattr(digits, "find_spec", lambda name: spec)
     with pytest.raises(DigitsDataError, match=r"digits\.csv\.gz is missing"):
         load_task("digits")
+
+
+def test_psworker_train_without_scikit_learn_exits_2_naming_the_task_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(digits, "find_spec", lambda name: None)
+    result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", "--task", "digits"])
+    assert result.exit_code == 2
+    assert "--task" in result.output and "pip install scikit-learn" in result.output
