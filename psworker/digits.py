@@ -1,7 +1,8 @@
 """scikit-learn's bundled handwritten digits and their stratified split, without importing scikit-learn.
 
-Importing scikit-learn (and the SciPy it brings) costs a worker process about 1.4 s of CPU at
-start, nearly as much as importing torch, and a local cluster starts one such process per worker.
+Importing scikit-learn (and the SciPy it brings) cost a worker process about 1.4 s of CPU at
+start, nearly as much as importing torch (``python -m benchmarks.start_up``), and a local cluster
+starts one such process per worker.
 The data is one CSV file inside the installed package, and the split is scikit-learn's
 ``train_test_split(..., stratify=labels, random_state=seed)`` step for step, so a given seed
 selects the same examples as it (``tests/psworker/test_digits.py`` compares the two).
