@@ -54,7 +54,7 @@ from benchmarks.harness.stats import summarize
 from benchmarks.harness.steps import HetpsStep, initialize_parameters, time_steps
 from psproto.layout import Layout
 from psproto.tuning import MALLOC_SETTINGS, apply_malloc_tuning
-from psserver.cli import parse_receive_window
+from psserver.flags import parse_receive_window
 
 DEFAULT_WINDOWS = ("auto", "64KiB", "1MiB", "4MiB")
 _VARIABLE = re.compile(r"^[A-Z_][A-Z0-9_]*$")

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from psproto import codec
+from psproto import dtypes
 from psproto.security import ClientTls, SecurityConfigError, client_security
 
 
@@ -62,20 +62,20 @@ def parse_byte_size(text: str) -> int | None:
 
 
 def parse_chunk_size(text: str, max_message_bytes: int | None = None, param_hint: str = "--chunk-size") -> int:
-    """``--chunk-size``: bytes, KiB or MiB, within ``codec.chunk_bytes_problem``'s bounds (a usage error otherwise)."""
+    """``--chunk-size``: bytes, KiB or MiB, within ``dtypes.chunk_bytes_problem``'s bounds (a usage error otherwise)."""
     size = parse_byte_size(text)
     if size is None:
         raise click.BadParameter(
             f"{text!r}: give a whole number of bytes, KiB or MiB (e.g. 1MiB)", param_hint=param_hint
         )
-    problem = codec.chunk_bytes_problem(size, max_message_bytes)
+    problem = dtypes.chunk_bytes_problem(size, max_message_bytes)
     if problem is not None:
         raise click.BadParameter(problem, param_hint=param_hint)
     return size
 
 
 def _chunk_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    return parse_chunk_size(value, codec.DEFAULT_MAX_MESSAGE_BYTES)
+    return parse_chunk_size(value, dtypes.DEFAULT_MAX_MESSAGE_BYTES)
 
 
 CHUNK_SIZE_HELP = (
@@ -85,8 +85,8 @@ CHUNK_SIZE_HELP = (
 
 
 def _pull_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is not None and value not in codec.WIRE_DTYPE_NAMES:
-        raise click.BadParameter(codec.pull_dtype_problem(value))
+    if value is not None and value not in dtypes.WIRE_DTYPE_NAMES:
+        raise click.BadParameter(dtypes.pull_dtype_problem(value))
     return value
 
 
@@ -96,7 +96,7 @@ def wire_dtype_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     ``int8`` (the 8-bit block codec) is a push dtype only; asked for pulls (through --wire-dtype
     or --pull-dtype) it is a usage error saying so."""
-    names = click.Choice(sorted(codec.PUSH_DTYPE_NAMES))
+    names = click.Choice(sorted(dtypes.PUSH_DTYPE_NAMES))
     for option in reversed(
         (
             click.option(
@@ -122,7 +122,7 @@ def wire_dtype_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
             click.option(
                 "--chunk-size",
-                default=f"{codec.DEFAULT_CHUNK_BYTES // 1024**2}MiB",
+                default=f"{dtypes.DEFAULT_CHUNK_BYTES // 1024**2}MiB",
                 show_default=True,
                 callback=_chunk_size,
                 help=f"pushes and Init: the {CHUNK_SIZE_HELP}",

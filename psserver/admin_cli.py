@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import grpc
@@ -20,9 +20,10 @@ from psproto import security
 from psproto.cli_options import client_security_from_flags, client_security_options
 from psproto.security import bearer_metadata
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from psserver.core.checkpoint import FileReport, inspect_directory, temporaries
-from psserver.core.rules import RULES
 from psserver.top import run_top
+
+if TYPE_CHECKING:
+    from psserver.core.checkpoint import FileReport
 
 
 def open_channel(
@@ -36,6 +37,8 @@ def open_channel(
 @click.command()
 def rules() -> None:
     """List every update rule with its options, defaults and when to use it."""
+    from psserver.core.rules import RULES  # torch: imported by the commands that need it only
+
     console = Console()
     for name in sorted(RULES):
         rule = RULES[name]
@@ -170,6 +173,8 @@ def checkpoints_command(directory: Path, as_json: bool) -> None:
     Each file's checksum is read in full. Exit 0 when the newest is intact (or there is none),
     1 when the newest is damaged (a start restores the newest intact one before it, or refuses
     when there is none), 2 when DIRECTORY does not exist or is not a directory."""
+    from psserver.core.checkpoint import inspect_directory, temporaries
+
     reports = inspect_directory(directory)
     leftovers = temporaries(directory)
     now = time.time()

@@ -130,7 +130,7 @@ def cluster(
         raise click.BadParameter(f"{len(speeds)} slowdown(s) for {workers} worker(s)", param_hint="--slowdowns")
     # The local launcher runs the server too: check the rule with the server's own parser (and
     # its message) before starting anything. Imported here: `psworker train` never needs it.
-    from psserver.cli import parse_rule
+    from psserver.flags import parse_rule
 
     parse_rule(rule, lr, rule_opts)
     config = ClusterConfig(

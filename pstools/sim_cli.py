@@ -97,7 +97,7 @@ def simulate_command(
     error_feedback: bool,
 ) -> None:
     """Simulate WORKERS workers of different speeds in virtual time with the server's own rules."""
-    from psserver.cli import parse_rule
+    from psserver.flags import parse_rule
 
     spec = parse_rule(rule, lr, rule_opts)
     torch.set_num_threads(torch_threads)

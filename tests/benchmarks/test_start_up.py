@@ -1,4 +1,5 @@
-"""``start_up``: every program in a fresh process, taking turns, and the digits task against its scikit-learn peer."""
+"""``start_up``: every program in a fresh process, taking turns; the digits task against its scikit-learn
+peer, an admin command against ``serve``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def test_one_round_times_every_program_and_compares_the_task_with_its_peer(tmp_p
         assert program["wall_s"]["n"] == 1 and program["wall_s"]["median"] > 0
         assert program["cpu_s"]["median"] > 0
     assert results["task_vs_peer_cpu"]["median"] > 0
+    assert 0 < results["admin_vs_serve_cpu"]["median"] < 1  # the admin command imports neither torch nor the server
 
 
 def test_no_rounds_is_a_usage_error(tmp_path: Path) -> None:

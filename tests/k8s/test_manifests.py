@@ -250,7 +250,8 @@ def _flags(script: str, command: str) -> set[str]:
 
 
 def _known(group: click.Group, name: str) -> set[str]:
-    command = group.commands[name]
+    command = group.get_command(click.Context(group), name)  # `psserver serve` is loaded when asked for
+    assert command is not None, f"no command {name!r}"
     return {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
 
 

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
+
 import pytest
 from click.testing import CliRunner
 
 from psserver import app, serve_cli
 from psserver.app import ServerConfig
-from psserver.cli import main, parse_receive_window
+from psserver.cli import LAZY_COMMANDS, main
 from psserver.core.rules import RULES
+from psserver.flags import parse_receive_window
 from psserver.rpc.server import ServerLimits
 
 
@@ -207,3 +212,29 @@ def test_serve_says_when_its_arena_cap_is_not_in_effect(
         if warned
         else []
     )
+
+
+def test_the_group_help_shows_each_lazy_command_as_its_own_help_would() -> None:
+    for name, (module, attribute, help_text) in LAZY_COMMANDS.items():
+        command = getattr(importlib.import_module(module), attribute)
+        assert help_text == command.help, f"LAZY_COMMANDS[{name!r}] no longer matches {module}.{attribute}'s help"
+    result = CliRunner().invoke(main, ["--help"], terminal_width=200)
+    assert result.exit_code == 0
+    assert "serve        Serve one shard of a model's parameters over gRPC until SIGTERM." in result.output
+
+
+def test_a_lazy_command_runs_and_shows_its_own_help() -> None:
+    result = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    assert "--receive-window" in result.output
+
+
+@pytest.mark.parametrize("args", [["--help"], ["status", "--help"], ["top", "--help"], ["checkpoint", "--help"]])
+def test_the_admin_commands_start_without_torch_or_the_server(args: list[str]) -> None:
+    code = (
+        "import sys; from psserver.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'psserver.serve_cli', 'psserver.core.shard') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]"

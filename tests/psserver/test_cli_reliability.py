@@ -10,10 +10,11 @@ import torch
 from click.testing import CliRunner
 
 from psproto.layout import Layout
-from psserver.cli import main, parse_checkpoint_every
+from psserver.cli import main
 from psserver.core.checkpoint import write_checkpoint
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
+from psserver.flags import parse_checkpoint_every
 
 
 def test_checkpoint_every_takes_updates_seconds_or_both() -> None:
