@@ -25,7 +25,8 @@ from psworker.binding import ModelBinding
 from psworker.cli import DataFileError, data_dir_option, main, server_failure
 from psworker.client import PSClient, ServerMismatchError
 from psworker.idx import IdxError
-from psworker.tasks import TaskError, load_task
+from psworker.task_error import TaskError
+from psworker.tasks import load_task
 
 __all__ = ["main"]
 

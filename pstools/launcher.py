@@ -26,7 +26,8 @@ from psproto.v1 import ps_pb2
 from psserver.ready import ReadyFileError, wait_for_ready_file
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
-from psworker.tasks import Task, TaskError, evaluate, load_task, metric_named, perplexity
+from psworker.task_error import TaskError
+from psworker.tasks import Task, evaluate, load_task, metric_named, perplexity
 
 SERVER_START_TIMEOUT_S = 60.0
 

@@ -15,7 +15,7 @@ from pstools.sim_tasks import sim_task
 from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
 from psworker.cli import DataFileError, data_dir_option
 from psworker.idx import IdxError
-from psworker.tasks import TaskError
+from psworker.task_error import TaskError
 
 
 @click.command("simulate")

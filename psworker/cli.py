@@ -21,7 +21,8 @@ from psworker.channels import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S
 from psworker.client import DeadlinePolicy, ServerMismatchError
 from psworker.idx import IdxError
 from psworker.procedures import ProcedureError
-from psworker.tasks import TaskError, load_task
+from psworker.task_error import TaskError
+from psworker.tasks import load_task
 from psworker.train import ENCODE_PLACES, TrainConfig, train
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from psworker.tasks import TaskError
+from psworker.task_error import TaskError
 
 
 class DigitsDataError(TaskError):

@@ -21,6 +21,9 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from psworker.digits import load_digits, stratified_split
+from psworker.task_error import TaskError
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -142,8 +145,6 @@ def digits(seed: int = 0, data_dir: Path | None = None) -> Task:
     """scikit-learn's bundled handwritten digits (1,797 8×8 images), 80/20 stratified split.
 
     ``data_dir`` is ignored: the data ships inside scikit-learn."""
-    from psworker.digits import load_digits, stratified_split
-
     pixels, targets = load_digits()
     images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(targets, dtype=torch.long)
@@ -226,10 +227,6 @@ BUILTIN_TASKS: dict[str, TaskFactory] = {
     "fashion-resnet18": fashion_resnet18,
     "tinylm": tinylm,
 }
-
-
-class TaskError(ValueError):
-    """A task name or ``module:function`` that cannot be loaded."""
 
 
 def load_task(spec: str, data_dir: Path | None = None) -> Task:

@@ -16,7 +16,8 @@ from sklearn.model_selection import train_test_split
 from psworker import digits
 from psworker.cli import main
 from psworker.digits import DigitsDataError, load_digits, stratified_split
-from psworker.tasks import TaskError, load_task
+from psworker.task_error import TaskError
+from psworker.tasks import load_task
 
 
 def test_the_data_is_scikit_learns() -> None:

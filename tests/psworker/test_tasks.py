@@ -8,7 +8,8 @@ import torch
 from click.testing import CliRunner
 
 from psworker.cli import main
-from psworker.tasks import Task, TaskError, digits, evaluate, load_task
+from psworker.task_error import TaskError
+from psworker.tasks import Task, digits, evaluate, load_task
 from tests.psworker.test_idx import write_dataset
 
 
