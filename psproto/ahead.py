@@ -23,6 +23,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import cache
 from typing import Any, Generic, TypeVar
 
@@ -138,3 +139,20 @@ class Ahead(Generic[T]):
             except queue.Full:
                 continue
         return False
+
+
+@contextmanager
+def made_ahead(
+    items: Iterable[T], use: str, ahead: bool, *, wait: bool = True, start_after: int = 0
+) -> Iterator[Iterator[T]]:
+    """``items`` as they are (``ahead`` False), or made ahead on the process's ``use`` threads
+    (:func:`threads_for`); the making is stopped when the block ends, however it ends, and waited
+    for unless ``wait`` is False (items read from a call that is ending: see :meth:`Ahead.close`)."""
+    if not ahead:
+        yield iter(items)
+        return
+    made = Ahead(items, threads_for(use), start_after=start_after)
+    try:
+        yield made
+    finally:
+        made.close(wait=wait)

@@ -40,6 +40,7 @@ import grpc
 import torch
 
 from psproto import codec
+from psproto.ahead import made_ahead
 from psproto.layout import Layout
 from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2
@@ -64,7 +65,7 @@ from psworker.sessions import (
     reconnect_note,
     recovery_for,
 )
-from psworker.transfer import init_requests, push_pull_reply, push_requests, receive_params, requests_made, shard_clock
+from psworker.transfer import init_requests, push_pull_reply, push_requests, receive_params, shard_clock
 
 __all__ = [
     "NO_RETRY",
@@ -415,7 +416,7 @@ class PSClient:
         chunks: Iterable[codec.ChunkPayload],
         pull_into: torch.Tensor | None,
     ) -> PushResult:
-        with requests_made(push_requests(header, chunks), self.build_pushes_ahead) as requests:
+        with made_ahead(push_requests(header, chunks), "push-builder", self.build_pushes_ahead) as requests:
             if pull_into is None:
                 timeout = self._held_deadline(session, self.push_encoder.dtype)
                 reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)

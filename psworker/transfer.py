@@ -11,19 +11,16 @@ more than the copy.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from typing import TypeVar
 
 import grpc
 import torch
 
 from psproto import codec, metadata, wire
-from psproto.ahead import Ahead, threads_for
+from psproto.ahead import made_ahead
 from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.v1 import ps_pb2
 from psworker.service import ServerMismatchError
 
-T = TypeVar("T")
 _SERVICE = "/psproto.v1.ParameterServer/"
 # Field number of the chunk in InitRequest and PushRequest (the header is field 1).
 _CHUNK_FIELD = 2
@@ -76,20 +73,6 @@ def push_requests(
         yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
 
 
-@contextmanager
-def requests_made(requests: Iterator[T], ahead_of_sending: bool) -> Iterator[Iterator[T]]:
-    """``requests`` as they are, or made ahead of their sending (``psproto.ahead``), the making
-    stopped and waited for when the block ends."""
-    if not ahead_of_sending:
-        yield requests
-        return
-    ahead = Ahead(requests, threads_for("push-builder"))
-    try:
-        yield ahead
-    finally:
-        ahead.close()
-
-
 def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor, ahead: bool = False) -> int:
     """Decode pulled chunks into ``part`` (one shard's slice of a flat fp32 buffer); returns their clock.
 
@@ -97,15 +80,11 @@ def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor, ahe
     last (``psproto.ahead``), so the two overlap."""
     assembler = codec.Assembler(part, track_finite=False)
     clock = -1
-    received = Ahead(messages, threads_for("reply-receiver")) if ahead else messages
-    try:
-        with inline_torch_ops():
-            for message in received:
-                clock = message.clock
-                assembler.add(message.chunk)
-    finally:
-        if isinstance(received, Ahead):
-            received.close(wait=False)
+    # Not waited for: its thread only reads the call, which is ending.
+    with made_ahead(messages, "reply-receiver", ahead, wait=False) as received, inline_torch_ops():
+        for message in received:
+            clock = message.clock
+            assembler.add(message.chunk)
     assembler.finish()
     return clock
 

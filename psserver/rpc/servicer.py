@@ -14,7 +14,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from psproto import metadata, wire
-from psproto.ahead import Ahead, threads_for
+from psproto.ahead import made_ahead
 from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.layout import Layout, LayoutError
 from psproto.v1 import ps_pb2
@@ -304,25 +304,25 @@ class ParameterServerServicer:
         # With receive_pushes_ahead each next chunk is asked of gRPC on a thread of its own while this one
         # decodes the last; from the second on, so a push waiting for a receive buffer reads nothing ahead.
         ahead = self.shard.config.receive_pushes_ahead
-        messages = Ahead(request_iterator, threads_for("push-receiver"), start_after=1) if ahead else request_iterator
+        # Not waited for at the end: its thread only reads the call, which is ending.
+        made = made_ahead(request_iterator, "push-receiver", ahead, wait=False, start_after=1)
         try:
-            try:
-                # Chunk by chunk on this thread; the rule's apply (commit_push) keeps torch's threads.
-                with inline_torch_ops():
-                    for message in messages:
-                        # Decoded by the pending push straight into its receive buffer.
-                        pending.add(_chunk_of(message, "Push"))
-            except grpc.RpcError:
-                # The stream broke; if the shard cancelled it as stalled, say so (the RPC's status
-                # and latency are then CANCELLED with a reason, not an unknown error).
-                stalled = self.shard.stalled(pending)
-                if stalled is not None:
-                    raise stalled from None
-                raise
+            with made as messages:
+                try:
+                    # Chunk by chunk on this thread; the rule's apply (commit_push) keeps torch's threads.
+                    with inline_torch_ops():
+                        for message in messages:
+                            # Decoded by the pending push straight into its receive buffer.
+                            pending.add(_chunk_of(message, "Push"))
+                except grpc.RpcError:
+                    # The stream broke; if the shard cancelled it as stalled, say so (the RPC's status
+                    # and latency are then CANCELLED with a reason, not an unknown error).
+                    stalled = self.shard.stalled(pending)
+                    if stalled is not None:
+                        raise stalled from None
+                    raise
             return header, self.shard.commit_push(pending)
         finally:
-            if isinstance(messages, Ahead):
-                messages.close(wait=False)  # its thread only reads the call, which is ending
             # A refused chunk or a broken stream must not keep its receive buffer.
             self.shard.discard_push(pending)
 

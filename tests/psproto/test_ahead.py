@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from psproto.ahead import Ahead
+from psproto.ahead import Ahead, made_ahead
 
 
 def test_items_come_in_order_and_the_builder_ends_with_them() -> None:
@@ -173,3 +173,53 @@ def test_a_stream_ending_or_failing_among_the_first_items_ends_it_without_a_buil
     assert list(ahead) == []
     ahead.close()
     builder.shutdown()
+
+
+def test_made_ahead_without_ahead_hands_the_items_over_on_the_callers_thread() -> None:
+    threads: list[str] = []
+
+    def items() -> Iterator[int]:
+        for i in range(3):
+            threads.append(threading.current_thread().name)
+            yield i
+
+    with made_ahead(items(), "test-made-ahead", False) as made:
+        assert not isinstance(made, Ahead)
+        assert list(made) == [0, 1, 2]
+    assert set(threads) == {threading.current_thread().name}
+
+
+def test_made_ahead_makes_on_the_uses_threads_and_stops_the_making_when_the_block_ends() -> None:
+    threads: list[str] = []
+    closed = threading.Event()
+
+    def items() -> Iterator[int]:
+        try:
+            for i in range(1000):
+                threads.append(threading.current_thread().name)
+                yield i
+        finally:
+            closed.set()
+
+    with pytest.raises(RuntimeError, match="the call failed"), made_ahead(items(), "test-made-ahead", True) as made:
+        assert next(made) == 0
+        raise RuntimeError("the call failed")
+    assert closed.is_set()  # stopped and waited for, although the block ended with an error
+    assert threads and all(name.startswith("test-made-ahead") for name in threads)
+    count = len(threads)
+    time.sleep(0.1)
+    assert len(threads) == count < 1000
+
+
+def test_made_ahead_takes_the_first_items_itself_when_asked() -> None:
+    threads: list[str] = []
+
+    def items() -> Iterator[int]:
+        for i in range(3):
+            threads.append(threading.current_thread().name)
+            yield i
+
+    with made_ahead(items(), "test-made-ahead", True, start_after=1) as made:
+        assert list(made) == [0, 1, 2]
+    assert threads[0] == threading.current_thread().name
+    assert all(name.startswith("test-made-ahead") for name in threads[1:])

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
+from psproto import ahead as ahead_module
 from psproto import blocks
 from psproto.ahead import Ahead
 from psproto.layout import Layout
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psworker import transfer
 from psworker.client import PSClient
 from tests.psworker.live import serving
 
@@ -56,11 +56,11 @@ def test_pushes_made_ahead_send_what_pushes_made_in_turn_send(monkeypatch: pytes
     made_ahead: list[int] = []
 
     class CountedAhead(Ahead[object]):
-        def close(self) -> None:
+        def close(self, wait: bool = True) -> None:
             made_ahead.append(1)
-            super().close()
+            super().close(wait)
 
-    monkeypatch.setattr(transfer, "Ahead", CountedAhead)
+    monkeypatch.setattr(ahead_module, "Ahead", CountedAhead)
     for push_dtype in ("int8", "fp32"):
         got_in_turn, params_in_turn, residuals_in_turn = _train(False, push_dtype)
         assert made_ahead == []
