@@ -37,19 +37,20 @@ class _LazyGroup(click.Group):
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The command list of ``psserver --help``, the lazy commands' lines without importing them."""
-        limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
-        rows = []
+        """The command list of ``psserver --help``, as click writes it, without importing the lazy commands."""
+        shown: list[tuple[str, click.Command]] = []
         for name in self.list_commands(ctx):
             if name in LAZY_COMMANDS:
-                # A stand-in with the same help shortens it as click shortens the command's own.
-                rows.append((name, click.Command(name, help=LAZY_COMMANDS[name][2]).get_short_help_str(limit)))
-                continue
-            command = super().get_command(ctx, name)
+                # A stand-in with the same help: click shortens it as it would the command's own.
+                command: click.Command | None = click.Command(name, help=LAZY_COMMANDS[name][2])
+            else:
+                command = super().get_command(ctx, name)
             if command is not None and not command.hidden:
-                rows.append((name, command.get_short_help_str(limit)))
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
+                shown.append((name, command))
+        if shown:
+            limit = formatter.width - 6 - max(len(name) for name, _ in shown)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in shown])
 
 
 @click.group(cls=_LazyGroup)

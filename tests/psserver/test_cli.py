@@ -229,7 +229,17 @@ def test_a_lazy_command_runs_and_shows_its_own_help() -> None:
     assert "--receive-window" in result.output
 
 
-@pytest.mark.parametrize("args", [["--help"], ["status", "--help"], ["top", "--help"], ["checkpoint", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["status", "--help"],
+        ["top", "--help"],
+        ["checkpoint", "--help"],
+        ["status", "--server", "127.0.0.1:9", "--timeout", "0.5"],  # runs, and fails: nothing listens there
+        ["checkpoint", "--server", "127.0.0.1:9", "--timeout", "0.5"],
+    ],
+)
 def test_the_admin_commands_start_without_torch_or_the_server(args: list[str]) -> None:
     code = (
         "import sys; from psserver.cli import main\n"
@@ -238,3 +248,9 @@ def test_the_admin_commands_start_without_torch_or_the_server(args: list[str]) -
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_an_unknown_command_is_a_usage_error_naming_it() -> None:
+    result = CliRunner().invoke(main, ["nope"])
+    assert result.exit_code == 2
+    assert "No such command 'nope'" in result.output
