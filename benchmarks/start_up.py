@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.harness.report import run_header, write_results
+from benchmarks.harness.report import run_header, spread, write_results
 from benchmarks.harness.stats import summarize
 
 PROGRAMS: dict[str, list[str]] = {
@@ -97,13 +97,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         w, c = result["wall_s"], result["cpu_s"]
         table.add_row(
             name,
-            f"{w['median']:.2f} ({w['min']:.2f}–{w['max']:.2f})",
-            f"{c['median']:.2f} ({c['min']:.2f}–{c['max']:.2f})",
+            f"{w['median']:.2f} ({spread(w, 2)})",
+            f"{c['median']:.2f} ({spread(c, 2)})",
         )
     console.print(table)
     for key, (name, peer) in {"task_vs_peer_cpu": (TASK, PEER), "admin_vs_serve_cpu": (ADMIN, SERVE)}.items():
         ratio = measured[key]
-        console.print(f"{name} vs {peer}, CPU: {ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f}×)")
+        console.print(f"{name} vs {peer}, CPU: {ratio['median']:.2f}× ({spread(ratio, 2)}×)")
     results = {**run_header(None), **measured, "wall_seconds": time.perf_counter() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_results("start_up", argv, results, args.out, console)

@@ -95,7 +95,9 @@ def push_pull_reply(
     """Receive a PushPull's reply: its acknowledgement, then the parameters decoded into ``part`` (as
     :func:`receive_params`); returns the acknowledgement and the parameters' clock."""
     messages = iter(replies)
-    ack = next(messages)
+    ack = next(messages, None)
+    if ack is None:
+        raise ServerMismatchError("PushPull ended without its acknowledgement or the parameters")
     if not isinstance(ack, ps_pb2.PushResponse):
         raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
     params = (message for message in messages if isinstance(message, wire.PulledChunk))

@@ -304,10 +304,9 @@ class ParameterServerServicer:
         # With receive_pushes_ahead each next chunk is asked of gRPC on a thread of its own while this one
         # decodes the last; from the second on, so a push waiting for a receive buffer reads nothing ahead.
         ahead = self.shard.config.receive_pushes_ahead
-        # Not waited for at the end: its thread only reads the call, which is ending.
-        made = made_ahead(request_iterator, "push-receiver", ahead, wait=False, start_after=1)
         try:
-            with made as messages:
+            # Not waited for at the end: its thread only reads the call, which is ending.
+            with made_ahead(request_iterator, "push-receiver", ahead, wait=False, start_after=1) as messages:
                 try:
                     # Chunk by chunk on this thread; the rule's apply (commit_push) keeps torch's threads.
                     with inline_torch_ops():

@@ -175,15 +175,20 @@ def test_a_stream_ending_or_failing_among_the_first_items_ends_it_without_a_buil
     builder.shutdown()
 
 
-def test_made_ahead_without_ahead_hands_the_items_over_on_the_callers_thread() -> None:
-    threads: list[str] = []
-
-    def items() -> Iterator[int]:
-        for i in range(3):
+def _noting_threads(count: int, threads: list[str], closed: threading.Event | None = None) -> Iterator[int]:
+    """0 .. count-1, noting the name of the thread that made each; ``closed`` set when the stream ends."""
+    try:
+        for i in range(count):
             threads.append(threading.current_thread().name)
             yield i
+    finally:
+        if closed is not None:
+            closed.set()
 
-    with made_ahead(items(), "test-made-ahead", False) as made:
+
+def test_made_ahead_without_ahead_hands_the_items_over_on_the_callers_thread() -> None:
+    threads: list[str] = []
+    with made_ahead(_noting_threads(3, threads), "test-made-ahead", False) as made:
         assert not isinstance(made, Ahead)
         assert list(made) == [0, 1, 2]
     assert set(threads) == {threading.current_thread().name}
@@ -192,16 +197,8 @@ def test_made_ahead_without_ahead_hands_the_items_over_on_the_callers_thread() -
 def test_made_ahead_makes_on_the_uses_threads_and_stops_the_making_when_the_block_ends() -> None:
     threads: list[str] = []
     closed = threading.Event()
-
-    def items() -> Iterator[int]:
-        try:
-            for i in range(1000):
-                threads.append(threading.current_thread().name)
-                yield i
-        finally:
-            closed.set()
-
-    with pytest.raises(RuntimeError, match="the call failed"), made_ahead(items(), "test-made-ahead", True) as made:
+    items = _noting_threads(1000, threads, closed)
+    with pytest.raises(RuntimeError, match="the call failed"), made_ahead(items, "test-made-ahead", True) as made:
         assert next(made) == 0
         raise RuntimeError("the call failed")
     assert closed.is_set()  # stopped and waited for, although the block ended with an error
@@ -213,13 +210,7 @@ def test_made_ahead_makes_on_the_uses_threads_and_stops_the_making_when_the_bloc
 
 def test_made_ahead_takes_the_first_items_itself_when_asked() -> None:
     threads: list[str] = []
-
-    def items() -> Iterator[int]:
-        for i in range(3):
-            threads.append(threading.current_thread().name)
-            yield i
-
-    with made_ahead(items(), "test-made-ahead", True, start_after=1) as made:
+    with made_ahead(_noting_threads(3, threads), "test-made-ahead", True, start_after=1) as made:
         assert list(made) == [0, 1, 2]
     assert threads[0] == threading.current_thread().name
     assert all(name.startswith("test-made-ahead") for name in threads[1:])

@@ -65,3 +65,10 @@ def test_parameters_before_the_acknowledgement_are_refused_and_nothing_is_writte
     with pytest.raises(ServerMismatchError, match="before its acknowledgement"):
         push_pull_reply(_pulled(torch.ones(10), 3), out)
     assert torch.equal(out, torch.zeros(10))
+
+
+def test_a_push_pull_reply_without_any_message_is_a_server_mismatch() -> None:
+    out = torch.zeros(10)
+    with pytest.raises(ServerMismatchError, match="ended without its acknowledgement"):
+        push_pull_reply([], out)
+    assert torch.equal(out, torch.zeros(10))
