@@ -59,3 +59,8 @@ class TransientLimit(str, enum.Enum):
     RECEIVE_BUFFERS = "receive_buffers"  # every receive buffer stayed taken for the server's wait
     OPEN_PUSHES_PER_WORKER = "open_pushes_per_worker"  # this worker's earlier pushes are still being received
     RECEIVING_PUSHES = "receiving_pushes"  # --max-receiving-pushes other pushes are being received
+
+
+# The ``limit`` of a LIMIT_REACHED refusal of a PushPullUnary whose reply would exceed the server's
+# largest message: the client sends that shard's pushes as PushPull streams from then on.
+UNARY_REPLY_LIMIT = "message_bytes"

@@ -9,7 +9,8 @@ code, byte for byte.
 
 Field numbers (protos/psproto/v1/ps.proto): Chunk{offset=1, dtype=2, data=3, scales=4};
 PullResponse{clock=1, total_length=2, chunk=3}; PushRequest{header=1, chunk=2};
-InitRequest{header=1, chunk=2}; PushPullResponse{ack=1, params=2}.
+InitRequest{header=1, chunk=2}; PushPullResponse{ack=1, params=2};
+PushPullUnaryRequest{header=1, chunks=2 (repeated)}; PushPullUnaryResponse{ack=1, params=2 (repeated)}.
 """
 
 from __future__ import annotations
@@ -70,16 +71,23 @@ def _nest(field: int, head: bytes, size: int) -> bytes:
     return _key(field, _LEN) + _varint(len(head) + size) + head
 
 
+def chunk_parts(
+    field: int, offset: int, dtype: int, data: memoryview | bytes, scales: memoryview | bytes = b""
+) -> tuple[memoryview | bytes, ...]:
+    """The pieces of :func:`chunk_in`'s message, for a caller that joins them with more (one copy in all)."""
+    size = len(data)
+    head = _chunk_header(offset, dtype, size)
+    if not scales:
+        return (_nest(field, head, size), data)
+    tail = _SCALES_KEY + _varint(len(scales))
+    return (_nest(field, head, size + len(tail) + len(scales)), data, tail, scales)
+
+
 def chunk_in(field: int, offset: int, dtype: int, data: memoryview | bytes, scales: memoryview | bytes = b"") -> bytes:
     """A message whose only field ``field`` is a Chunk (PushRequest.chunk or InitRequest.chunk: 2).
 
     ``scales`` (DTYPE_INT8_BLOCK only) follow the data, as field 4."""
-    size = len(data)
-    head = _chunk_header(offset, dtype, size)
-    if not scales:
-        return b"".join((_nest(field, head, size), data))
-    tail = _SCALES_KEY + _varint(len(scales))
-    return b"".join((_nest(field, head, size + len(tail) + len(scales)), data, tail, scales))
+    return b"".join(chunk_parts(field, offset, dtype, data, scales))
 
 
 def _pull_response_head(clock: int, total_length: int, offset: int, dtype: int, size: int) -> bytes:
@@ -265,6 +273,29 @@ def parse_pull_response(data: bytes | memoryview) -> PulledChunk:
     if position != len(buffer):
         raise WireError("a field runs past the end of the message")
     return PulledChunk(clock, total, chunk)
+
+
+def length_delimited_fields(data: bytes | memoryview) -> list[tuple[int, memoryview]]:
+    """Fields 1 and 2 of a message whose two fields are messages (PushPullUnaryRequest and
+    PushPullUnaryResponse), in the order they came, as (field number, a view of the body); other
+    fields are skipped, as protobuf does with unknown ones. Each entry is the body of one message
+    of the PushPull stream that the unary message stands for."""
+    buffer = memoryview(data)
+    fields: list[tuple[int, memoryview]] = []
+    position = 0
+    while position < len(buffer):
+        key, position = _read_varint(buffer, position)
+        field, wire_type = key >> 3, key & 7
+        if field in (1, 2):
+            if wire_type != _LEN:
+                raise WireError(f"field {field} is not length-delimited")
+            body, position = _read_bytes(buffer, position, f"field {field}")
+            fields.append((field, body))
+        else:
+            position = _skip(buffer, position, wire_type)
+    if position != len(buffer):
+        raise WireError("a field runs past the end of the message")
+    return fields
 
 
 def split_push_pull_response(data: bytes) -> tuple[int, memoryview]:

@@ -40,10 +40,10 @@ import grpc
 import torch
 
 from psproto import codec
-from psproto.ahead import made_ahead
 from psproto.layout import Layout
 from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2
+from psworker import transfer
 from psworker.channels import DEFAULT_KEEPALIVE_S, check_keepalive, close_channel, open_channel
 from psworker.deadlines import DeadlinePolicy, payload_bytes
 from psworker.fan_out import fan_out
@@ -65,7 +65,6 @@ from psworker.sessions import (
     reconnect_note,
     recovery_for,
 )
-from psworker.transfer import init_requests, push_pull_reply, push_requests, receive_params, shard_clock
 
 __all__ = [
     "NO_RETRY",
@@ -167,6 +166,10 @@ class PSClient:
         self.pulled_clocks = [s.join.clock for s in self.sessions]
         # The highest clock each shard has shown this client (pull or push); a lower one means a rollback.
         self.seen_clocks = [s.join.clock for s in self.sessions]
+        # Per shard: whether a PushPull goes as one PushPullUnary call (transfer.push_pull).
+        self.unary_push_pulls = [
+            transfer.fits_one_message(s.range.length, push, pull, chunk_bytes) for s in self.sessions
+        ]
 
     # -- membership -------------------------------------------------------------------
 
@@ -322,7 +325,7 @@ class PSClient:
 
     def _init_shard(self, session: ShardSession, flat: torch.Tensor) -> bool:
         header = ps_pb2.InitHeader(worker_id=session.worker_id, layout_hash=self.layout.hash)
-        requests = init_requests(header, flat[session.range.span], self.push_encoder.chunk_bytes)
+        requests = transfer.init_requests(header, flat[session.range.span], self.push_encoder.chunk_bytes)
         timeout = self.deadlines.transfer(payload_bytes(session.range.length, codec.FLOAT32))
         reply: ps_pb2.InitResponse = session.data.init(requests, timeout=timeout, metadata=self._metadata)
         return reply.applied
@@ -344,9 +347,9 @@ class PSClient:
         request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype, reserve=reserve)
         timeout = self._held_deadline(session, self.wire_dtype)
         messages = session.data.pull(request, timeout=timeout, metadata=self._metadata)
-        clock = receive_params(messages, out[session.range.span], self.receive_replies_ahead)
+        clock = transfer.receive_params(messages, out[session.range.span], self.receive_replies_ahead)
         self.pulled_clocks[session.range.index] = clock
-        self._observe_clock(session.range.index, pulled_shard_clock(clock, shard_clock(messages)))
+        self._observe_clock(session.range.index, pulled_shard_clock(clock, transfer.shard_clock(messages)))
         return clock
 
     def push(
@@ -416,19 +419,20 @@ class PSClient:
         chunks: Iterable[codec.ChunkPayload],
         pull_into: torch.Tensor | None,
     ) -> PushResult:
-        with made_ahead(push_requests(header, chunks), "push-builder", self.build_pushes_ahead) as requests:
-            if pull_into is None:
-                timeout = self._held_deadline(session, self.push_encoder.dtype)
-                reply: ps_pb2.PushResponse = session.data.push(requests, timeout=timeout, metadata=self._metadata)
-                return PushResult.of(reply)
-            timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
-            call = session.data.push_pull(requests, timeout=timeout, metadata=self._metadata)
-            ack, clock = push_pull_reply(call, pull_into[session.range.span], self.receive_replies_ahead)
-            self.pulled_clocks[session.range.index] = clock
-            # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.
-            ack_clock = None if ack.duplicate else ack.clock
-            self._observe_clock(session.range.index, pulled_shard_clock(clock, shard_clock(call), ack_clock))
-            return PushResult.of(ack)
+        index, ahead = session.range.index, self.build_pushes_ahead
+        if pull_into is None:
+            timeout = self._held_deadline(session, self.push_encoder.dtype)
+            return PushResult.of(transfer.push(session.data, header, chunks, timeout, self._metadata, ahead))
+        timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
+        part, unary = pull_into[session.range.span], self.unary_push_pulls[index]
+        ack, clock, call, self.unary_push_pulls[index] = transfer.push_pull(
+            session.data, header, chunks, part, timeout, self._metadata, unary, ahead, self.receive_replies_ahead
+        )
+        self.pulled_clocks[index] = clock
+        # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.
+        ack_clock = None if ack.duplicate else ack.clock
+        self._observe_clock(index, pulled_shard_clock(clock, transfer.shard_clock(call), ack_clock))
+        return PushResult.of(ack)
 
     def _held_deadline(self, session: ShardSession, *wire_dtypes: int) -> float:
         return self.deadlines.held(session.range.length, session.join.lease_seconds, *wire_dtypes)

@@ -1,4 +1,4 @@
-"""The bulk data path to one shard: Init, Pull, Push and PushPull with hand-written (de)serialisers.
+"""The bulk data path to one shard: Init, Pull, Push, PushPull and PushPullUnary with hand-written (de)serialisers.
 
 Chunks go out as wire bytes written straight from a slice of the caller's flat tensor
 (:func:`psproto.codec.payloads`, :func:`psproto.wire.chunk_in`) and come in through
@@ -17,7 +17,9 @@ import torch
 
 from psproto import codec, metadata, wire
 from psproto.ahead import made_ahead
+from psproto.errors import limit_of, reason_of
 from psproto.inline_ops import inline_each, inline_torch_ops
+from psproto.reasons import UNARY_REPLY_LIMIT, Reason
 from psproto.v1 import ps_pb2
 from psworker.service import ServerMismatchError
 
@@ -33,6 +35,14 @@ def _serialize(message: ps_pb2.PushRequest | ps_pb2.InitRequest | bytes) -> byte
 def _parse_push_pull(data: bytes) -> ps_pb2.PushResponse | wire.PulledChunk:
     number, body = wire.split_push_pull_response(data)
     return ps_pb2.PushResponse.FromString(bytes(body)) if number == 1 else wire.parse_pull_response(body)
+
+
+def _parse_push_pull_unary(data: bytes) -> list[ps_pb2.PushResponse | wire.PulledChunk]:
+    """A PushPullUnaryResponse as the PushPull reply's messages it joins: the ack, then the parameters."""
+    return [
+        ps_pb2.PushResponse.FromString(bytes(body)) if field == 1 else wire.parse_pull_response(body)
+        for field, body in wire.length_delimited_fields(data)
+    ]
 
 
 class DataPath:
@@ -53,6 +63,10 @@ class DataPath:
         self.push_pull = channel.stream_stream(
             _SERVICE + "PushPull", request_serializer=_serialize, response_deserializer=_parse_push_pull
         )
+        # Its requests are built as bytes (push_pull_unary_request).
+        self.push_pull_unary = channel.unary_unary(
+            _SERVICE + "PushPullUnary", request_serializer=None, response_deserializer=_parse_push_pull_unary
+        )
 
 
 def init_requests(
@@ -71,6 +85,89 @@ def push_requests(
     yield ps_pb2.PushRequest(header=header)
     for payload in inline_each(chunks):
         yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
+
+
+def push_pull_unary_request(header: ps_pb2.PushHeader, chunks: Iterable[codec.ChunkPayload]) -> bytes:
+    """A PushPullUnaryRequest: :func:`push_requests`' messages one after another, each chunk's bytes
+    copied once, straight from its tensor."""
+    parts: list[bytes | memoryview] = [ps_pb2.PushRequest(header=header).SerializeToString()]
+    for payload in inline_each(chunks):
+        parts += wire.chunk_parts(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
+    return b"".join(parts)
+
+
+def push(
+    data: DataPath,
+    header: ps_pb2.PushHeader,
+    chunks: Iterable[codec.ChunkPayload],
+    timeout: float,
+    call_metadata: tuple[tuple[str, str], ...],
+    build_ahead: bool = False,
+) -> ps_pb2.PushResponse:
+    """A Push of one shard (a stream; ``build_ahead``: its messages made ahead, ``psproto.ahead``)."""
+    with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
+        reply: ps_pb2.PushResponse = data.push(requests, timeout=timeout, metadata=call_metadata)
+        return reply
+
+
+def push_pull(
+    data: DataPath,
+    header: ps_pb2.PushHeader,
+    chunks: Iterable[codec.ChunkPayload],
+    part: torch.Tensor,
+    timeout: float,
+    call_metadata: tuple[tuple[str, str], ...],
+    unary: bool,
+    build_ahead: bool = False,
+    receive_ahead: bool = False,
+) -> tuple[ps_pb2.PushResponse, int, grpc.Call, bool]:
+    """A PushPull of one shard: as one PushPullUnary call when ``unary`` (:func:`fits_one_message`),
+    else, or when the server refuses that call (:func:`refuses_unary`), as two streams (the flags:
+    ``psproto.ahead``). Returns the acknowledgement, the parameters' clock (decoded into ``part``), the
+    call (for its trailing metadata) and whether the shard's next PushPull may go as one call."""
+    if unary:
+        chunks = list(chunks)  # one chunk; sent again as a stream if the server refuses the call
+        try:
+            return (*push_pull_unary(data, header, chunks, part, timeout, call_metadata), True)
+        except grpc.RpcError as error:
+            if not refuses_unary(error):
+                raise
+    with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
+        call = data.push_pull(requests, timeout=timeout, metadata=call_metadata)
+        ack, clock = push_pull_reply(call, part, receive_ahead)
+    return ack, clock, call, False
+
+
+def push_pull_unary(
+    data: DataPath,
+    header: ps_pb2.PushHeader,
+    chunks: Iterable[codec.ChunkPayload],
+    part: torch.Tensor,
+    timeout: float,
+    call_metadata: tuple[tuple[str, str], ...],
+) -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
+    """A PushPull as one PushPullUnary call: the acknowledgement, the parameters' clock (decoded into
+    ``part``, as :func:`push_pull_reply`) and the call, for its trailing metadata."""
+    request = push_pull_unary_request(header, chunks)
+    replies, call = data.push_pull_unary.with_call(request, timeout=timeout, metadata=call_metadata)
+    ack, clock = push_pull_reply(replies, part)
+    return ack, clock, call
+
+
+def fits_one_message(length: int, push_dtype: int, pull_dtype: int, chunk_bytes: int) -> bool:
+    """Whether a shard of ``length`` elements pushes as one chunk and its parameters come back in at
+    most ``chunk_bytes``: then a PushPull goes as a PushPullUnary call, one message each way."""
+    return (
+        len(codec.chunk_spans(length, push_dtype, chunk_bytes)) <= 1
+        and codec.wire_bytes(length, pull_dtype) <= chunk_bytes
+    )
+
+
+def refuses_unary(error: grpc.RpcError) -> bool:
+    """Whether a PushPullUnary failed because the server does not take one (an older server, another
+    implementation) or its reply would not fit in one message: the push then goes as a stream."""
+    unimplemented = error.code() == grpc.StatusCode.UNIMPLEMENTED
+    return unimplemented or (reason_of(error) is Reason.LIMIT_REACHED and limit_of(error) == UNARY_REPLY_LIMIT)
 
 
 def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor, ahead: bool = False) -> int:

@@ -6,7 +6,9 @@ No protobuf and no parameter-server logic. ``Init`` (unary) hands the server a b
 under a key (invocation metadata ``key``); ``PushPull`` (client-streaming in,
 server-streaming out) sends one step: the client streams its update as raw chunks of at most
 ``chunk_bytes``, the server copies each into the key's buffer at a running offset, then
-answers with that buffer in chunks of the same size. Each side makes exactly the one copy
+answers with that buffer in chunks of the same size. Where the push and the reply are one chunk
+each, the client sends the step as ``PushPullUnary`` instead (one message each way, the stream's
+messages joined), as a hetps worker does (``psworker.transfer.fits_one_message``). Each side makes exactly the one copy
 between the socket and its tensor that hetps's design allows (DESIGN.md, performance
 principles), so this is the least any server with that design can do on the wire. The
 client here converts to and from the wire dtype exactly like a hetps worker. With ``int8/bf16``
@@ -52,6 +54,7 @@ from psproto.tuning import apply_malloc_tuning
 from psserver.allocator import default_server_environment
 from psserver.ready import ReadyInfo, write_ready_file
 from psworker.push_encoding import OnePush, PushEncoder
+from psworker.transfer import fits_one_message
 
 SERVICE = "hetps.bench.Bare"
 MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
@@ -90,7 +93,7 @@ class _Arithmetic:
         self.pull_spans = codec.chunk_spans(self.parameters.numel(), codec.WIRE_DTYPE_NAMES[pull], chunk_bytes)
         self.clock = 0
 
-    def receive(self, chunks: Iterator[bytes]) -> None:
+    def receive(self, chunks: Iterator[bytes | memoryview]) -> None:
         """Decode one push's chunks into the gradient with hetps's own assembler (its checks, its
         finiteness test); a CodecError is a ValueError."""
         assembler = codec.Assembler(self.gradient, accept_blocks=True)
@@ -146,7 +149,7 @@ class _Store:
             self._buffers[key] = (buffer, pushed, chunk_bytes)
         return b""
 
-    def push_pull(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+    def push_pull(self, requests: Iterator[bytes | memoryview], context: grpc.ServicerContext) -> Iterator[bytes]:
         key = str(dict(context.invocation_metadata())["key"])
         with self._lock:
             arithmetic = self._arithmetic.get(key)
@@ -168,8 +171,20 @@ class _Store:
             # The one copy on the way out: the buffer into a reply message.
             yield bytes(view[start : start + chunk_bytes])
 
+    def push_pull_unary(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """PushPull in one message each way, as a hetps worker sends a push and a reply of one chunk
+        each (PushPullUnary): the request is the stream's messages joined, and so is the reply."""
+        key = str(dict(context.invocation_metadata())["key"])
+        with self._lock:
+            arithmetic = key in self._arithmetic
+        view = memoryview(request)
+        replies = list(
+            self.push_pull(iter([view[: HEADER.size], view[HEADER.size :]] if arithmetic else [view]), context)
+        )
+        return replies[0] if len(replies) == 1 else b"".join(replies)
+
     def _push_pull_arithmetic(
-        self, arithmetic: _Arithmetic, requests: Iterator[bytes], context: grpc.ServicerContext
+        self, arithmetic: _Arithmetic, requests: Iterator[bytes | memoryview], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         try:
             _, base_clock = HEADER.unpack(next(requests))
@@ -188,6 +203,7 @@ def start(address: str = "127.0.0.1:0", threads: int = 32) -> tuple[grpc.Server,
         {
             "Init": grpc.unary_unary_rpc_method_handler(store.init, _identity, _identity),
             "PushPull": grpc.stream_stream_rpc_method_handler(store.push_pull, _identity, _identity),
+            "PushPullUnary": grpc.unary_unary_rpc_method_handler(store.push_pull_unary, _identity, _identity),
         },
     )
     server = grpc.server(ThreadPoolExecutor(max_workers=threads), options=[*OPTIONS, ("grpc.so_reuseport", 0)])
@@ -247,6 +263,14 @@ class BareClient:
             c.stream_stream(f"/{SERVICE}/PushPull", request_serializer=_identity, response_deserializer=_identity)
             for c in self.channels
         ]
+        self._push_pull_unary = [
+            c.unary_unary(f"/{SERVICE}/PushPullUnary", request_serializer=_identity, response_deserializer=_identity)
+            for c in self.channels
+        ]
+        # Per shard, as a hetps worker decides it: one message each way when the push and the reply fit a chunk.
+        push_dtype, pull_dtype = codec.PUSH_DTYPE_NAMES[push], codec.WIRE_DTYPE_NAMES[pull]
+        ranges = [layout.shard(index) for index in range(layout.num_shards)]
+        self.unary = [fits_one_message(r.length, push_dtype, pull_dtype, self.chunk_bytes) for r in ranges]
         self._metadata: tuple[tuple[str, str], ...] = (("key", key), ("chunk-bytes", str(self.chunk_bytes)))
         self._pool = futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
 
@@ -283,8 +307,17 @@ class BareClient:
 
         destination = out[shard.offset : shard.end]
         position = 0
-        call = self._push_pull[index](self._with_header(index, chunks), metadata=self._metadata, timeout=120)
-        replies = iter(call)
+        replies: Iterator[bytes | memoryview]
+        if self.unary[index]:
+            joined = self._push_pull_unary[index](
+                b"".join(self._with_header(index, chunks)), metadata=self._metadata, timeout=120
+            )
+            view = memoryview(joined)
+            replies = iter([view[: ACK.size], view[ACK.size :]] if self.arithmetic else [view])
+        else:
+            replies = iter(
+                self._push_pull[index](self._with_header(index, chunks), metadata=self._metadata, timeout=120)
+            )
         if self.arithmetic:
             self._clocks[index], _ = ACK.unpack(next(replies))
         for reply in replies:

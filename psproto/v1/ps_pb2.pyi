@@ -680,6 +680,65 @@ class PushPullResponse(_message.Message):
 Global___PushPullResponse: _TypeAlias = PushPullResponse  # noqa: Y015
 
 @_typing.final
+class PushPullUnaryRequest(_message.Message):
+    """PushPullUnary: a PushPull in one message each way, for a push and a reply small enough to
+    go whole (psworker uses it when the shard's push and its reply are each at most one chunk).
+    A gRPC unary call spares the two streams' per-call threads and messages of a small step. The
+    request is the PushPull stream's messages written one after another (the header, then the
+    chunks, same field numbers), and the response the PushPull reply's (the ack, then the
+    parameters), so either form is built from the other's bytes. The same checks and refusals as
+    PushPull apply; besides, one header must come first, and a reply that would exceed the
+    server's largest message is refused before the push is applied (LIMIT_REACHED, limit
+    "message_bytes"): send the push as a PushPull stream.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___PushHeader: ...
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Chunk]: ...
+    def __init__(
+        self,
+        *,
+        header: Global___PushHeader | None = ...,
+        chunks: _abc.Iterable[Global___Chunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushPullUnaryRequest: _TypeAlias = PushPullUnaryRequest  # noqa: Y015
+
+@_typing.final
+class PushPullUnaryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACK_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ack(self) -> Global___PushResponse: ...
+    @_builtins.property
+    def params(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullResponse]: ...
+    def __init__(
+        self,
+        *,
+        ack: Global___PushResponse | None = ...,
+        params: _abc.Iterable[Global___PullResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "params", b"params"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushPullUnaryResponse: _TypeAlias = PushPullUnaryResponse  # noqa: Y015
+
+@_typing.final
 class HeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

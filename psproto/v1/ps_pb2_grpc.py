@@ -62,6 +62,11 @@ class ParameterServerStub:
                 request_serializer=psproto_dot_v1_dot_ps__pb2.PushRequest.SerializeToString,
                 response_deserializer=psproto_dot_v1_dot_ps__pb2.PushPullResponse.FromString,
                 _registered_method=True)
+        self.PushPullUnary = channel.unary_unary(
+                '/psproto.v1.ParameterServer/PushPullUnary',
+                request_serializer=psproto_dot_v1_dot_ps__pb2.PushPullUnaryRequest.SerializeToString,
+                response_deserializer=psproto_dot_v1_dot_ps__pb2.PushPullUnaryResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/psproto.v1.ParameterServer/Heartbeat',
                 request_serializer=psproto_dot_v1_dot_ps__pb2.HeartbeatRequest.SerializeToString,
@@ -120,6 +125,12 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushPullUnary(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Heartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -173,6 +184,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.PushPull,
                     request_deserializer=psproto_dot_v1_dot_ps__pb2.PushRequest.FromString,
                     response_serializer=psproto_dot_v1_dot_ps__pb2.PushPullResponse.SerializeToString,
+            ),
+            'PushPullUnary': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushPullUnary,
+                    request_deserializer=psproto_dot_v1_dot_ps__pb2.PushPullUnaryRequest.FromString,
+                    response_serializer=psproto_dot_v1_dot_ps__pb2.PushPullUnaryResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -333,6 +349,33 @@ class ParameterServer:
             '/psproto.v1.ParameterServer/PushPull',
             psproto_dot_v1_dot_ps__pb2.PushRequest.SerializeToString,
             psproto_dot_v1_dot_ps__pb2.PushPullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushPullUnary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psproto.v1.ParameterServer/PushPullUnary',
+            psproto_dot_v1_dot_ps__pb2.PushPullUnaryRequest.SerializeToString,
+            psproto_dot_v1_dot_ps__pb2.PushPullUnaryResponse.FromString,
             options,
             channel_credentials,
             insecure,

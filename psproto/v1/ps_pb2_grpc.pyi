@@ -55,6 +55,7 @@ class ParameterServerStub:
     Pull: _grpc.UnaryStreamMultiCallable[_ps_pb2.PullRequest, _ps_pb2.PullResponse]
     Push: _grpc.StreamUnaryMultiCallable[_ps_pb2.PushRequest, _ps_pb2.PushResponse]
     PushPull: _grpc.StreamStreamMultiCallable[_ps_pb2.PushRequest, _ps_pb2.PushPullResponse]
+    PushPullUnary: _grpc.UnaryUnaryMultiCallable[_ps_pb2.PushPullUnaryRequest, _ps_pb2.PushPullUnaryResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_ps_pb2.HeartbeatRequest, _ps_pb2.HeartbeatResponse]
     Leave: _grpc.UnaryUnaryMultiCallable[_ps_pb2.LeaveRequest, _ps_pb2.LeaveResponse]
     Status: _grpc.UnaryUnaryMultiCallable[_ps_pb2.StatusRequest, _ps_pb2.StatusResponse]
@@ -76,6 +77,7 @@ class ParameterServerAsyncStub(ParameterServerStub):
     Pull: _aio.UnaryStreamMultiCallable[_ps_pb2.PullRequest, _ps_pb2.PullResponse]  # type: ignore[assignment]
     Push: _aio.StreamUnaryMultiCallable[_ps_pb2.PushRequest, _ps_pb2.PushResponse]  # type: ignore[assignment]
     PushPull: _aio.StreamStreamMultiCallable[_ps_pb2.PushRequest, _ps_pb2.PushPullResponse]  # type: ignore[assignment]
+    PushPullUnary: _aio.UnaryUnaryMultiCallable[_ps_pb2.PushPullUnaryRequest, _ps_pb2.PushPullUnaryResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_ps_pb2.HeartbeatRequest, _ps_pb2.HeartbeatResponse]  # type: ignore[assignment]
     Leave: _aio.UnaryUnaryMultiCallable[_ps_pb2.LeaveRequest, _ps_pb2.LeaveResponse]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_ps_pb2.StatusRequest, _ps_pb2.StatusResponse]  # type: ignore[assignment]
@@ -124,6 +126,13 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_ps_pb2.PushRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_ps_pb2.PushPullResponse], _abc.AsyncIterator[_ps_pb2.PushPullResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PushPullUnary(
+        self,
+        request: _ps_pb2.PushPullUnaryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.PushPullUnaryResponse, _abc.Awaitable[_ps_pb2.PushPullUnaryResponse]]: ...
 
     @_abc_1.abstractmethod
     def Heartbeat(

@@ -260,7 +260,7 @@ def start_server(
         interceptors=[*interceptors, drain],
         maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )
-    add_to_server(ParameterServerServicer(shard, checkpointer), server)
+    add_to_server(ParameterServerServicer(shard, checkpointer, limits.max_message_bytes), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

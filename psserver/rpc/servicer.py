@@ -13,10 +13,12 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from psproto import metadata, wire
+from psproto import codec, metadata, wire
 from psproto.ahead import made_ahead
+from psproto.dtypes import DEFAULT_MAX_MESSAGE_BYTES
 from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.layout import Layout, LayoutError
+from psproto.reasons import UNARY_REPLY_LIMIT
 from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer, CheckpointError
 from psserver.core.errors import ErrorKind, ShardError
@@ -81,6 +83,20 @@ def _parse_push_request(data: bytes) -> PushMessage:
     return wire.parse_chunk_request(data) or _tolerant(ps_pb2.PushRequest.FromString)(data)
 
 
+def _parse_push_pull_unary(data: bytes) -> list[PushMessage] | wire.Malformed:
+    """A PushPullUnaryRequest as the PushPull stream it stands for: a header's message, a chunk's
+    message, in the order its fields came (psproto.wire.length_delimited_fields)."""
+    try:
+        return [
+            ps_pb2.PushRequest(header=ps_pb2.PushHeader.FromString(bytes(body)))
+            if field == 1
+            else wire.parse_chunk(body)
+            for field, body in wire.length_delimited_fields(data)
+        ]
+    except (DecodeError, ValueError) as error:  # wire.WireError is a ValueError
+        return wire.Malformed(f"{len(data)} bytes are not a valid PushPullUnaryRequest ({error})")
+
+
 def _parse_init_request(data: bytes) -> InitMessage:
     return wire.parse_chunk_request(data) or _tolerant(ps_pb2.InitRequest.FromString)(data)
 
@@ -111,6 +127,10 @@ def _chunk_of(message: PushMessage | InitMessage, stream: str) -> wire.ChunkView
         raise ShardError(ErrorKind.BAD_REQUEST, f"a {stream} stream carries one header, then only chunks")
     return message.chunk
 
+
+# The bytes around each message of a PushPullUnary reply (keys, lengths, clock, offsets) and the
+# acknowledgement's, generously: the refusal is a guard, not an exact count.
+_UNARY_REPLY_FRAMING_BYTES = 4096
 
 # ROLE_UNSPECIFIED (a client that leaves the field out) joins as a worker.
 _ROLES = frozenset({ps_pb2.ROLE_UNSPECIFIED, ps_pb2.ROLE_WORKER, ps_pb2.ROLE_OBSERVER})
@@ -155,7 +175,7 @@ def _worker_status(worker: WorkerView) -> ps_pb2.WorkerStatus:
 
 
 def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
-    """Register the service like the generated helper, but Pull and PushPull send pre-serialised bytes."""
+    """Register the service like the generated helper, but Pull and the PushPulls send pre-serialised bytes."""
     handlers = {
         "Join": grpc.unary_unary_rpc_method_handler(
             servicer.Join, _tolerant(ps_pb2.JoinRequest.FromString), ps_pb2.JoinResponse.SerializeToString
@@ -168,6 +188,7 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
             servicer.Push, _parse_push_request, ps_pb2.PushResponse.SerializeToString
         ),
         "PushPull": grpc.stream_stream_rpc_method_handler(servicer.PushPull, _parse_push_request, None),
+        "PushPullUnary": grpc.unary_unary_rpc_method_handler(servicer.PushPullUnary, _parse_push_pull_unary, None),
         "Heartbeat": grpc.unary_unary_rpc_method_handler(
             servicer.Heartbeat,
             _tolerant(ps_pb2.HeartbeatRequest.FromString),
@@ -209,9 +230,13 @@ def _send(result: PullResult, watched: WatchedStream, first: bytes | None = None
 class ParameterServerServicer:
     """psproto.v1.ParameterServer; registered by ``add_to_server``."""
 
-    def __init__(self, shard: Shard, checkpointer: Checkpointer | None = None) -> None:
+    def __init__(
+        self, shard: Shard, checkpointer: Checkpointer | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    ) -> None:
+        """``max_message_bytes``: the largest message the server sends (a PushPullUnary reply must fit)."""
         self.shard = shard
         self.checkpointer = checkpointer
+        self.max_message_bytes = max_message_bytes
 
     @_translate_errors
     def Join(self, request: ps_pb2.JoinRequest, context: grpc.ServicerContext) -> ps_pb2.JoinResponse:
@@ -343,6 +368,43 @@ class ParameterServerServicer:
             self.shard.settle_apply()
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         return _send(result, self.shard.watch_stream(header.worker_id, "PushPull", context.cancel), ack)
+
+    @_translate_errors
+    def PushPullUnary(self, request: list[PushMessage], context: grpc.ServicerContext) -> bytes:
+        """PushPull in one message each way: returns a serialised PushPullUnaryResponse (registered with an
+        identity serializer), the bytes of PushPull's reply messages one after another."""
+        self._refuse_unary_reply_past_limit(request)
+        header, outcome = self._receive_push(iter(request), context, then_pull=True)
+        result = self._pull(context, header.worker_id, header.pull_dtype, PUSH_PULL_PARAMS)
+        try:
+            ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
+            return b"".join((ack, *inline_each(result.messages)))
+        finally:
+            if self.shard.config.apply_during_reply:
+                self.shard.settle_apply()
+
+    def _refuse_unary_reply_past_limit(self, request: list[PushMessage]) -> None:
+        """Refuse, before anything is applied, a PushPullUnary whose reply would not fit in one message:
+        it would be applied, then fail to be sent. Sized from the request's chunks, which the push must
+        make cover the shard; a header or a chunk that is wrong is left to the push's own checks."""
+        header = request[0] if request else None
+        if not isinstance(header, ps_pb2.PushRequest) or header.WhichOneof("body") != "header":
+            return
+        pull_dtype = header.header.pull_dtype or codec.FLOAT32
+        if pull_dtype not in codec.WIRE_DTYPES:
+            return
+        chunks = [message for message in request[1:] if isinstance(message, wire.ChunkView)]
+        length = sum(codec.elements_in(chunk) for chunk in chunks)
+        reply_bytes = codec.wire_bytes(length, pull_dtype) + _UNARY_REPLY_FRAMING_BYTES * (
+            len(codec.chunk_spans(length, pull_dtype, self.shard.config.chunk_bytes)) + 1
+        )
+        if reply_bytes > self.max_message_bytes:
+            raise ShardError(
+                ErrorKind.LIMIT_REACHED,
+                f"the reply of this PushPullUnary ({reply_bytes} bytes) would exceed the server's largest message "
+                f"({self.max_message_bytes} bytes, --max-message-mb); send the push as a PushPull stream",
+                metadata={"limit": UNARY_REPLY_LIMIT},
+            )
 
     @_translate_errors
     def Heartbeat(self, request: ps_pb2.HeartbeatRequest, context: grpc.ServicerContext) -> ps_pb2.HeartbeatResponse:

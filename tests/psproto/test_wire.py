@@ -143,3 +143,41 @@ def test_push_pull_ack_is_split_out() -> None:
     assert field == 1 and ps_pb2.PushResponse.FromString(bytes(body)).staleness == 2
     with pytest.raises(wire.WireError):
         wire.split_push_pull_response(b"")
+
+
+@given(st.lists(st.tuples(offsets, dtypes, payloads), max_size=4))
+def test_a_unary_push_pull_request_is_the_stream_s_messages_one_after_another(
+    chunks: list[tuple[int, int, bytes]],
+) -> None:
+    header = ps_pb2.PushHeader(worker_id=3, push_id=9, base_clock=2, pull_dtype=ps_pb2.DTYPE_BFLOAT16)
+    request = ps_pb2.PushPullUnaryRequest(header=header, chunks=[_chunk(*chunk) for chunk in chunks])
+    stream = [ps_pb2.PushRequest(header=header).SerializeToString()]
+    stream += [b"".join(wire.chunk_parts(2, offset, dtype, data)) for offset, dtype, data in chunks]
+    assert b"".join(stream) == request.SerializeToString()
+    fields = wire.length_delimited_fields(request.SerializeToString())
+    assert [field for field, _ in fields] == [1] + [2] * len(chunks)
+    assert ps_pb2.PushHeader.FromString(bytes(fields[0][1])) == header
+    assert [wire.parse_chunk(body) for _, body in fields[1:]] == [
+        wire.ChunkView(offset, dtype, memoryview(data)) for offset, dtype, data in chunks
+    ]
+
+
+def test_a_unary_push_pull_reply_splits_into_the_ack_and_the_parameters_in_order() -> None:
+    ack = ps_pb2.PushResponse(clock=5, staleness=1, telemetry={"scale": 0.5})
+    params = [wire.pull_response(5, 8, offset, 1, bytes(range(offset, offset + 16))) for offset in (0, 4)]
+    reply = ps_pb2.PushPullUnaryResponse(ack=ack, params=[ps_pb2.PullResponse.FromString(p) for p in params])
+    fields = wire.length_delimited_fields(reply.SerializeToString())
+    assert [field for field, _ in fields] == [1, 2, 2]
+    assert ps_pb2.PushResponse.FromString(bytes(fields[0][1])) == ack
+    assert [bytes(body) for _, body in fields[1:]] == params
+
+
+def test_length_delimited_fields_skip_unknown_fields_and_refuse_what_is_not_a_message() -> None:
+    unknown = b"\x18\x07" + b"\x22\x01x"  # field 3 (a varint) and field 4 (bytes): skipped
+    assert wire.length_delimited_fields(unknown + b"\x0a\x00") == [(1, memoryview(b""))]
+    with pytest.raises(wire.WireError, match="field 1 is not length-delimited"):
+        wire.length_delimited_fields(b"\x08\x01")
+    with pytest.raises(wire.WireError, match="truncated field 2"):
+        wire.length_delimited_fields(b"\x12\x05ab")
+    with pytest.raises(wire.WireError, match="past the end"):
+        wire.length_delimited_fields(b"\x1d\x00")  # field 3, fixed32, with one byte of its four

@@ -294,6 +294,7 @@ def test_from_an_older_server_a_push_pull_with_an_older_shared_version_is_no_rol
         for _ in range(5):
             client.push(torch.ones(4))
         assert client.seen_clocks[0] == 5
+        client.unary_push_pulls[0] = False  # an older server has no PushPullUnary either
         _params_clock_lowered_by(client, 2)
         out = torch.empty(4)
         (result,) = client.push(torch.ones(4), pull_into=out)

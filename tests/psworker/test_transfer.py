@@ -10,7 +10,7 @@ import torch
 from psproto import codec, wire
 from psproto.v1 import ps_pb2
 from psworker.service import ServerMismatchError
-from psworker.transfer import push_pull_reply, push_requests, receive_params
+from psworker.transfer import fits_one_message, push_pull_reply, push_pull_unary_request, push_requests, receive_params
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -72,3 +72,29 @@ def test_a_push_pull_reply_without_any_message_is_a_server_mismatch() -> None:
     with pytest.raises(ServerMismatchError, match="ended without its acknowledgement"):
         push_pull_reply([], out)
     assert torch.equal(out, torch.zeros(10))
+
+
+def test_a_unary_request_carries_the_header_and_the_chunks_as_the_generated_code_writes_them() -> None:
+    header = ps_pb2.PushHeader(worker_id=1, push_id=2, base_clock=3, pull_dtype=ps_pb2.DTYPE_FLOAT16)
+    values = torch.randn(3000)
+    chunks = list(codec.payloads(values, codec.INT8_BLOCK, chunk_bytes=codec.DEFAULT_CHUNK_BYTES))
+    request = ps_pb2.PushPullUnaryRequest.FromString(push_pull_unary_request(header, chunks))
+    assert request.header == header
+    assert [(c.offset, c.dtype, c.data, c.scales) for c in request.chunks] == [
+        (p.offset, p.dtype, bytes(p.data), bytes(p.scales)) for p in chunks
+    ]
+
+
+@pytest.mark.parametrize(
+    ("length", "push", "pull", "fits"),
+    [
+        (100, codec.FLOAT32, codec.BFLOAT16, True),
+        (256, codec.FLOAT32, codec.FLOAT32, True),  # 1,024 bytes each way: exactly one chunk
+        (257, codec.FLOAT32, codec.FLOAT32, False),  # a second chunk of one element
+        (400, codec.INT8_BLOCK, codec.BFLOAT16, True),
+        (600, codec.INT8_BLOCK, codec.BFLOAT16, False),  # the push is one chunk, the reply is not
+        (0, codec.FLOAT32, codec.FLOAT32, True),
+    ],
+)
+def test_a_push_pull_goes_as_one_call_when_each_way_is_one_chunk(length: int, push: int, pull: int, fits: bool) -> None:
+    assert fits_one_message(length, push, pull, chunk_bytes=1024) is fits

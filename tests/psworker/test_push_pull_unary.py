@@ -1,0 +1,152 @@
+"""The worker sends a small shard's PushPull as one PushPullUnary call: the same parameters to the
+bit as two streams, and streams again where the server does not take the call or its reply would
+not fit in one message."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+import torch
+
+from psproto import codec
+from psproto.layout import Layout
+from psserver.core.rules import RuleSpec
+from psserver.core.shard import Shard, ShardConfig
+from psserver.rpc.server import ServerLimits, start_server
+from psworker.channels import open_channel
+from psworker.client import PSClient
+
+SHAPES = [("w", (30, 40)), ("b", (40,))]
+LAYOUT = Layout.from_named_shapes(SHAPES)
+
+
+class _Methods(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
+    """Notes the method of every unary and bidirectional call a client makes."""
+
+    def __init__(self) -> None:
+        self.called: list[str] = []
+
+    def _note(self, details: grpc.ClientCallDetails) -> None:
+        self.called.append(details.method.rsplit("/", 1)[-1])
+
+    def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
+        self._note(details)
+        return continuation(details, request)
+
+    def intercept_stream_stream(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, requests: Any
+    ) -> Any:
+        self._note(details)
+        return continuation(details, requests)
+
+
+class _WithoutUnary(grpc.ServerInterceptor):  # type: ignore[misc]
+    """A server as one without PushPullUnary answers it: UNIMPLEMENTED."""
+
+    def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
+        return None if details.method.endswith("/PushPullUnary") else continuation(details)
+
+
+def _shard(num_shards: int = 1, index: int = 0, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES) -> Shard:
+    rule = RuleSpec.parse("momentum", {"lr": "0.1"})
+    return Shard(ShardConfig(rule, shard_index=index, num_shards=num_shards, chunk_bytes=chunk_bytes))
+
+
+def _train(
+    addresses: list[str],
+    unary: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    layout: Layout = LAYOUT,
+    init: bool = True,
+    **options: Any,
+) -> tuple[list[torch.Tensor], list[str], list[bool]]:
+    """Four PushPulls of seeded gradients (after an Init, with ``init``); the parameters each brought
+    back, the methods called, and whether each shard still takes PushPullUnary at the end."""
+    methods = _Methods()
+    monkeypatch.setattr(
+        PSClient,
+        "_channel",
+        lambda self, address: grpc.intercept_channel(open_channel(address, None, self.keepalive_seconds), methods),
+    )
+    generator = torch.Generator().manual_seed(3)
+    got = []
+    with PSClient(addresses, layout, name="w", **options) as client:
+        if init:
+            client.init(torch.randn(layout.total_length, generator=generator))
+        client.unary_push_pulls = [unary and fits for fits in client.unary_push_pulls]
+        for _ in range(4):
+            out = torch.empty(layout.total_length)
+            client.push(torch.randn(layout.total_length, generator=generator), pull_into=out)
+            got.append(out)
+        return got, methods.called, client.unary_push_pulls
+
+
+def _serving(shards: list[Shard], **kwargs: Any) -> Iterator[list[str]]:
+    running = [start_server(shard, "127.0.0.1:0", **kwargs) for shard in shards]
+    try:
+        yield [f"127.0.0.1:{r.port}" for r in running]
+    finally:
+        for r in running:
+            r.server.stop(0).wait()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"wire_dtype": "bf16"}, {"push_dtype": "int8", "pull_dtype": "fp16"}],
+    ids=["fp32", "bf16", "int8-fp16"],
+)
+def test_one_call_each_way_brings_back_what_two_streams_bring(
+    options: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = {}
+    for unary in (True, False):
+        shards = [_shard(2, 0), _shard(2, 1)]
+        for addresses in _serving(shards):
+            got, called, still = _train(addresses, unary, monkeypatch, Layout.from_named_shapes(SHAPES, 2), **options)
+        results[unary] = got, torch.cat([s.params for s in shards]), [s.applied_pushes for s in shards]
+        assert called.count("PushPullUnary" if unary else "PushPull") == 8  # 4 pushes to each of 2 shards
+        assert called.count("PushPull" if unary else "PushPullUnary") == 0 and still == [unary, unary]
+    (got_unary, params_unary, applied_unary), (got_streams, params_streams, applied_streams) = (
+        results[True],
+        results[False],
+    )
+    assert all(torch.equal(a, b) for a, b in zip(got_unary, got_streams, strict=True))
+    assert torch.equal(params_unary, params_streams) and applied_unary == applied_streams == [4, 4]
+
+
+def test_a_shard_larger_than_a_chunk_goes_as_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = Layout.from_named_shapes([("w", (20_000,))])  # 80,000 bytes in fp32
+    for chunk_bytes, unary in ((codec.DEFAULT_CHUNK_BYTES, True), (64 * 1024, False)):
+        for addresses in _serving([_shard()]):
+            _, called, still = _train(addresses, True, monkeypatch, layout, chunk_bytes=chunk_bytes)
+        assert still == [unary] and called.count("PushPullUnary" if unary else "PushPull") == 4, chunk_bytes
+
+
+def test_a_server_without_the_call_gets_streams_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = [_shard()]
+    for addresses in _serving(shards, interceptors=[_WithoutUnary()]):
+        got, called, still = _train(addresses, True, monkeypatch)
+    assert called.count("PushPullUnary") == 1 and called.count("PushPull") == 4 and still == [False]
+    assert shards[0].applied_pushes == 4 and all(torch.isfinite(out).all() for out in got)
+
+
+def test_a_reply_too_large_for_the_server_s_messages_goes_as_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server's messages are at most 128 KiB. The worker's 8-bit push (40,040 bytes) fits, and its
+    # fp32 reply (160,000 bytes) fits the worker's 256 KiB chunk, but not in one of the server's messages.
+    layout = Layout.from_named_shapes([("w", (40_000,))])
+    shards = [_shard(chunk_bytes=64 * 1024)]  # as psserver serve cuts replies for 128 KiB messages
+    for addresses in _serving(shards, limits=ServerLimits(max_message_bytes=128 * 1024)):
+        with PSClient(addresses, layout, name="init", chunk_bytes=64 * 1024) as uploader:
+            assert uploader.init(torch.zeros(layout.total_length))
+        got, called, still = _train(
+            addresses, True, monkeypatch, layout, init=False, push_dtype="int8", chunk_bytes=256 * 1024
+        )
+    assert called.count("PushPullUnary") == 1 and called.count("PushPull") == 4 and still == [False]
+    assert shards[0].applied_pushes == 4 and shards[0].clock == 4
+    assert shards[0].rejected == {"limit_reached": 1}
+    assert all(torch.isfinite(out).all() for out in got)
