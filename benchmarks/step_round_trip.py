@@ -148,7 +148,7 @@ def measure_steps(
                     system = HetpsStep(
                         addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat,
                         build_pushes_ahead=variant.pushes_ahead, encode_threads=variant.encode_threads,
-                        receive_replies_ahead=variant.replies_received_ahead,
+                        receive_replies_ahead=variant.replies_received_ahead, unary=variant.unary,
                     )  # fmt: skip
                 elif spec.kind in MOVER_KINDS:
                     key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"

@@ -35,13 +35,15 @@ MOVER_KINDS = ("bare", "arith", "overlap")
 class HetpsVariant(NamedTuple):
     """hetps run another way: its server's flags, whether its worker builds pushes ahead, the
     kinds its rows are compared with (what the variant adds to each), how many threads its worker
-    encodes 8-bit chunks on, and whether its worker receives replies ahead."""
+    encodes 8-bit chunks on, whether its worker receives replies ahead, and whether it sends a
+    PushPull that fits one message each way as one PushPullUnary call (as psworker does)."""
 
     server_flags: tuple[str, ...]
     pushes_ahead: bool
     compared_with: tuple[str, ...]
     encode_threads: int = 1
     replies_received_ahead: bool = False
+    unary: bool = True
 
 
 # The encode threads of ``wide`` and ``all``: enough to outpace one sending thread on a host with cores to spare.
@@ -52,7 +54,9 @@ WIDE_ENCODE_THREADS = 4
 # worker building its pushes ahead against a plain server; only the worker's 8-bit chunks encoded
 # on several threads (``wide``: its fp32 and bf16 rows differ from plain hetps in nothing, which
 # shows the comparison's noise); each side receiving its next message while it decodes the last
-# (``receive``: the server a push's chunks, the worker a reply's); and all of these together.
+# (``receive``: the server a push's chunks, the worker a reply's); all of these together; and a worker
+# that sends every PushPull as two streams, also where one message each way would do (``streams``:
+# what PushPullUnary gains; its ResNet-18 rows are plain hetps's, whose pushes are many chunks).
 _SERVER_AHEAD = ("--build-replies-ahead", "--apply-during-reply")
 HETPS_VARIANTS = {
     "ahead": HetpsVariant(("--build-replies-ahead",), False, ("hetps",)),
@@ -63,6 +67,7 @@ HETPS_VARIANTS = {
     "all": HetpsVariant(
         (*_SERVER_AHEAD, "--receive-pushes-ahead"), True, ("hetps", "during"), WIDE_ENCODE_THREADS, True
     ),
+    "streams": HetpsVariant((), False, ("hetps",), unary=False),
 }
 HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
 # Plain hetps, as a variant: no flags.

@@ -77,10 +77,14 @@ class HetpsStep:
         build_pushes_ahead: bool = False,
         encode_threads: int = 1,
         receive_replies_ahead: bool = False,
+        unary: bool = True,
     ) -> None:
+        """``unary``: False sends every PushPull as streams, also where psworker would make it one call."""
         self.client = hetps_client(
             addresses, layout, name, wire_dtype, chunk_bytes, build_pushes_ahead, encode_threads, receive_replies_ahead
         )
+        if not unary:
+            self.client.unary_push_pulls = [False] * len(self.client.sessions)
         if not self.client.initialized:
             self.client.init(flat)
         self.client.pull(torch.empty_like(flat))

@@ -144,7 +144,7 @@ def test_every_kind_of_mover_has_servers_arranged_like_hetps() -> None:
     # As many rows share a mover's server as share hetps's with the same shards, so each server
     # idles as long between its steps.
     hetps_rows = {shards: sum(s.kind == "hetps" and s.shards == shards for s in specs) for shards in (1, 2)}
-    for variant in ("ahead", "during", "pushahead", "all"):
+    for variant in ("ahead", "during", "pushahead", "all", "streams"):
         assert sum(s.kind == variant for s in specs) == hetps_rows[1], variant
     for kind, shards in groups:
         rows = sum(s.kind == kind and s.shards == shards for s in specs)
