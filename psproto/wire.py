@@ -275,11 +275,18 @@ def parse_pull_response(data: bytes | memoryview) -> PulledChunk:
     return PulledChunk(clock, total, chunk)
 
 
-def length_delimited_fields(data: bytes | memoryview) -> list[tuple[int, memoryview]]:
+# The most fields 1 and 2 a PushPullUnary message may hold: the header (or ack) and 1,024 chunks.
+# Each becomes a Python object of a few hundred bytes, so without a cap a message of 64 MiB in
+# two-byte fields would take gigabytes to parse.
+MAX_UNARY_FIELDS = 1025
+
+
+def length_delimited_fields(data: bytes | memoryview, limit: int = MAX_UNARY_FIELDS) -> list[tuple[int, memoryview]]:
     """Fields 1 and 2 of a message whose two fields are messages (PushPullUnaryRequest and
     PushPullUnaryResponse), in the order they came, as (field number, a view of the body); other
     fields are skipped, as protobuf does with unknown ones. Each entry is the body of one message
-    of the PushPull stream that the unary message stands for."""
+    of the PushPull stream that the unary message stands for. More than ``limit`` of them is a
+    WireError."""
     buffer = memoryview(data)
     fields: list[tuple[int, memoryview]] = []
     position = 0
@@ -289,6 +296,8 @@ def length_delimited_fields(data: bytes | memoryview) -> list[tuple[int, memoryv
         if field in (1, 2):
             if wire_type != _LEN:
                 raise WireError(f"field {field} is not length-delimited")
+            if len(fields) == limit:
+                raise WireError(f"more than {limit} headers and chunks in one message")
             body, position = _read_bytes(buffer, position, f"field {field}")
             fields.append((field, body))
         else:

@@ -424,9 +424,9 @@ class PSClient:
             timeout = self._held_deadline(session, self.push_encoder.dtype)
             return PushResult.of(transfer.push(session.data, header, chunks, timeout, self._metadata, ahead))
         timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
-        part, unary = pull_into[session.range.span], self.unary_push_pulls[index]
-        ack, clock, call, self.unary_push_pulls[index] = transfer.push_pull(
-            session.data, header, chunks, part, timeout, self._metadata, unary, ahead, self.receive_replies_ahead
+        part, unary = pull_into[session.range.span], self.unary_push_pulls
+        ack, clock, call = transfer.push_pull(
+            session.data, header, chunks, part, timeout, self._metadata, unary, index, ahead, self.receive_replies_ahead
         )
         self.pulled_clocks[index] = clock
         # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.

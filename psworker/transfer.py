@@ -10,6 +10,7 @@ more than the copy.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -117,25 +118,30 @@ def push_pull(
     part: torch.Tensor,
     timeout: float,
     call_metadata: tuple[tuple[str, str], ...],
-    unary: bool,
+    unary: list[bool],
+    shard: int,
     build_ahead: bool = False,
     receive_ahead: bool = False,
-) -> tuple[ps_pb2.PushResponse, int, grpc.Call, bool]:
-    """A PushPull of one shard: as one PushPullUnary call when ``unary`` (:func:`fits_one_message`),
-    else, or when the server refuses that call (:func:`refuses_unary`), as two streams (the flags:
-    ``psproto.ahead``). Returns the acknowledgement, the parameters' clock (decoded into ``part``), the
-    call (for its trailing metadata) and whether the shard's next PushPull may go as one call."""
-    if unary:
-        chunks = list(chunks)  # one chunk; sent again as a stream if the server refuses the call
+) -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
+    """A PushPull of shard ``shard``: as one PushPullUnary call while ``unary[shard]``
+    (:func:`fits_one_message`), else as two streams (the flags: ``psproto.ahead``). A server that
+    refuses the call (:func:`refuses_unary`) clears ``unary[shard]`` and gets the same push as
+    streams at once, within what is left of ``timeout``. Returns the acknowledgement, the
+    parameters' clock (decoded into ``part``) and the call, for its trailing metadata."""
+    deadline = time.monotonic() + timeout
+    if unary[shard]:
+        chunks = list(inline_each(chunks))  # one chunk; sent again as a stream if the server refuses the call
         try:
-            return (*push_pull_unary(data, header, chunks, part, timeout, call_metadata), True)
+            return push_pull_unary(data, header, chunks, part, timeout, call_metadata)
         except grpc.RpcError as error:
             if not refuses_unary(error):
                 raise
+            unary[shard] = False  # before the streams: a retry of this push goes as streams too
     with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
-        call = data.push_pull(requests, timeout=timeout, metadata=call_metadata)
+        remaining = max(deadline - time.monotonic(), 0.0)
+        call = data.push_pull(requests, timeout=remaining, metadata=call_metadata)
         ack, clock = push_pull_reply(call, part, receive_ahead)
-    return ack, clock, call, False
+    return ack, clock, call
 
 
 def push_pull_unary(
@@ -166,8 +172,10 @@ def fits_one_message(length: int, push_dtype: int, pull_dtype: int, chunk_bytes:
 def refuses_unary(error: grpc.RpcError) -> bool:
     """Whether a PushPullUnary failed because the server does not take one (an older server, another
     implementation) or its reply would not fit in one message: the push then goes as a stream."""
-    unimplemented = error.code() == grpc.StatusCode.UNIMPLEMENTED
-    return unimplemented or (reason_of(error) is Reason.LIMIT_REACHED and limit_of(error) == UNARY_REPLY_LIMIT)
+    reason = reason_of(error)
+    # UNIMPLEMENTED with a reason is a refusal of the push itself (UNKNOWN_DTYPE), not of the call.
+    no_such_call = error.code() == grpc.StatusCode.UNIMPLEMENTED and reason is None
+    return no_such_call or (reason is Reason.LIMIT_REACHED and limit_of(error) == UNARY_REPLY_LIMIT)
 
 
 def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor, ahead: bool = False) -> int:

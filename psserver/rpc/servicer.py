@@ -384,25 +384,26 @@ class ParameterServerServicer:
                 self.shard.settle_apply()
 
     def _refuse_unary_reply_past_limit(self, request: list[PushMessage]) -> None:
-        """Refuse, before anything is applied, a PushPullUnary whose reply would not fit in one message:
-        it would be applied, then fail to be sent. Sized from the request's chunks, which the push must
-        make cover the shard; a header or a chunk that is wrong is left to the push's own checks."""
+        """Refuse, before anything is checked or applied, a PushPullUnary whose reply (the shard's
+        parameters in the header's pull dtype) would not fit in one message: it would be applied,
+        then fail to be sent. A header that is wrong, or a shard not yet initialised, is left to the
+        push's own checks."""
         header = request[0] if request else None
-        if not isinstance(header, ps_pb2.PushRequest) or header.WhichOneof("body") != "header":
+        layout = self.shard.layout
+        if not isinstance(header, ps_pb2.PushRequest) or header.WhichOneof("body") != "header" or layout is None:
             return
         pull_dtype = header.header.pull_dtype or codec.FLOAT32
         if pull_dtype not in codec.WIRE_DTYPES:
             return
-        chunks = [message for message in request[1:] if isinstance(message, wire.ChunkView)]
-        length = sum(codec.elements_in(chunk) for chunk in chunks)
-        reply_bytes = codec.wire_bytes(length, pull_dtype) + _UNARY_REPLY_FRAMING_BYTES * (
-            len(codec.chunk_spans(length, pull_dtype, self.shard.config.chunk_bytes)) + 1
-        )
+        length = layout.shard(self.shard.config.shard_index).length
+        per_message = max(1, self.shard.config.chunk_bytes // codec.element_size(pull_dtype))
+        messages = 1 + -(-length // per_message)  # the acknowledgement and the parameters' messages
+        reply_bytes = codec.wire_bytes(length, pull_dtype) + _UNARY_REPLY_FRAMING_BYTES * messages
         if reply_bytes > self.max_message_bytes:
             raise ShardError(
                 ErrorKind.LIMIT_REACHED,
-                f"the reply of this PushPullUnary ({reply_bytes} bytes) would exceed the server's largest message "
-                f"({self.max_message_bytes} bytes, --max-message-mb); send the push as a PushPull stream",
+                f"the reply of this PushPullUnary (about {reply_bytes} bytes) would exceed the server's largest "
+                f"message ({self.max_message_bytes} bytes, --max-message-mb); send the push as a PushPull stream",
                 metadata={"limit": UNARY_REPLY_LIMIT},
             )
 

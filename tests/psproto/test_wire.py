@@ -145,20 +145,25 @@ def test_push_pull_ack_is_split_out() -> None:
         wire.split_push_pull_response(b"")
 
 
-@given(st.lists(st.tuples(offsets, dtypes, payloads), max_size=4))
+@given(st.lists(st.tuples(offsets, dtypes, payloads, st.binary(max_size=40)), max_size=4))
 def test_a_unary_push_pull_request_is_the_stream_s_messages_one_after_another(
-    chunks: list[tuple[int, int, bytes]],
+    chunks: list[tuple[int, int, bytes, bytes]],
 ) -> None:
     header = ps_pb2.PushHeader(worker_id=3, push_id=9, base_clock=2, pull_dtype=ps_pb2.DTYPE_BFLOAT16)
-    request = ps_pb2.PushPullUnaryRequest(header=header, chunks=[_chunk(*chunk) for chunk in chunks])
+    messages = []
+    for offset, dtype, data, scales in chunks:
+        message = _chunk(offset, dtype, data)
+        message.scales = scales
+        messages.append(message)
+    request = ps_pb2.PushPullUnaryRequest(header=header, chunks=messages)
     stream = [ps_pb2.PushRequest(header=header).SerializeToString()]
-    stream += [b"".join(wire.chunk_parts(2, offset, dtype, data)) for offset, dtype, data in chunks]
+    stream += [b"".join(wire.chunk_parts(2, *chunk)) for chunk in chunks]
     assert b"".join(stream) == request.SerializeToString()
     fields = wire.length_delimited_fields(request.SerializeToString())
     assert [field for field, _ in fields] == [1] + [2] * len(chunks)
     assert ps_pb2.PushHeader.FromString(bytes(fields[0][1])) == header
     assert [wire.parse_chunk(body) for _, body in fields[1:]] == [
-        wire.ChunkView(offset, dtype, memoryview(data)) for offset, dtype, data in chunks
+        wire.ChunkView(offset, dtype, memoryview(data), scales) for offset, dtype, data, scales in chunks
     ]
 
 
@@ -181,3 +186,6 @@ def test_length_delimited_fields_skip_unknown_fields_and_refuse_what_is_not_a_me
         wire.length_delimited_fields(b"\x12\x05ab")
     with pytest.raises(wire.WireError, match="past the end"):
         wire.length_delimited_fields(b"\x1d\x00")  # field 3, fixed32, with one byte of its four
+    assert len(wire.length_delimited_fields(b"\x12\x00" * 3, limit=3)) == 3
+    with pytest.raises(wire.WireError, match="more than 3 headers and chunks"):
+        wire.length_delimited_fields(b"\x12\x00" * 4, limit=3)

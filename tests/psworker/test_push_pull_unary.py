@@ -13,11 +13,15 @@ import torch
 
 from psproto import codec
 from psproto.layout import Layout
+from psproto.reasons import UNARY_REPLY_LIMIT, Reason
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.server import ServerLimits, start_server
+from psserver.rpc.status_codes import refusal
 from psworker.channels import open_channel
 from psworker.client import PSClient
+from psworker.transfer import refuses_unary
+from tests.psworker.test_recovery import FakeRpcError, _BareStatus
 
 SHAPES = [("w", (30, 40)), ("b", (40,))]
 LAYOUT = Layout.from_named_shapes(SHAPES)
@@ -150,3 +154,22 @@ def test_a_reply_too_large_for_the_server_s_messages_goes_as_streams(monkeypatch
     assert shards[0].applied_pushes == 4 and shards[0].clock == 4
     assert shards[0].rejected == {"limit_reached": 1}
     assert all(torch.isfinite(out).all() for out in got)
+
+
+@pytest.mark.parametrize(
+    ("status", "refused"),
+    [
+        (grpc.StatusCode.UNIMPLEMENTED, True),  # a server without the call: no reason
+        (refusal(Reason.UNKNOWN_DTYPE, "dtype 9"), False),  # UNIMPLEMENTED too, but it refuses the push
+        (refusal(Reason.LIMIT_REACHED, "too big", {"limit": UNARY_REPLY_LIMIT}), True),
+        (refusal(Reason.LIMIT_REACHED, "busy", {"limit": "receive_buffers"}), False),
+        (refusal(Reason.BAD_REQUEST, "two headers"), False),
+    ],
+    ids=["no-such-call", "unknown-dtype", "reply-too-large", "receive-buffers", "bad-request"],
+)
+def test_only_a_refusal_of_the_call_itself_sends_the_push_as_streams(
+    status: grpc.Status | grpc.StatusCode, refused: bool
+) -> None:
+    if isinstance(status, grpc.StatusCode):
+        status = _BareStatus(status, "Method not found!")
+    assert refuses_unary(FakeRpcError(status)) is refused

@@ -36,8 +36,9 @@ def _shards(during_reply: bool, ahead: bool) -> list[Shard]:
     return [Shard(ShardConfig(**{**config.__dict__, "shard_index": i, "num_shards": 2})) for i in range(2)]
 
 
-def _train(during_reply: bool, ahead: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Two workers taking turns through PushPull for a few steps; what each got back, and the shards' parameters."""
+def _train(during_reply: bool, ahead: bool = False, unary: bool = True) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Two workers taking turns through PushPull for a few steps (as one PushPullUnary call each, or
+    as streams); what each got back, and the shards' parameters."""
     shards = _shards(during_reply, ahead)
     generator = torch.Generator().manual_seed(0)
     got = []
@@ -55,6 +56,9 @@ def _train(during_reply: bool, ahead: bool = False) -> tuple[list[torch.Tensor],
             for i in range(2)
         ]
         try:
+            for client in clients:
+                assert client.unary_push_pulls == [True, True]  # the pushes fit one chunk of the client's
+                client.unary_push_pulls = [unary, unary]
             clients[0].init(torch.randn(LAYOUT.total_length, generator=generator))
             for client in clients:
                 client.pull(torch.empty(LAYOUT.total_length))
@@ -71,12 +75,13 @@ def _train(during_reply: bool, ahead: bool = False) -> tuple[list[torch.Tensor],
     return got, torch.cat([shard.params for shard in shards])
 
 
+@pytest.mark.parametrize("unary", [True, False], ids=["one-call", "streams"])
 @pytest.mark.parametrize(("during_reply", "ahead"), [(True, False), (False, True), (True, True)])
 def test_pushpull_gives_the_same_parameters_applied_during_the_reply_or_built_ahead(
-    during_reply: bool, ahead: bool
+    during_reply: bool, ahead: bool, unary: bool
 ) -> None:
-    got_whole, params_whole = _train(False)
-    got_during, params_during = _train(during_reply, ahead)
+    got_whole, params_whole = _train(False, unary=unary)
+    got_during, params_during = _train(during_reply, ahead, unary)
     assert len(got_whole) == len(got_during) == 6
     for whole, during in zip(got_whole, got_during, strict=True):
         assert torch.equal(whole, during)

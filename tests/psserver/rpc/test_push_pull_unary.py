@@ -107,6 +107,7 @@ def test_each_wrong_unary_push_pull_is_refused_with_its_reason_and_changes_nothi
         ("a chunk before the header", chunk + header, Reason.BAD_REQUEST),
         ("two headers", header + header + chunk, Reason.BAD_REQUEST),
         ("a header without chunks", header, Reason.WRONG_LENGTH),
+        ("more than 1,024 chunks", header + b"\x12\x00" * 1025, Reason.BAD_REQUEST),
         (
             "half the shard",
             ps_pb2.PushPullUnaryRequest(
