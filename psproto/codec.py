@@ -120,16 +120,6 @@ def wire_bytes(length: int, dtype: int) -> int:
 _WIDTHS = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in WIRE_DTYPES.values()}
 
 
-def elements_in(chunk: ChunkLike) -> int:
-    """How many elements ``chunk`` carries; 0 for a dtype that is not a wire dtype."""
-    if chunk.dtype == ps_pb2.DTYPE_INT8_BLOCK:
-        return len(chunk.data)
-    try:
-        return len(chunk.data) // _WIDTHS[wire_dtype(chunk.dtype)]
-    except CodecError:
-        return 0
-
-
 class ChunkLike(Protocol):
     """A Chunk message or a ChunkPayload."""
 

@@ -90,9 +90,9 @@ def push_requests(
 
 def push_pull_unary_request(header: ps_pb2.PushHeader, chunks: Iterable[codec.ChunkPayload]) -> bytes:
     """A PushPullUnaryRequest: :func:`push_requests`' messages one after another, each chunk's bytes
-    copied once, straight from its tensor."""
+    copied once, straight from its tensor (``chunks`` already made: :func:`push_pull` lists them)."""
     parts: list[bytes | memoryview] = [ps_pb2.PushRequest(header=header).SerializeToString()]
-    for payload in inline_each(chunks):
+    for payload in chunks:
         parts += wire.chunk_parts(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
     return b"".join(parts)
 
@@ -130,9 +130,12 @@ def push_pull(
     parameters' clock (decoded into ``part``) and the call, for its trailing metadata."""
     deadline = time.monotonic() + timeout
     if unary[shard]:
-        chunks = list(inline_each(chunks))  # one chunk; sent again as a stream if the server refuses the call
+        # Made as a stream's chunks are (inline_each), and kept: sent again as a stream if the call is refused.
+        chunks = list(inline_each(chunks))
         try:
-            return push_pull_unary(data, header, chunks, part, timeout, call_metadata)
+            request = push_pull_unary_request(header, chunks)
+            replies, call = data.push_pull_unary.with_call(request, timeout=timeout, metadata=call_metadata)
+            return (*push_pull_reply(replies, part), call)
         except grpc.RpcError as error:
             if not refuses_unary(error):
                 raise
@@ -141,22 +144,6 @@ def push_pull(
         remaining = max(deadline - time.monotonic(), 0.0)
         call = data.push_pull(requests, timeout=remaining, metadata=call_metadata)
         ack, clock = push_pull_reply(call, part, receive_ahead)
-    return ack, clock, call
-
-
-def push_pull_unary(
-    data: DataPath,
-    header: ps_pb2.PushHeader,
-    chunks: Iterable[codec.ChunkPayload],
-    part: torch.Tensor,
-    timeout: float,
-    call_metadata: tuple[tuple[str, str], ...],
-) -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
-    """A PushPull as one PushPullUnary call: the acknowledgement, the parameters' clock (decoded into
-    ``part``, as :func:`push_pull_reply`) and the call, for its trailing metadata."""
-    request = push_pull_unary_request(header, chunks)
-    replies, call = data.push_pull_unary.with_call(request, timeout=timeout, metadata=call_metadata)
-    ack, clock = push_pull_reply(replies, part)
     return ack, clock, call
 
 

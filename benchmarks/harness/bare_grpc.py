@@ -296,28 +296,28 @@ class BareClient:
     def _step_shard(self, index: int, update: torch.Tensor, out: torch.Tensor) -> None:
         shard = self.layout.shard(index)
         source = update[shard.offset : shard.end]
-        chunks: Iterator[bytes]
+        # Each message as the buffers it is made of, uncopied: joined once, into its own message on a
+        # stream or into the one request of a unary call.
+        chunks: Iterator[tuple[bytes | memoryview, ...]]
         if self._encoding is not None:
-            chunks = (b"".join((chunk.scales, chunk.data)) for chunk in self._encoding.chunks(shard))
+            chunks = ((chunk.scales, chunk.data) for chunk in self._encoding.chunks(shard))
         elif self._pushes is None:
             wire = source if source.dtype == self.dtype else source.to(self.dtype)
             chunks = self._cut(wire.view(torch.uint8).numpy().data)
         else:
             chunks = self._cut(self._pushes[index])
+        messages = self._with_header(index, chunks)
 
         destination = out[shard.offset : shard.end]
         position = 0
         replies: Iterator[bytes | memoryview]
         if self.unary[index]:
-            joined = self._push_pull_unary[index](
-                b"".join(self._with_header(index, chunks)), metadata=self._metadata, timeout=120
-            )
-            view = memoryview(joined)
+            request = b"".join(piece for pieces in messages for piece in pieces)
+            view = memoryview(self._push_pull_unary[index](request, metadata=self._metadata, timeout=120))
             replies = iter([view[: ACK.size], view[ACK.size :]] if self.arithmetic else [view])
         else:
-            replies = iter(
-                self._push_pull[index](self._with_header(index, chunks), metadata=self._metadata, timeout=120)
-            )
+            requests = (b"".join(pieces) for pieces in messages)
+            replies = iter(self._push_pull[index](requests, metadata=self._metadata, timeout=120))
         if self.arithmetic:
             self._clocks[index], _ = ACK.unpack(next(replies))
         for reply in replies:
@@ -327,14 +327,17 @@ class BareClient:
         if position != destination.numel():
             raise RuntimeError(f"bare step returned {position} elements, expected {destination.numel()}")
 
-    def _with_header(self, index: int, chunks: Iterator[bytes]) -> Iterator[bytes]:
+    def _with_header(
+        self, index: int, chunks: Iterator[tuple[bytes | memoryview, ...]]
+    ) -> Iterator[tuple[bytes | memoryview, ...]]:
         if self.arithmetic:
-            yield HEADER.pack(self._pushed, self._clocks[index])
+            yield (HEADER.pack(self._pushed, self._clocks[index]),)
         yield from chunks
 
-    def _cut(self, data: memoryview | bytes) -> Iterator[bytes]:
-        for start in range(0, len(data), self.chunk_bytes):
-            yield bytes(data[start : start + self.chunk_bytes])
+    def _cut(self, data: memoryview | bytes) -> Iterator[tuple[memoryview]]:
+        view = memoryview(data)
+        for start in range(0, len(view), self.chunk_bytes):
+            yield (view[start : start + self.chunk_bytes],)
 
     def close(self) -> None:
         for channel in self.channels:

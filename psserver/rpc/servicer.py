@@ -396,8 +396,8 @@ class ParameterServerServicer:
         if pull_dtype not in codec.WIRE_DTYPES:
             return
         length = layout.shard(self.shard.config.shard_index).length
-        per_message = max(1, self.shard.config.chunk_bytes // codec.element_size(pull_dtype))
-        messages = 1 + -(-length // per_message)  # the acknowledgement and the parameters' messages
+        # The acknowledgement, then the parameters' messages as the shard cuts them.
+        messages = 1 + len(codec.chunk_spans(length, pull_dtype, self.shard.config.chunk_bytes))
         reply_bytes = codec.wire_bytes(length, pull_dtype) + _UNARY_REPLY_FRAMING_BYTES * messages
         if reply_bytes > self.max_message_bytes:
             raise ShardError(

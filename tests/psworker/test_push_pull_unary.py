@@ -5,6 +5,7 @@ not fit in one message."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import grpc
@@ -16,11 +17,12 @@ from psproto.layout import Layout
 from psproto.reasons import UNARY_REPLY_LIMIT, Reason
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psserver.rpc.server import ServerLimits, start_server
+from psserver.rpc.server import ServerLimits
 from psserver.rpc.status_codes import refusal
 from psworker.channels import open_channel
 from psworker.client import PSClient
 from psworker.transfer import refuses_unary
+from tests.psworker.live import serving
 from tests.psworker.test_recovery import FakeRpcError, _BareStatus
 
 SHAPES = [("w", (30, 40)), ("b", (40,))]
@@ -90,13 +92,10 @@ def _train(
         return got, methods.called, client.unary_push_pulls
 
 
-def _serving(shards: list[Shard], **kwargs: Any) -> Iterator[list[str]]:
-    running = [start_server(shard, "127.0.0.1:0", **kwargs) for shard in shards]
-    try:
-        yield [f"127.0.0.1:{r.port}" for r in running]
-    finally:
-        for r in running:
-            r.server.stop(0).wait()
+@contextmanager
+def _serving(shards: list[Shard], **options: Any) -> Iterator[list[str]]:
+    with ExitStack() as stack:
+        yield [stack.enter_context(serving(shard, **options)) for shard in shards]
 
 
 @pytest.mark.parametrize(
@@ -110,7 +109,7 @@ def test_one_call_each_way_brings_back_what_two_streams_bring(
     results = {}
     for unary in (True, False):
         shards = [_shard(2, 0), _shard(2, 1)]
-        for addresses in _serving(shards):
+        with _serving(shards) as addresses:
             got, called, still = _train(addresses, unary, monkeypatch, Layout.from_named_shapes(SHAPES, 2), **options)
         results[unary] = got, torch.cat([s.params for s in shards]), [s.applied_pushes for s in shards]
         assert called.count("PushPullUnary" if unary else "PushPull") == 8  # 4 pushes to each of 2 shards
@@ -126,14 +125,14 @@ def test_one_call_each_way_brings_back_what_two_streams_bring(
 def test_a_shard_larger_than_a_chunk_goes_as_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     layout = Layout.from_named_shapes([("w", (20_000,))])  # 80,000 bytes in fp32
     for chunk_bytes, unary in ((codec.DEFAULT_CHUNK_BYTES, True), (64 * 1024, False)):
-        for addresses in _serving([_shard()]):
+        with _serving([_shard()]) as addresses:
             _, called, still = _train(addresses, True, monkeypatch, layout, chunk_bytes=chunk_bytes)
         assert still == [unary] and called.count("PushPullUnary" if unary else "PushPull") == 4, chunk_bytes
 
 
 def test_a_server_without_the_call_gets_streams_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
     shards = [_shard()]
-    for addresses in _serving(shards, interceptors=[_WithoutUnary()]):
+    with _serving(shards, interceptors=[_WithoutUnary()]) as addresses:
         got, called, still = _train(addresses, True, monkeypatch)
     assert called.count("PushPullUnary") == 1 and called.count("PushPull") == 4 and still == [False]
     assert shards[0].applied_pushes == 4 and all(torch.isfinite(out).all() for out in got)
@@ -144,7 +143,7 @@ def test_a_reply_too_large_for_the_server_s_messages_goes_as_streams(monkeypatch
     # fp32 reply (160,000 bytes) fits the worker's 256 KiB chunk, but not in one of the server's messages.
     layout = Layout.from_named_shapes([("w", (40_000,))])
     shards = [_shard(chunk_bytes=64 * 1024)]  # as psserver serve cuts replies for 128 KiB messages
-    for addresses in _serving(shards, limits=ServerLimits(max_message_bytes=128 * 1024)):
+    with _serving(shards, limits=ServerLimits(max_message_bytes=128 * 1024)) as addresses:
         with PSClient(addresses, layout, name="init", chunk_bytes=64 * 1024) as uploader:
             assert uploader.init(torch.zeros(layout.total_length))
         got, called, still = _train(
