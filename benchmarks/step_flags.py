@@ -44,6 +44,7 @@ from benchmarks.harness.models import MODELS
 from benchmarks.harness.processes import Fleet
 from benchmarks.harness.report import prepare_output, print_validity, run_header, spread, write_results
 from benchmarks.harness.settings import TORCH_THREADS, Settings
+from benchmarks.harness.stats import verdict
 from benchmarks.harness.step_systems import (
     HETPS_VARIANTS,
     INT8,
@@ -70,15 +71,6 @@ def row_name(kind: str, wire: str) -> str:
 def flag_systems(variants: Sequence[str] = tuple(HETPS_VARIANTS)) -> list[SystemSpec]:
     kinds = ("hetps", *variants, *MOVERS)
     return [SystemSpec(row_name(kind, wire), kind, 1, wire) for kind in kinds for wire in WIRE_FORMS]
-
-
-def verdict(ratio: dict[str, float]) -> str:
-    """faster / slower when every repeat says so, else level."""
-    if ratio["min"] > 1.0:
-        return "faster"
-    if ratio["max"] < 1.0:
-        return "slower"
-    return "level"
 
 
 def flag_verdicts(

@@ -19,6 +19,7 @@ import logging
 import threading
 
 import grpc
+from grpc.experimental import ChannelOptions
 
 from psproto import codec
 
@@ -27,6 +28,10 @@ DEFAULT_KEEPALIVE_S = 10.0
 # Twice the server's accepted ping interval, so timer jitter never counts as a ping too many.
 MIN_KEEPALIVE_S = 1.0
 MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
+# gRPC's option that reads a unary-stream call (Pull) on the thread that iterates it. Without it the
+# synchronous client starts a thread per call on an idle channel to read the call's events, and hands
+# each message over (benchmarks/pull_round_trip.py measures both).
+SINGLE_THREADED_PULLS = (ChannelOptions.SingleThreadedUnaryStream, 1)
 # How long closing a channel may take before it is left to the process's exit.
 CLOSE_TIMEOUT_S = 5.0
 _LOGGER = logging.getLogger(__name__)
@@ -42,7 +47,7 @@ def check_keepalive(keepalive_seconds: float) -> None:
 
 
 def channel_options(keepalive_seconds: float = DEFAULT_KEEPALIVE_S) -> list[tuple[str, int]]:
-    """The client's channel options: message limits, reconnection and keepalive."""
+    """The client's channel options: message limits, reconnection, keepalive, pulls read on the caller's thread."""
     check_keepalive(keepalive_seconds)
     interval_ms = round(keepalive_seconds * 1000)
     answer_ms = interval_ms // 2
@@ -67,6 +72,7 @@ def channel_options(keepalive_seconds: float = DEFAULT_KEEPALIVE_S) -> list[tupl
         # A channel of its own: a new channel after a dead one must open a new connection, never
         # share the dead one through gRPC's process-wide subchannel pool.
         ("grpc.use_local_subchannel_pool", 1),
+        SINGLE_THREADED_PULLS,
     ]
 
 

@@ -41,3 +41,13 @@ def speed_ratio(
         **summarize([o / f for f, o in zip(first, other, strict=True)]),
         "of_fastest_steps": min(other_samples) / min(first_samples),
     }
+
+
+def verdict(ratio: Summary) -> str:
+    """A speed ratio's summary over repeats (above 1: faster) as a word: faster / slower when every
+    repeat says so, else level."""
+    if ratio["min"] > 1.0:
+        return "faster"
+    if ratio["max"] < 1.0:
+        return "slower"
+    return "level"
