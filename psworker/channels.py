@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable, Sequence
 
 import grpc
 from grpc.experimental import ChannelOptions
@@ -30,8 +31,10 @@ MIN_KEEPALIVE_S = 1.0
 MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
 # gRPC's option that reads a unary-stream call (Pull) on the thread that iterates it. Without it the
 # synchronous client starts a thread per call on an idle channel to read the call's events, and hands
-# each message over (benchmarks/pull_round_trip.py measures both).
+# each message over. That costs a small pull 5-20% (benchmarks/call_forms.py); from about 16 MB the
+# thread's reading ahead while the caller decodes wins by a few percent, so larger shards keep it.
 SINGLE_THREADED_PULLS = (ChannelOptions.SingleThreadedUnaryStream, 1)
+SINGLE_THREADED_PULL_BYTES = 8 << 20
 # How long closing a channel may take before it is left to the process's exit.
 CLOSE_TIMEOUT_S = 5.0
 _LOGGER = logging.getLogger(__name__)
@@ -46,8 +49,31 @@ def check_keepalive(keepalive_seconds: float) -> None:
         )
 
 
-def channel_options(keepalive_seconds: float = DEFAULT_KEEPALIVE_S) -> list[tuple[str, int]]:
-    """The client's channel options: message limits, reconnection, keepalive, pulls read on the caller's thread."""
+def shard_addresses(servers: str | Sequence[str], num_shards: int) -> list[str]:
+    """The address of each of ``num_shards`` shards, in shard order; a ValueError names what is wrong."""
+    addresses = [servers] if isinstance(servers, str) else list(servers)
+    if len(addresses) != num_shards:
+        raise ValueError(f"{len(addresses)} server address(es) for a layout of {num_shards} shard(s)")
+    repeated = sorted({a for a in addresses if addresses.count(a) > 1})
+    if repeated:
+        raise ValueError(
+            f"server address(es) {', '.join(repeated)} listed more than once; give each shard's address once, "
+            "in shard order"
+        )
+    return addresses
+
+
+def reads_pulls_inline(shard_lengths: Iterable[int]) -> bool:
+    """Whether pulls of shards of these lengths are read on the caller's thread: each at most
+    :data:`SINGLE_THREADED_PULL_BYTES` in fp32, the largest pull dtype."""
+    return max(shard_lengths, default=0) * 4 <= SINGLE_THREADED_PULL_BYTES
+
+
+def channel_options(
+    keepalive_seconds: float = DEFAULT_KEEPALIVE_S, single_threaded_pulls: bool = True
+) -> list[tuple[str, int]]:
+    """The client's channel options: message limits, reconnection, keepalive, and with
+    ``single_threaded_pulls`` pulls read on the caller's thread."""
     check_keepalive(keepalive_seconds)
     interval_ms = round(keepalive_seconds * 1000)
     answer_ms = interval_ms // 2
@@ -72,7 +98,7 @@ def channel_options(keepalive_seconds: float = DEFAULT_KEEPALIVE_S) -> list[tupl
         # A channel of its own: a new channel after a dead one must open a new connection, never
         # share the dead one through gRPC's process-wide subchannel pool.
         ("grpc.use_local_subchannel_pool", 1),
-        SINGLE_THREADED_PULLS,
+        *([SINGLE_THREADED_PULLS] if single_threaded_pulls else []),
     ]
 
 
@@ -80,9 +106,11 @@ def open_channel(
     address: str,
     credentials: grpc.ChannelCredentials | None,
     keepalive_seconds: float = DEFAULT_KEEPALIVE_S,
+    single_threaded_pulls: bool = True,
 ) -> grpc.Channel:
-    """A new channel (so a new connection) to ``address``, TLS when ``credentials`` are given."""
-    options = channel_options(keepalive_seconds)
+    """A new channel (so a new connection) to ``address``, TLS when ``credentials`` are given
+    (``single_threaded_pulls``: :func:`channel_options`)."""
+    options = channel_options(keepalive_seconds, single_threaded_pulls)
     if credentials is not None:
         return grpc.secure_channel(address, credentials, options=options)
     return grpc.insecure_channel(address, options=options)

@@ -44,7 +44,14 @@ from psproto.layout import Layout
 from psproto.security import ClientTls, bearer_metadata
 from psproto.v1 import ps_pb2
 from psworker import transfer
-from psworker.channels import DEFAULT_KEEPALIVE_S, check_keepalive, close_channel, open_channel
+from psworker.channels import (
+    DEFAULT_KEEPALIVE_S,
+    check_keepalive,
+    close_channel,
+    open_channel,
+    reads_pulls_inline,
+    shard_addresses,
+)
 from psworker.deadlines import DeadlinePolicy, payload_bytes
 from psworker.fan_out import fan_out
 from psworker.push_encoding import OnePush, PushEncoder, wire_dtypes
@@ -118,15 +125,7 @@ class PSClient:
         ``connect_timeout``: how long the first Join waits for each shard to come up.
         ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
         ``deadlines``: how long each call may take (``psworker.deadlines``)."""
-        addresses = [servers] if isinstance(servers, str) else list(servers)
-        if len(addresses) != layout.num_shards:
-            raise ValueError(f"{len(addresses)} server address(es) for a layout of {layout.num_shards} shard(s)")
-        repeated = sorted({a for a in addresses if addresses.count(a) > 1})
-        if repeated:
-            raise ValueError(
-                f"server address(es) {', '.join(repeated)} listed more than once; give each shard's address once, "
-                "in shard order"
-            )
+        addresses = shard_addresses(servers, layout.num_shards)
         push, pull = wire_dtypes(wire_dtype, push_dtype, pull_dtype)
         check_keepalive(keepalive_seconds)
         self.keepalive_seconds = keepalive_seconds
@@ -143,6 +142,7 @@ class PSClient:
         self.reinit = reinit
         self.stats = ClientStats()
         self._credentials = tls.credentials() if tls is not None else None
+        self._pulls_inline = reads_pulls_inline(layout.shard(i).length for i in range(layout.num_shards))
         self._metadata = bearer_metadata(auth_token)
         # Push ids grow across processes too: a restarted worker starts above any id it used before,
         # so a server that remembers its name never mistakes a new push for a retried one.
@@ -166,15 +166,14 @@ class PSClient:
         self.pulled_clocks = [s.join.clock for s in self.sessions]
         # The highest clock each shard has shown this client (pull or push); a lower one means a rollback.
         self.seen_clocks = [s.join.clock for s in self.sessions]
-        # Per shard: whether a PushPull goes as one PushPullUnary call (transfer.push_pull).
-        self.unary_push_pulls = [
-            transfer.fits_one_message(s.range.length, push, pull, chunk_bytes) for s in self.sessions
-        ]
+        lengths = [s.range.length for s in self.sessions]
+        # Per shard: whether its Push, and its PushPull, goes as one unary call (transfer.push, transfer.push_pull).
+        self.unary_pushes, self.unary_push_pulls = transfer.unary_forms(lengths, push, pull, chunk_bytes)
 
     # -- membership -------------------------------------------------------------------
 
     def _channel(self, address: str) -> grpc.Channel:
-        return open_channel(address, self._credentials, self.keepalive_seconds)
+        return open_channel(address, self._credentials, self.keepalive_seconds, self._pulls_inline)
 
     def _first_join(self, index: int, address: str) -> ShardSession:
         """Join shard ``index``, waiting for it to come up (``sessions.first_join`` says how)."""
@@ -421,8 +420,9 @@ class PSClient:
     ) -> PushResult:
         index, ahead = session.range.index, self.build_pushes_ahead
         if pull_into is None:
-            timeout = self._held_deadline(session, self.push_encoder.dtype)
-            return PushResult.of(transfer.push(session.data, header, chunks, timeout, self._metadata, ahead))
+            timeout, unary = self._held_deadline(session, self.push_encoder.dtype), self.unary_pushes
+            reply = transfer.push(session.data, header, chunks, timeout, self._metadata, unary, index, ahead)
+            return PushResult.of(reply)
         timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
         part, unary = pull_into[session.range.span], self.unary_push_pulls
         ack, clock, call = transfer.push_pull(

@@ -1,4 +1,4 @@
-"""The bulk data path to one shard: Init, Pull, Push, PushPull and PushPullUnary with hand-written (de)serialisers.
+"""The bulk data path to one shard: Init, Pull, Push, PushPull and their one-message forms, hand-(de)serialised.
 
 Chunks go out as wire bytes written straight from a slice of the caller's flat tensor
 (:func:`psproto.codec.payloads`, :func:`psproto.wire.chunk_in`) and come in through
@@ -11,7 +11,8 @@ more than the copy.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import grpc
 import torch
@@ -24,6 +25,7 @@ from psproto.reasons import UNARY_REPLY_LIMIT, Reason
 from psproto.v1 import ps_pb2
 from psworker.service import ServerMismatchError
 
+ResultT = TypeVar("ResultT")
 _SERVICE = "/psproto.v1.ParameterServer/"
 # Field number of the chunk in InitRequest and PushRequest (the header is field 1).
 _CHUNK_FIELD = 2
@@ -64,9 +66,12 @@ class DataPath:
         self.push_pull = channel.stream_stream(
             _SERVICE + "PushPull", request_serializer=_serialize, response_deserializer=_parse_push_pull
         )
-        # Its requests are built as bytes (push_pull_unary_request).
+        # The one-message forms' requests are built as bytes (unary_push_request).
         self.push_pull_unary = channel.unary_unary(
             _SERVICE + "PushPullUnary", request_serializer=None, response_deserializer=_parse_push_pull_unary
+        )
+        self.push_unary = channel.unary_unary(
+            _SERVICE + "PushUnary", request_serializer=None, response_deserializer=ps_pb2.PushResponse.FromString
         )
 
 
@@ -88,13 +93,28 @@ def push_requests(
         yield wire.chunk_in(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
 
 
-def push_pull_unary_request(header: ps_pb2.PushHeader, chunks: Iterable[codec.ChunkPayload]) -> bytes:
-    """A PushPullUnaryRequest: :func:`push_requests`' messages one after another, each chunk's bytes
-    copied once, straight from its tensor (``chunks`` already made: :func:`push_pull` lists them)."""
+def unary_push_request(header: ps_pb2.PushHeader, chunks: Iterable[codec.ChunkPayload]) -> bytes:
+    """A PushUnaryRequest or PushPullUnaryRequest (the same fields): :func:`push_requests`' messages one
+    after another, each chunk's bytes copied once, straight from its tensor (``chunks`` already made)."""
     parts: list[bytes | memoryview] = [ps_pb2.PushRequest(header=header).SerializeToString()]
     for payload in chunks:
         parts += wire.chunk_parts(_CHUNK_FIELD, payload.offset, payload.dtype, payload.data, payload.scales)
     return b"".join(parts)
+
+
+def _one_call_first(
+    unary: list[bool], shard: int, one_call: Callable[[], ResultT], streams: Callable[[], ResultT]
+) -> ResultT:
+    """``one_call()`` while ``unary[shard]``; a server that refuses it (:func:`refuses_unary`) clears
+    ``unary[shard]`` and gets ``streams()`` at once (and from then on)."""
+    if unary[shard]:
+        try:
+            return one_call()
+        except grpc.RpcError as error:
+            if not refuses_unary(error):
+                raise
+            unary[shard] = False  # before the streams: a retry of this push goes as streams too
+    return streams()
 
 
 def push(
@@ -103,12 +123,30 @@ def push(
     chunks: Iterable[codec.ChunkPayload],
     timeout: float,
     call_metadata: tuple[tuple[str, str], ...],
+    unary: list[bool],
+    shard: int,
     build_ahead: bool = False,
 ) -> ps_pb2.PushResponse:
-    """A Push of one shard (a stream; ``build_ahead``: its messages made ahead, ``psproto.ahead``)."""
-    with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
-        reply: ps_pb2.PushResponse = data.push(requests, timeout=timeout, metadata=call_metadata)
+    """A Push of shard ``shard``: as one PushUnary call while ``unary[shard]`` (:func:`unary_forms`),
+    else as a stream (``build_ahead``: its messages made ahead, ``psproto.ahead``). A server that
+    refuses the call clears ``unary[shard]`` and gets the same push as a stream at once, within what
+    is left of ``timeout``."""
+    deadline = time.monotonic() + timeout
+    if unary[shard]:
+        chunks = list(inline_each(chunks))  # kept: sent again as a stream if the call is refused
+
+    def one_call() -> ps_pb2.PushResponse:
+        request = unary_push_request(header, chunks)
+        reply: ps_pb2.PushResponse = data.push_unary(request, timeout=timeout, metadata=call_metadata)
         return reply
+
+    def stream() -> ps_pb2.PushResponse:
+        with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            reply: ps_pb2.PushResponse = data.push(requests, timeout=remaining, metadata=call_metadata)
+            return reply
+
+    return _one_call_first(unary, shard, one_call, stream)
 
 
 def push_pull(
@@ -130,21 +168,31 @@ def push_pull(
     parameters' clock (decoded into ``part``) and the call, for its trailing metadata."""
     deadline = time.monotonic() + timeout
     if unary[shard]:
-        # Made as a stream's chunks are (inline_each), and kept: sent again as a stream if the call is refused.
-        chunks = list(inline_each(chunks))
-        try:
-            request = push_pull_unary_request(header, chunks)
-            replies, call = data.push_pull_unary.with_call(request, timeout=timeout, metadata=call_metadata)
-            return (*push_pull_reply(replies, part), call)
-        except grpc.RpcError as error:
-            if not refuses_unary(error):
-                raise
-            unary[shard] = False  # before the streams: a retry of this push goes as streams too
-    with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
-        remaining = max(deadline - time.monotonic(), 0.0)
-        call = data.push_pull(requests, timeout=remaining, metadata=call_metadata)
-        ack, clock = push_pull_reply(call, part, receive_ahead)
-    return ack, clock, call
+        chunks = list(inline_each(chunks))  # kept: sent again as streams if the call is refused
+
+    def one_call() -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
+        request = unary_push_request(header, chunks)
+        replies, call = data.push_pull_unary.with_call(request, timeout=timeout, metadata=call_metadata)
+        return (*push_pull_reply(replies, part), call)
+
+    def streams() -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
+        with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            call = data.push_pull(requests, timeout=remaining, metadata=call_metadata)
+            ack, clock = push_pull_reply(call, part, receive_ahead)
+        return ack, clock, call
+
+    return _one_call_first(unary, shard, one_call, streams)
+
+
+def unary_forms(
+    lengths: Iterable[int], push_dtype: int, pull_dtype: int, chunk_bytes: int
+) -> tuple[list[bool], list[bool]]:
+    """For shards of ``lengths``: whether each one's Push goes as one PushUnary call (its push is one
+    chunk), and whether its PushPull goes as one PushPullUnary call (:func:`fits_one_message`)."""
+    lengths = list(lengths)
+    pushes = [len(codec.chunk_spans(length, push_dtype, chunk_bytes)) <= 1 for length in lengths]
+    return pushes, [fits_one_message(length, push_dtype, pull_dtype, chunk_bytes) for length in lengths]
 
 
 def fits_one_message(length: int, push_dtype: int, pull_dtype: int, chunk_bytes: int) -> bool:
@@ -157,8 +205,8 @@ def fits_one_message(length: int, push_dtype: int, pull_dtype: int, chunk_bytes:
 
 
 def refuses_unary(error: grpc.RpcError) -> bool:
-    """Whether a PushPullUnary failed because the server does not take one (an older server, another
-    implementation) or its reply would not fit in one message: the push then goes as a stream."""
+    """Whether a PushUnary or PushPullUnary failed because the server does not take one (an older server,
+    another implementation) or its reply would not fit in one message: the push then goes as a stream."""
     reason = reason_of(error)
     # UNIMPLEMENTED with a reason is a refusal of the push itself (UNKNOWN_DTYPE), not of the call.
     no_such_call = error.code() == grpc.StatusCode.UNIMPLEMENTED and reason is None

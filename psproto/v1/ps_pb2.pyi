@@ -739,6 +739,36 @@ class PushPullUnaryResponse(_message.Message):
 Global___PushPullUnaryResponse: _TypeAlias = PushPullUnaryResponse  # noqa: Y015
 
 @_typing.final
+class PushUnaryRequest(_message.Message):
+    """PushUnary: a Push in one message, for a push small enough to go whole (psworker uses it when the
+    shard's push is one chunk: the pushes of GEM and EASGD, which pull before they push). The request
+    is the Push stream's messages written one after another, as PushPullUnaryRequest's are; the same
+    checks and refusals as Push apply, and one header must come first.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___PushHeader: ...
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Chunk]: ...
+    def __init__(
+        self,
+        *,
+        header: Global___PushHeader | None = ...,
+        chunks: _abc.Iterable[Global___Chunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushUnaryRequest: _TypeAlias = PushUnaryRequest  # noqa: Y015
+
+@_typing.final
 class HeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

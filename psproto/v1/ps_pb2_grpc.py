@@ -67,6 +67,11 @@ class ParameterServerStub:
                 request_serializer=psproto_dot_v1_dot_ps__pb2.PushPullUnaryRequest.SerializeToString,
                 response_deserializer=psproto_dot_v1_dot_ps__pb2.PushPullUnaryResponse.FromString,
                 _registered_method=True)
+        self.PushUnary = channel.unary_unary(
+                '/psproto.v1.ParameterServer/PushUnary',
+                request_serializer=psproto_dot_v1_dot_ps__pb2.PushUnaryRequest.SerializeToString,
+                response_deserializer=psproto_dot_v1_dot_ps__pb2.PushResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/psproto.v1.ParameterServer/Heartbeat',
                 request_serializer=psproto_dot_v1_dot_ps__pb2.HeartbeatRequest.SerializeToString,
@@ -131,6 +136,12 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushUnary(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Heartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -189,6 +200,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.PushPullUnary,
                     request_deserializer=psproto_dot_v1_dot_ps__pb2.PushPullUnaryRequest.FromString,
                     response_serializer=psproto_dot_v1_dot_ps__pb2.PushPullUnaryResponse.SerializeToString,
+            ),
+            'PushUnary': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushUnary,
+                    request_deserializer=psproto_dot_v1_dot_ps__pb2.PushUnaryRequest.FromString,
+                    response_serializer=psproto_dot_v1_dot_ps__pb2.PushResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -376,6 +392,33 @@ class ParameterServer:
             '/psproto.v1.ParameterServer/PushPullUnary',
             psproto_dot_v1_dot_ps__pb2.PushPullUnaryRequest.SerializeToString,
             psproto_dot_v1_dot_ps__pb2.PushPullUnaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushUnary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psproto.v1.ParameterServer/PushUnary',
+            psproto_dot_v1_dot_ps__pb2.PushUnaryRequest.SerializeToString,
+            psproto_dot_v1_dot_ps__pb2.PushResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,7 @@ class ParameterServerStub:
     Push: _grpc.StreamUnaryMultiCallable[_ps_pb2.PushRequest, _ps_pb2.PushResponse]
     PushPull: _grpc.StreamStreamMultiCallable[_ps_pb2.PushRequest, _ps_pb2.PushPullResponse]
     PushPullUnary: _grpc.UnaryUnaryMultiCallable[_ps_pb2.PushPullUnaryRequest, _ps_pb2.PushPullUnaryResponse]
+    PushUnary: _grpc.UnaryUnaryMultiCallable[_ps_pb2.PushUnaryRequest, _ps_pb2.PushResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_ps_pb2.HeartbeatRequest, _ps_pb2.HeartbeatResponse]
     Leave: _grpc.UnaryUnaryMultiCallable[_ps_pb2.LeaveRequest, _ps_pb2.LeaveResponse]
     Status: _grpc.UnaryUnaryMultiCallable[_ps_pb2.StatusRequest, _ps_pb2.StatusResponse]
@@ -78,6 +79,7 @@ class ParameterServerAsyncStub(ParameterServerStub):
     Push: _aio.StreamUnaryMultiCallable[_ps_pb2.PushRequest, _ps_pb2.PushResponse]  # type: ignore[assignment]
     PushPull: _aio.StreamStreamMultiCallable[_ps_pb2.PushRequest, _ps_pb2.PushPullResponse]  # type: ignore[assignment]
     PushPullUnary: _aio.UnaryUnaryMultiCallable[_ps_pb2.PushPullUnaryRequest, _ps_pb2.PushPullUnaryResponse]  # type: ignore[assignment]
+    PushUnary: _aio.UnaryUnaryMultiCallable[_ps_pb2.PushUnaryRequest, _ps_pb2.PushResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_ps_pb2.HeartbeatRequest, _ps_pb2.HeartbeatResponse]  # type: ignore[assignment]
     Leave: _aio.UnaryUnaryMultiCallable[_ps_pb2.LeaveRequest, _ps_pb2.LeaveResponse]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_ps_pb2.StatusRequest, _ps_pb2.StatusResponse]  # type: ignore[assignment]
@@ -133,6 +135,13 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request: _ps_pb2.PushPullUnaryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.PushPullUnaryResponse, _abc.Awaitable[_ps_pb2.PushPullUnaryResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PushUnary(
+        self,
+        request: _ps_pb2.PushUnaryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.PushResponse, _abc.Awaitable[_ps_pb2.PushResponse]]: ...
 
     @_abc_1.abstractmethod
     def Heartbeat(

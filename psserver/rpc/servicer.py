@@ -83,9 +83,9 @@ def _parse_push_request(data: bytes) -> PushMessage:
     return wire.parse_chunk_request(data) or _tolerant(ps_pb2.PushRequest.FromString)(data)
 
 
-def _parse_push_pull_unary(data: bytes) -> list[PushMessage] | wire.Malformed:
-    """A PushPullUnaryRequest as the PushPull stream it stands for: a header's message, a chunk's
-    message, in the order its fields came (psproto.wire.length_delimited_fields)."""
+def _parse_unary_push(data: bytes) -> list[PushMessage] | wire.Malformed:
+    """A PushPullUnaryRequest (or a PushUnaryRequest: the same fields) as the stream it stands for: a
+    header's message, a chunk's message, in the order its fields came (psproto.wire.length_delimited_fields)."""
     try:
         return [
             ps_pb2.PushRequest(header=ps_pb2.PushHeader.FromString(bytes(body)))
@@ -94,7 +94,7 @@ def _parse_push_pull_unary(data: bytes) -> list[PushMessage] | wire.Malformed:
             for field, body in wire.length_delimited_fields(data)
         ]
     except (DecodeError, ValueError) as error:  # wire.WireError is a ValueError
-        return wire.Malformed(f"{len(data)} bytes are not a valid PushPullUnaryRequest ({error})")
+        return wire.Malformed(f"{len(data)} bytes are not a valid one-message push (header, then chunks): {error}")
 
 
 def _parse_init_request(data: bytes) -> InitMessage:
@@ -188,7 +188,10 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
             servicer.Push, _parse_push_request, ps_pb2.PushResponse.SerializeToString
         ),
         "PushPull": grpc.stream_stream_rpc_method_handler(servicer.PushPull, _parse_push_request, None),
-        "PushPullUnary": grpc.unary_unary_rpc_method_handler(servicer.PushPullUnary, _parse_push_pull_unary, None),
+        "PushPullUnary": grpc.unary_unary_rpc_method_handler(servicer.PushPullUnary, _parse_unary_push, None),
+        "PushUnary": grpc.unary_unary_rpc_method_handler(
+            servicer.PushUnary, _parse_unary_push, ps_pb2.PushResponse.SerializeToString
+        ),
         "Heartbeat": grpc.unary_unary_rpc_method_handler(
             servicer.Heartbeat,
             _tolerant(ps_pb2.HeartbeatRequest.FromString),
@@ -353,6 +356,12 @@ class ParameterServerServicer:
     @_translate_errors
     def Push(self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
         _, outcome = self._receive_push(request_iterator, context, then_pull=False)
+        return _push_response(outcome)
+
+    @_translate_errors
+    def PushUnary(self, request: list[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
+        """Push in one message: the request's header and chunks are the Push stream's messages."""
+        _, outcome = self._receive_push(iter(request), context, then_pull=False)
         return _push_response(outcome)
 
     @_translate_errors

@@ -26,6 +26,8 @@ LAYOUT = Layout.from_named_shapes([("w", (6, 4)), ("b", (8,))])
 N = LAYOUT.total_length
 SERVICE = "/psproto.v1.ParameterServer/"
 UNARY = ("Join", "Heartbeat", "Leave", "Status", "Checkpoint")
+# The one-message forms of a push: the stream's messages joined into one request.
+ONE_MESSAGE = ("PushPullUnary", "PushUnary")
 # RPCs that only read (or write a checkpoint): random bytes may parse as a valid request for them.
 MAY_SUCCEED = {"Heartbeat", "Status", "Checkpoint", "Leave", "Pull"}
 
@@ -40,11 +42,11 @@ class Fuzzer:
         self.init = self.channel.stream_unary(SERVICE + "Init", **identity)
         self.push = self.channel.stream_unary(SERVICE + "Push", **identity)
         self.push_pull = self.channel.stream_stream(SERVICE + "PushPull", **identity)
-        self.push_pull_unary = self.channel.unary_unary(SERVICE + "PushPullUnary", **identity)
+        self.one_message = {m: self.channel.unary_unary(SERVICE + m, **identity) for m in ONE_MESSAGE}
 
     def raw(self, method: str, messages: list[bytes], cancel_after: int | None) -> grpc.StatusCode | None:
         """The status the server answered; None when the client abandoned a stream (a local status only)."""
-        unary = (*UNARY, "Pull", "PushPullUnary")
+        unary = (*UNARY, "Pull", *ONE_MESSAGE)
         abandoned = cancel_after is not None and cancel_after < len(messages) and method not in unary
 
         def stream() -> Iterator[bytes]:
@@ -60,10 +62,10 @@ class Fuzzer:
                 list(self.pull(messages[0] if messages else b"", timeout=10))
             elif method == "PushPull":
                 list(self.push_pull(stream(), timeout=10))
-            elif method == "PushPullUnary":
+            elif method in ONE_MESSAGE:
                 # The stream's messages joined, as the call carries them; a stream cut short, sent whole.
                 sent = messages if cancel_after is None else messages[:cancel_after]
-                self.push_pull_unary(b"".join(sent), timeout=10)
+                self.one_message[method](b"".join(sent), timeout=10)
             else:
                 {"Init": self.init, "Push": self.push}[method](stream(), timeout=10)
         except grpc.RpcError as error:
@@ -179,7 +181,7 @@ def test_malformed_requests_never_change_the_server(tmp_path: Path) -> None:
                 assert torch.equal(now, expected)
                 assert checker.status()[0].applied_pushes == 1
 
-            methods = st.sampled_from([*UNARY, "Pull", "Init", "Push", "PushPull", "PushPullUnary"])
+            methods = st.sampled_from([*UNARY, "Pull", "Init", "Push", "PushPull", *ONE_MESSAGE])
             messages = st.lists(st.binary(max_size=300), max_size=4)
 
             @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -191,7 +193,7 @@ def test_malformed_requests_never_change_the_server(tmp_path: Path) -> None:
                 unchanged()
 
             @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-            @given(push=bad_pushes(), method=st.sampled_from(["Push", "PushPull", "PushPullUnary"]))
+            @given(push=bad_pushes(), method=st.sampled_from(["Push", "PushPull", *ONE_MESSAGE]))
             def malformed_pushes(push: tuple[str, list[bytes], int | None], method: str) -> None:
                 mutation, messages, cancel_after = push
                 header = ps_pb2.PushHeader.FromString(messages[0])

@@ -13,7 +13,8 @@ import torch
 from psproto.layout import Layout
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psworker.channels import SINGLE_THREADED_PULLS, channel_options, close_channel
+from psworker import channels
+from psworker.channels import close_channel
 from psworker.client import PSClient
 from tests.psworker.live import serving
 
@@ -37,34 +38,43 @@ def test_closing_a_channel_stuck_on_an_abandoned_call_gives_up_after_its_timeout
     assert close_channel(grpc.insecure_channel("127.0.0.1:9"), timeout=5) is True
 
 
-def test_a_pull_is_read_on_the_callers_thread_with_no_thread_of_grpcs_started(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _threads_started_by_pulls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The threads started while a client pulls a live shard three times (each pull checked)."""
     layout = Layout.from_named_shapes([("w", (30, 40)), ("b", (40,))])
     shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"})))
     start = torch.linspace(-1, 1, layout.total_length)
-    with serving(shard) as address:
-        client = PSClient([address], layout, name="reader")
-        try:
-            assert client.init(start)
-            started: list[str] = []
-            thread_start = threading.Thread.start
+    started: list[str] = []
+    with serving(shard) as address, PSClient([address], layout, name="reader") as client:
+        assert client.init(start)
+        thread_start = threading.Thread.start
 
-            def noted_start(thread: threading.Thread) -> None:
-                started.append(thread.name)
-                thread_start(thread)
+        def noted_start(thread: threading.Thread) -> None:
+            started.append(thread.name)
+            thread_start(thread)
 
-            monkeypatch.setattr(threading.Thread, "start", noted_start)
+        with monkeypatch.context() as patched:
+            patched.setattr(threading.Thread, "start", noted_start)
             out = torch.empty(layout.total_length)
             for _ in range(3):
                 client.pull(out)
-            monkeypatch.undo()
-            assert torch.equal(out, start)
-            # Without SingleThreadedUnaryStream gRPC starts a thread of its own to read each such call.
-            assert started == []
-        finally:
-            client.close()
+        assert torch.equal(out, start)
+    return started
 
 
-def test_the_channels_options_read_pulls_on_the_callers_thread() -> None:
-    assert SINGLE_THREADED_PULLS in channel_options()
+def test_a_small_shards_pull_is_read_on_the_callers_thread_with_no_thread_of_grpcs_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _threads_started_by_pulls(monkeypatch) == []
+
+
+def test_a_large_shards_pull_keeps_grpcs_reading_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The shard's 1,240 fp32 parameters (4,960 bytes) over a bound lowered to 4 KiB: gRPC reads its pulls.
+    monkeypatch.setattr(channels, "SINGLE_THREADED_PULL_BYTES", 4096)
+    assert len(_threads_started_by_pulls(monkeypatch)) >= 3
+
+
+def test_pulls_are_read_inline_up_to_the_bound_in_fp32() -> None:
+    bound = channels.SINGLE_THREADED_PULL_BYTES // 4
+    assert channels.reads_pulls_inline([10, bound]) and not channels.reads_pulls_inline([10, bound + 1])
+    assert channels.SINGLE_THREADED_PULLS in channels.channel_options()
+    assert channels.SINGLE_THREADED_PULLS not in channels.channel_options(single_threaded_pulls=False)

@@ -99,20 +99,21 @@ def test_the_client_puts_a_deadline_sized_to_its_payload_on_every_call(
     with PSClient([served], layout, name="deadlines", wire_dtype="bf16", deadlines=policy) as client:
         client.init(torch.zeros(length))
         client.pull(torch.empty(length))
-        client.push(torch.ones(length))
+        client.push(torch.ones(length))  # one chunk: PushUnary
         client.push(torch.ones(length), pull_into=torch.empty(length))  # one chunk each way: PushPullUnary
-        client.unary_push_pulls[0] = False
+        client.unary_push_pulls[0] = client.unary_pushes[0] = False
+        client.push(torch.ones(length))
         client.push(torch.ones(length), pull_into=torch.empty(length))
         client.heartbeat({})
         client.status()
     deadlines = dict(recorder.calls)
     assert all(timeout is not None for _, timeout in recorder.calls), recorder.calls
-    assert {"Join", "Init", "Pull", "Push", "PushPull", "PushPullUnary", "Heartbeat", "Status", "Leave"} <= set(
-        deadlines
-    )
+    methods = {"Join", "Init", "Pull", "Push", "PushUnary", "PushPull", "PushPullUnary", "Heartbeat", "Status", "Leave"}
+    assert methods <= set(deadlines)
     assert deadlines["Init"] == pytest.approx(5.0 + 2.0, abs=0.1)  # 1 MB of fp32 at 0.5 MB/s
     assert deadlines["Pull"] == pytest.approx(5.0 + 1.0 + 12.0, abs=0.1)  # bf16 and the lease
     assert deadlines["Push"] == pytest.approx(5.0 + 1.0 + 12.0, abs=0.1)
     assert deadlines["PushPull"] == pytest.approx(5.0 + 2.0 + 12.0, abs=0.1)  # both directions
     assert deadlines["PushPullUnary"] == pytest.approx(deadlines["PushPull"], abs=0.1)
+    assert deadlines["PushUnary"] == pytest.approx(deadlines["Push"], abs=0.1)
     assert deadlines["Heartbeat"] == deadlines["Status"] == pytest.approx(5.0, abs=0.1)

@@ -37,7 +37,8 @@ def _train(
         [first, second], LAYOUT, name="w", push_dtype=push_dtype, pull_dtype="fp32",
         chunk_bytes=CHUNK_BYTES, build_pushes_ahead=ahead, encode_threads=encode_threads,
     ) as client:  # fmt: skip
-        client.unary_push_pulls = [False, False]  # every PushPull as streams, the form made ahead
+        # Every Push and PushPull as streams, the form made ahead.
+        client.unary_pushes, client.unary_push_pulls = [False, False], [False, False]
         client.init(torch.randn(LAYOUT.total_length, generator=generator))
         client.pull(torch.empty(LAYOUT.total_length))
         for step in range(4):

@@ -1,6 +1,6 @@
-"""The worker sends a small shard's PushPull as one PushPullUnary call: the same parameters to the
-bit as two streams, and streams again where the server does not take the call or its reply would
-not fit in one message."""
+"""The worker sends a small shard's PushPull as one PushPullUnary call, and its Push as one PushUnary
+call: the same parameters to the bit as streams, and streams again where the server does not take the
+call or its reply would not fit in one message."""
 
 from __future__ import annotations
 
@@ -29,8 +29,12 @@ SHAPES = [("w", (30, 40)), ("b", (40,))]
 LAYOUT = Layout.from_named_shapes(SHAPES)
 
 
-class _Methods(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
-    """Notes the method of every unary and bidirectional call a client makes."""
+class _Methods(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Notes the method of every unary, client-streaming and bidirectional call a client makes."""
 
     def __init__(self) -> None:
         self.called: list[str] = []
@@ -50,17 +54,33 @@ class _Methods(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientIntercep
         self._note(details)
         return continuation(details, requests)
 
+    intercept_stream_unary = intercept_stream_stream
+
 
 class _WithoutUnary(grpc.ServerInterceptor):  # type: ignore[misc]
-    """A server as one without PushPullUnary answers it: UNIMPLEMENTED."""
+    """A server as one without ``method`` (PushPullUnary unless told) answers it: UNIMPLEMENTED."""
+
+    def __init__(self, method: str = "PushPullUnary") -> None:
+        self.method = method
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
-        return None if details.method.endswith("/PushPullUnary") else continuation(details)
+        return None if details.method.endswith(f"/{self.method}") else continuation(details)
 
 
 def _shard(num_shards: int = 1, index: int = 0, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES) -> Shard:
     rule = RuleSpec.parse("momentum", {"lr": "0.1"})
     return Shard(ShardConfig(rule, shard_index=index, num_shards=num_shards, chunk_bytes=chunk_bytes))
+
+
+def _watched(monkeypatch: pytest.MonkeyPatch) -> _Methods:
+    """The methods every PSClient made from now on calls."""
+    methods = _Methods()
+    monkeypatch.setattr(
+        PSClient,
+        "_channel",
+        lambda self, address: grpc.intercept_channel(open_channel(address, None, self.keepalive_seconds), methods),
+    )
+    return methods
 
 
 def _train(
@@ -73,12 +93,7 @@ def _train(
 ) -> tuple[list[torch.Tensor], list[str], list[bool]]:
     """Four PushPulls of seeded gradients (after an Init, with ``init``); the parameters each brought
     back, the methods called, and whether each shard still takes PushPullUnary at the end."""
-    methods = _Methods()
-    monkeypatch.setattr(
-        PSClient,
-        "_channel",
-        lambda self, address: grpc.intercept_channel(open_channel(address, None, self.keepalive_seconds), methods),
-    )
+    methods = _watched(monkeypatch)
     generator = torch.Generator().manual_seed(3)
     got = []
     with PSClient(addresses, layout, name="w", **options) as client:
@@ -172,3 +187,49 @@ def test_only_a_refusal_of_the_call_itself_sends_the_push_as_streams(
     if isinstance(status, grpc.StatusCode):
         status = _BareStatus(status, "Method not found!")
     assert refuses_unary(FakeRpcError(status)) is refused
+
+
+def _push_plainly(
+    addresses: list[str], unary: bool, monkeypatch: pytest.MonkeyPatch, layout: Layout = LAYOUT
+) -> tuple[list[str], list[bool], list[bool]]:
+    """An Init, then four pushes without the parameters back (as GEM and EASGD push); the methods
+    called, and whether each shard still takes PushUnary and PushPullUnary at the end."""
+    methods = _watched(monkeypatch)
+    generator = torch.Generator().manual_seed(5)
+    with PSClient(addresses, layout, name="w") as client:
+        client.init(torch.randn(layout.total_length, generator=generator))
+        client.unary_pushes = [unary and fits for fits in client.unary_pushes]
+        for _ in range(4):
+            client.push(torch.randn(layout.total_length, generator=generator))
+        return methods.called, client.unary_pushes, client.unary_push_pulls
+
+
+def test_a_one_chunk_push_goes_as_one_call_and_applies_what_a_stream_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    params = {}
+    for unary in (True, False):
+        shards = [_shard(2, 0), _shard(2, 1)]
+        with _serving(shards) as addresses:
+            called, still, _ = _push_plainly(addresses, unary, monkeypatch, Layout.from_named_shapes(SHAPES, 2))
+        assert called.count("PushUnary" if unary else "Push") == 8  # 4 pushes to each of 2 shards
+        assert called.count("Push" if unary else "PushUnary") == 0 and still == [unary, unary]
+        assert [s.applied_pushes for s in shards] == [4, 4]
+        params[unary] = torch.cat([s.params for s in shards])
+    assert torch.equal(params[True], params[False])
+
+
+def test_a_server_without_push_unary_gets_push_streams_from_then_on_and_keeps_push_pull_unary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shards = [_shard()]
+    with _serving(shards, interceptors=[_WithoutUnary("PushUnary")]) as addresses:
+        called, pushes, push_pulls = _push_plainly(addresses, True, monkeypatch)
+    assert called.count("PushUnary") == 1 and called.count("Push") == 4
+    assert pushes == [False] and push_pulls == [True]
+    assert shards[0].applied_pushes == 4 and shards[0].clock == 4
+
+
+def test_a_push_larger_than_a_chunk_goes_as_a_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = Layout.from_named_shapes([("w", (300_000,))])  # 1.2 MB in fp32: two 1 MiB chunks
+    with _serving([_shard()]) as addresses:
+        called, pushes, _ = _push_plainly(addresses, True, monkeypatch, layout)
+    assert pushes == [False] and called.count("Push") == 4 and "PushUnary" not in called

@@ -10,7 +10,14 @@ import torch
 from psproto import codec, wire
 from psproto.v1 import ps_pb2
 from psworker.service import ServerMismatchError
-from psworker.transfer import fits_one_message, push_pull_reply, push_pull_unary_request, push_requests, receive_params
+from psworker.transfer import (
+    fits_one_message,
+    push_pull_reply,
+    push_requests,
+    receive_params,
+    unary_forms,
+    unary_push_request,
+)
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -78,7 +85,7 @@ def test_a_unary_request_carries_the_header_and_the_chunks_as_the_generated_code
     header = ps_pb2.PushHeader(worker_id=1, push_id=2, base_clock=3, pull_dtype=ps_pb2.DTYPE_FLOAT16)
     values = torch.randn(3000)
     chunks = list(codec.payloads(values, codec.INT8_BLOCK, chunk_bytes=codec.DEFAULT_CHUNK_BYTES))
-    request = ps_pb2.PushPullUnaryRequest.FromString(push_pull_unary_request(header, chunks))
+    request = ps_pb2.PushPullUnaryRequest.FromString(unary_push_request(header, chunks))
     assert request.header == header
     assert [(c.offset, c.dtype, c.data, c.scales) for c in request.chunks] == [
         (p.offset, p.dtype, bytes(p.data), bytes(p.scales)) for p in chunks
@@ -98,3 +105,12 @@ def test_a_unary_request_carries_the_header_and_the_chunks_as_the_generated_code
 )
 def test_a_push_pull_goes_as_one_call_when_each_way_is_one_chunk(length: int, push: int, pull: int, fits: bool) -> None:
     assert fits_one_message(length, push, pull, chunk_bytes=1024) is fits
+
+
+def test_a_push_goes_as_one_call_when_it_is_one_chunk_whatever_its_reply() -> None:
+    # 600 elements: one 8-bit chunk, but 1,200 bytes of bf16 back; in fp32, 600 and 257 elements are two chunks.
+    lengths = [100, 600, 257]
+    pushes, push_pulls = unary_forms(lengths, codec.INT8_BLOCK, codec.BFLOAT16, chunk_bytes=1024)
+    assert pushes == [True, True, True] and push_pulls == [True, False, True]
+    pushes, push_pulls = unary_forms(lengths, codec.FLOAT32, codec.FLOAT32, chunk_bytes=1024)
+    assert pushes == push_pulls == [True, False, False]

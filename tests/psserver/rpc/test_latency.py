@@ -59,13 +59,14 @@ def test_every_kind_of_rpc_is_timed_with_its_status_code(served: tuple[str, Shar
         client.init(torch.zeros(16))  # Init (client streaming)
         client.pull(torch.empty(16))  # Pull (server streaming)
         client.push(torch.ones(16), pull_into=torch.empty(16))  # PushPullUnary (one chunk each way: unary)
-        client.unary_push_pulls[0] = False
+        client.push(torch.ones(16))  # PushUnary (one chunk: unary)
+        client.unary_push_pulls[0] = client.unary_pushes[0] = False
         client.push(torch.ones(16), pull_into=torch.empty(16))  # PushPull (both streaming)
-        client.push(torch.ones(16))  # Push
+        client.push(torch.ones(16))  # Push (client streaming)
         with pytest.raises(grpc.RpcError) as refused:
             client.sessions[0].stub.Heartbeat(ps_pb2.HeartbeatRequest(worker_id=999), timeout=5)
         assert refused.value.code() == grpc.StatusCode.NOT_FOUND
-    for method in ("Join", "Init", "Pull", "PushPullUnary", "PushPull", "Push", "Leave"):
+    for method in ("Join", "Init", "Pull", "PushPullUnary", "PushUnary", "PushPull", "Push", "Leave"):
         assert count(metrics, method, "OK") == 1, method
     assert count(metrics, "Heartbeat", "NOT_FOUND") == 1
     assert count(metrics, "Heartbeat", "OK") == 0

@@ -1,6 +1,7 @@
-"""PushPullUnary over real gRPC to an in-process server: a generated client's call is a PushPull in
-one message each way, and every request a network or a client can send wrong is refused with its
-reason and nothing changed, a reply too large for one message before the push is applied."""
+"""PushPullUnary and PushUnary over real gRPC to an in-process server: a generated client's call is a
+PushPull in one message each way, or a Push in one message, and every request a network or a client
+can send wrong is refused with its reason and nothing changed, a reply too large for one message
+before the push is applied."""
 
 from __future__ import annotations
 
@@ -92,8 +93,28 @@ def test_a_generated_client_pushes_and_gets_the_new_parameters_in_one_call(stub:
     assert clock == 1 and torch.equal(params, expected)
 
 
-def test_each_wrong_unary_push_pull_is_refused_with_its_reason_and_changes_nothing(
-    channel: grpc.Channel, stub: Stub
+def test_a_generated_clients_push_unary_applies_once_and_a_repeat_is_a_duplicate(stub: Stub) -> None:
+    worker_id = _join(stub).worker_id
+    start = torch.arange(N, dtype=torch.float32)
+    assert _init(stub, worker_id, start).applied
+    gradient = torch.linspace(-1, 1, N)
+    request = ps_pb2.PushUnaryRequest(header=_header(worker_id), chunks=list(codec.encode(gradient)))
+    ack = stub.PushUnary(request)
+    assert ack.clock == 1 and ack.staleness == 0 and not ack.duplicate
+    expected = start - LR * gradient
+    clock, params = _params(stub, worker_id)
+    assert clock == 1 and torch.equal(params, expected)
+    again = stub.PushUnary(request)
+    assert again.duplicate and again.clock == 1
+    clock, params = _params(stub, worker_id)
+    assert clock == 1 and torch.equal(params, expected)
+    # Its bytes are a PushPullUnaryRequest's: the same fields.
+    assert ps_pb2.PushPullUnaryRequest.FromString(request.SerializeToString()).header.push_id == 1
+
+
+@pytest.mark.parametrize("method", ["PushPullUnary", "PushUnary"])
+def test_each_wrong_unary_push_is_refused_with_its_reason_and_changes_nothing(
+    channel: grpc.Channel, stub: Stub, method: str
 ) -> None:
     worker_id = _join(stub).worker_id
     start = torch.arange(N, dtype=torch.float32)
@@ -133,7 +154,8 @@ def test_each_wrong_unary_push_pull_is_refused_with_its_reason_and_changes_nothi
             Reason.UNKNOWN_WORKER,
         ),
     ]
-    raw = channel.unary_unary("/psproto.v1.ParameterServer/PushPullUnary")
+    # PushUnaryRequest has PushPullUnaryRequest's fields: the same bytes go to either call.
+    raw = channel.unary_unary(f"/psproto.v1.ParameterServer/{method}")
     for what, request, reason in cases:
         error = _refused(lambda: raw(request, timeout=5))  # noqa: B023
         assert reason_of(error) is reason, (what, error.details())
