@@ -19,7 +19,8 @@ it of one shard, in a fresh seeded order every round:
   clock from the trailing metadata);
 - ``push``: ``one-message`` (PushUnary) against ``stream`` (Push), through ``transfer.push``, fp32
   or bf16 chunks of the worker's chunk size (the one-message form needs the push to be one chunk:
-  with a larger shard both rows are streams, an A/A check).
+  with a larger shard both rows are streams, an A/A check, which the row's ``one_message`` and the
+  table say).
 
 Each repeat gives each form's median call; the ratio per repeat is the other form's time over the
 lighter form's (above 1: the lighter form is faster), and the verdict is ``faster`` or ``slower``
@@ -78,8 +79,11 @@ def pull_once(data: transfer.DataPath, request: ps_pb2.PullRequest, out: torch.T
     return clock
 
 
-def _calls(call: str, client: PSClient, address: str, wire: str) -> tuple[dict[str, Callable[[], object]], list[Any]]:
-    """One call of each form of ``call`` (a closure each), and the channels they use (to close)."""
+def _calls(
+    call: str, client: PSClient, address: str, wire: str
+) -> tuple[dict[str, Callable[[], object]], list[Any], bool]:
+    """One call of each form of ``call`` (a closure each), the channels they use (to close), and
+    whether the lighter form is what it says (a push of more than a chunk is a stream both ways)."""
     length, worker_id, dtype = client.layout.total_length, client.sessions[0].worker_id, WIRE_DTYPE_NAMES[wire]
     lighter, other = FORMS[call]
     if call == "pull":
@@ -87,8 +91,12 @@ def _calls(call: str, client: PSClient, address: str, wire: str) -> tuple[dict[s
         request = ps_pb2.PullRequest(worker_id=worker_id, wire_dtype=dtype)
         out = torch.empty(length)
         paths = {form: transfer.DataPath(channel) for form, channel in channels.items()}
-        return {form: partial(pull_once, path, request, out) for form, path in paths.items()}, list(channels.values())
-    channel = grpc.insecure_channel(address, options=channel_options())
+        return (
+            {form: partial(pull_once, path, request, out) for form, path in paths.items()},
+            [*channels.values()],
+            True,
+        )
+    channel = grpc.insecure_channel(address, options=form_options("single"))
     data, update = transfer.DataPath(channel), torch.full((length,), 1e-6)
     push_ids = itertools.count(time.time_ns() // 1000)
     (one_call,), _ = transfer.unary_forms([length], dtype, dtype, codec.DEFAULT_CHUNK_BYTES)
@@ -101,7 +109,7 @@ def _calls(call: str, client: PSClient, address: str, wire: str) -> tuple[dict[s
         chunks = codec.payloads(update, dtype)
         return transfer.push(data, header, chunks, CALL_TIMEOUT_S, (), [unary and one_call], 0)
 
-    return {lighter: lambda: push(True), other: lambda: push(False)}, [channel]
+    return {lighter: lambda: push(True), other: lambda: push(False)}, [channel], one_call
 
 
 def measure(
@@ -115,7 +123,7 @@ def measure(
         if not client.initialized:
             client.init(torch.zeros(layout.total_length))
         client.pull(torch.empty(layout.total_length))
-        forms, channels = _calls(call, client, address, wire)
+        forms, channels, one_message = _calls(call, client, address, wire)
         names = FORMS[call]
         for form in names:  # connected and warm before anything is timed
             for _ in range(3):
@@ -136,6 +144,7 @@ def measure(
         lighter, other = names
         ratio = summarize([o / f for f, o in zip(medians[lighter], medians[other], strict=True)])
         return {
+            "one_message": one_message,
             "median_ms": {form: summarize(medians[form]) for form in names},
             "repeat_medians_ms": medians,
             "client_cpu_ms_per_call": {form: cpu[form] * 1e3 / (repeats * per_repeat) for form in names},
@@ -227,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             table.add_row(
                 call,
                 wire,
-                f"{lighter} {ms[lighter]['median']:.3f}",
+                f"{lighter if row['one_message'] else 'stream (A/A)'} {ms[lighter]['median']:.3f}",
                 f"{other} {ms[other]['median']:.3f}",
                 f"{ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f})",
                 row["verdict"],

@@ -31,8 +31,9 @@ MIN_KEEPALIVE_S = 1.0
 MAX_MESSAGE_BYTES = codec.DEFAULT_MAX_MESSAGE_BYTES
 # gRPC's option that reads a unary-stream call (Pull) on the thread that iterates it. Without it the
 # synchronous client starts a thread per call on an idle channel to read the call's events, and hands
-# each message over. That costs a small pull 5-20% (benchmarks/call_forms.py); from about 16 MB the
-# thread's reading ahead while the caller decodes wins by a few percent, so larger shards keep it.
+# each message over. That costs a small pull 5-15% (benchmarks/call_forms.py). From about 16 MB the
+# two are level, and at 47 MB the thread, reading ahead while the caller decodes, was a few percent
+# faster, so larger shards keep it.
 SINGLE_THREADED_PULLS = (ChannelOptions.SingleThreadedUnaryStream, 1)
 SINGLE_THREADED_PULL_BYTES = 8 << 20
 # How long closing a channel may take before it is left to the process's exit.
@@ -63,14 +64,14 @@ def shard_addresses(servers: str | Sequence[str], num_shards: int) -> list[str]:
     return addresses
 
 
-def reads_pulls_inline(shard_lengths: Iterable[int]) -> bool:
-    """Whether pulls of shards of these lengths are read on the caller's thread: each at most
+def single_threaded_pulls_pay(shard_lengths: Iterable[int]) -> bool:
+    """Whether pulls of shards of these lengths are better read on the caller's thread: each at most
     :data:`SINGLE_THREADED_PULL_BYTES` in fp32, the largest pull dtype."""
     return max(shard_lengths, default=0) * 4 <= SINGLE_THREADED_PULL_BYTES
 
 
 def channel_options(
-    keepalive_seconds: float = DEFAULT_KEEPALIVE_S, single_threaded_pulls: bool = True
+    keepalive_seconds: float = DEFAULT_KEEPALIVE_S, single_threaded_pulls: bool = False
 ) -> list[tuple[str, int]]:
     """The client's channel options: message limits, reconnection, keepalive, and with
     ``single_threaded_pulls`` pulls read on the caller's thread."""
@@ -106,7 +107,7 @@ def open_channel(
     address: str,
     credentials: grpc.ChannelCredentials | None,
     keepalive_seconds: float = DEFAULT_KEEPALIVE_S,
-    single_threaded_pulls: bool = True,
+    single_threaded_pulls: bool = False,
 ) -> grpc.Channel:
     """A new channel (so a new connection) to ``address``, TLS when ``credentials`` are given
     (``single_threaded_pulls``: :func:`channel_options`)."""

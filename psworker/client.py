@@ -49,8 +49,8 @@ from psworker.channels import (
     check_keepalive,
     close_channel,
     open_channel,
-    reads_pulls_inline,
     shard_addresses,
+    single_threaded_pulls_pay,
 )
 from psworker.deadlines import DeadlinePolicy, payload_bytes
 from psworker.fan_out import fan_out
@@ -142,7 +142,7 @@ class PSClient:
         self.reinit = reinit
         self.stats = ClientStats()
         self._credentials = tls.credentials() if tls is not None else None
-        self._pulls_inline = reads_pulls_inline(layout.shard(i).length for i in range(layout.num_shards))
+        self._single_threaded_pulls = single_threaded_pulls_pay(shard.length for shard in layout.shards)
         self._metadata = bearer_metadata(auth_token)
         # Push ids grow across processes too: a restarted worker starts above any id it used before,
         # so a server that remembers its name never mistakes a new push for a retried one.
@@ -173,7 +173,7 @@ class PSClient:
     # -- membership -------------------------------------------------------------------
 
     def _channel(self, address: str) -> grpc.Channel:
-        return open_channel(address, self._credentials, self.keepalive_seconds, self._pulls_inline)
+        return open_channel(address, self._credentials, self.keepalive_seconds, self._single_threaded_pulls)
 
     def _first_join(self, index: int, address: str) -> ShardSession:
         """Join shard ``index``, waiting for it to come up (``sessions.first_join`` says how)."""

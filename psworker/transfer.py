@@ -129,15 +129,16 @@ def push(
 ) -> ps_pb2.PushResponse:
     """A Push of shard ``shard``: as one PushUnary call while ``unary[shard]`` (:func:`unary_forms`),
     else as a stream (``build_ahead``: its messages made ahead, ``psproto.ahead``). A server that
-    refuses the call clears ``unary[shard]`` and gets the same push as a stream at once, within what
-    is left of ``timeout``."""
+    refuses the call clears ``unary[shard]`` and gets the same push as a stream at once. Either gets
+    what is left of ``timeout`` once the chunks are made (an 8-bit push is encoded as they are)."""
     deadline = time.monotonic() + timeout
     if unary[shard]:
         chunks = list(inline_each(chunks))  # kept: sent again as a stream if the call is refused
 
     def one_call() -> ps_pb2.PushResponse:
         request = unary_push_request(header, chunks)
-        reply: ps_pb2.PushResponse = data.push_unary(request, timeout=timeout, metadata=call_metadata)
+        remaining = max(deadline - time.monotonic(), 0.0)
+        reply: ps_pb2.PushResponse = data.push_unary(request, timeout=remaining, metadata=call_metadata)
         return reply
 
     def stream() -> ps_pb2.PushResponse:
@@ -164,15 +165,16 @@ def push_pull(
     """A PushPull of shard ``shard``: as one PushPullUnary call while ``unary[shard]``
     (:func:`fits_one_message`), else as two streams (the flags: ``psproto.ahead``). A server that
     refuses the call (:func:`refuses_unary`) clears ``unary[shard]`` and gets the same push as
-    streams at once, within what is left of ``timeout``. Returns the acknowledgement, the
-    parameters' clock (decoded into ``part``) and the call, for its trailing metadata."""
+    streams at once; either gets what is left of ``timeout`` once the chunks are made. Returns the
+    acknowledgement, the parameters' clock (decoded into ``part``) and the call, for its trailing metadata."""
     deadline = time.monotonic() + timeout
     if unary[shard]:
         chunks = list(inline_each(chunks))  # kept: sent again as streams if the call is refused
 
     def one_call() -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
         request = unary_push_request(header, chunks)
-        replies, call = data.push_pull_unary.with_call(request, timeout=timeout, metadata=call_metadata)
+        remaining = max(deadline - time.monotonic(), 0.0)
+        replies, call = data.push_pull_unary.with_call(request, timeout=remaining, metadata=call_metadata)
         return (*push_pull_reply(replies, part), call)
 
     def streams() -> tuple[ps_pb2.PushResponse, int, grpc.Call]:

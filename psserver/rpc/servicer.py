@@ -312,8 +312,13 @@ class ParameterServerServicer:
         return result
 
     def _receive_push(
-        self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext, then_pull: bool
+        self,
+        request_iterator: Iterator[PushMessage],
+        context: grpc.ServicerContext,
+        then_pull: bool,
+        received_whole: bool = False,
     ) -> tuple[ps_pb2.PushHeader, PushOutcome]:
+        """``received_whole``: the messages are a unary call's, all in memory (nothing to read ahead)."""
         first = next(request_iterator, None)
         if not isinstance(first, ps_pb2.PushRequest) or first.WhichOneof("body") != "header":
             raise ShardError(ErrorKind.BAD_REQUEST, "a Push stream must start with a PushHeader")
@@ -331,7 +336,7 @@ class ParameterServerServicer:
         )
         # With receive_pushes_ahead each next chunk is asked of gRPC on a thread of its own while this one
         # decodes the last; from the second on, so a push waiting for a receive buffer reads nothing ahead.
-        ahead = self.shard.config.receive_pushes_ahead
+        ahead = self.shard.config.receive_pushes_ahead and not received_whole
         try:
             # Not waited for at the end: its thread only reads the call, which is ending.
             with made_ahead(request_iterator, "push-receiver", ahead, wait=False, start_after=1) as messages:
@@ -361,7 +366,7 @@ class ParameterServerServicer:
     @_translate_errors
     def PushUnary(self, request: list[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
         """Push in one message: the request's header and chunks are the Push stream's messages."""
-        _, outcome = self._receive_push(iter(request), context, then_pull=False)
+        _, outcome = self._receive_push(iter(request), context, then_pull=False, received_whole=True)
         return _push_response(outcome)
 
     @_translate_errors
@@ -383,7 +388,7 @@ class ParameterServerServicer:
         """PushPull in one message each way: returns a serialised PushPullUnaryResponse (registered with an
         identity serializer), the bytes of PushPull's reply messages one after another."""
         self._refuse_unary_reply_past_limit(request)
-        header, outcome = self._receive_push(iter(request), context, then_pull=True)
+        header, outcome = self._receive_push(iter(request), context, then_pull=True, received_whole=True)
         result = self._pull(context, header.worker_id, header.pull_dtype, PUSH_PULL_PARAMS)
         try:
             ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()

@@ -14,8 +14,8 @@ from psworker.channels import SINGLE_THREADED_PULLS, channel_options
 
 
 def test_the_threaded_pull_differs_from_a_small_shards_channel_only_in_how_pulls_are_read() -> None:
-    assert form_options("single") == channel_options()
-    assert [*form_options("threaded"), SINGLE_THREADED_PULLS] == channel_options()
+    assert form_options("single") == channel_options(single_threaded_pulls=True)
+    assert [*form_options("threaded"), SINGLE_THREADED_PULLS] == form_options("single")
 
 
 def test_a_smoke_run_makes_each_call_both_ways_and_judges_them_repeat_by_repeat(tmp_path: Path) -> None:
@@ -39,6 +39,15 @@ def test_a_smoke_run_makes_each_call_both_ways_and_judges_them_repeat_by_repeat(
             ratios = [o / f for f, o in zip(medians[lighter], medians[other], strict=True)]
             assert row["other_over_lighter"]["min"] == pytest.approx(min(ratios))
             assert row["verdict"] == verdict(row["other_over_lighter"])
+    # 5,000 parameters are one chunk in either dtype: the push rows compare PushUnary with the stream.
+    assert all(row["one_message"] for row in results["calls"]["push"].values())
+
+
+def test_a_push_of_more_than_a_chunk_is_said_to_be_streams_both_ways(tmp_path: Path) -> None:
+    out = tmp_path / "calls.json"
+    main(["--smoke", "--parameters", "300000", "--calls", "push", "--wire", "fp32", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["calls"]["push"].values()
+    assert row["one_message"] is False
 
 
 @pytest.mark.parametrize(

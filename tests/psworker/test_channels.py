@@ -75,6 +75,8 @@ def test_a_large_shards_pull_keeps_grpcs_reading_thread(monkeypatch: pytest.Monk
 
 def test_pulls_are_read_inline_up_to_the_bound_in_fp32() -> None:
     bound = channels.SINGLE_THREADED_PULL_BYTES // 4
-    assert channels.reads_pulls_inline([10, bound]) and not channels.reads_pulls_inline([10, bound + 1])
-    assert channels.SINGLE_THREADED_PULLS in channels.channel_options()
-    assert channels.SINGLE_THREADED_PULLS not in channels.channel_options(single_threaded_pulls=False)
+    assert channels.single_threaded_pulls_pay([10, bound])
+    assert not channels.single_threaded_pulls_pay([10, bound + 1])
+    assert channels.SINGLE_THREADED_PULLS in channels.channel_options(single_threaded_pulls=True)
+    # gRPC's own reader unless asked (a channel for Status calls only, such as `psserver top`'s).
+    assert channels.SINGLE_THREADED_PULLS not in channels.channel_options()

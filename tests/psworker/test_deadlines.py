@@ -22,6 +22,11 @@ from psworker.deadlines import payload_bytes
 MB = 1_000_000
 
 
+def _as_the_client_opens(client: PSClient, address: str) -> grpc.Channel:
+    """A channel to ``address`` as ``client`` opens its own (for a test that wraps it)."""
+    return open_channel(address, None, client.keepalive_seconds, client._single_threaded_pulls)
+
+
 def test_a_call_without_payload_gets_the_fixed_allowance() -> None:
     assert DeadlinePolicy(base_seconds=7.0).short() == 7.0
     assert DeadlinePolicy(base_seconds=7.0).transfer(0) == 7.0
@@ -92,7 +97,7 @@ def test_the_client_puts_a_deadline_sized_to_its_payload_on_every_call(
     recorder = _Recorder()
 
     def channel(self: PSClient, address: str) -> grpc.Channel:
-        return grpc.intercept_channel(open_channel(address, None, self.keepalive_seconds), recorder)
+        return grpc.intercept_channel(_as_the_client_opens(self, address), recorder)
 
     monkeypatch.setattr(PSClient, "_channel", channel)
     policy = DeadlinePolicy(base_seconds=5.0, min_bytes_per_second=0.5 * MB)

@@ -67,6 +67,11 @@ class _WithoutUnary(grpc.ServerInterceptor):  # type: ignore[misc]
         return None if details.method.endswith(f"/{self.method}") else continuation(details)
 
 
+def _as_the_client_opens(client: PSClient, address: str) -> grpc.Channel:
+    """A channel to ``address`` as ``client`` opens its own (for a test that wraps it)."""
+    return open_channel(address, None, client.keepalive_seconds, client._single_threaded_pulls)
+
+
 def _shard(num_shards: int = 1, index: int = 0, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES) -> Shard:
     rule = RuleSpec.parse("momentum", {"lr": "0.1"})
     return Shard(ShardConfig(rule, shard_index=index, num_shards=num_shards, chunk_bytes=chunk_bytes))
@@ -78,7 +83,7 @@ def _watched(monkeypatch: pytest.MonkeyPatch) -> _Methods:
     monkeypatch.setattr(
         PSClient,
         "_channel",
-        lambda self, address: grpc.intercept_channel(open_channel(address, None, self.keepalive_seconds), methods),
+        lambda self, address: grpc.intercept_channel(_as_the_client_opens(self, address), methods),
     )
     return methods
 
@@ -192,8 +197,8 @@ def test_only_a_refusal_of_the_call_itself_sends_the_push_as_streams(
 def _push_plainly(
     addresses: list[str], unary: bool, monkeypatch: pytest.MonkeyPatch, layout: Layout = LAYOUT
 ) -> tuple[list[str], list[bool], list[bool]]:
-    """An Init, then four pushes without the parameters back (as GEM and EASGD push); the methods
-    called, and whether each shard still takes PushUnary and PushPullUnary at the end."""
+    """An Init, then four pushes without the parameters back (as GEM and EASGD push), then one with
+    them; the methods called, and whether each shard still takes PushUnary and PushPullUnary at the end."""
     methods = _watched(monkeypatch)
     generator = torch.Generator().manual_seed(5)
     with PSClient(addresses, layout, name="w") as client:
@@ -201,6 +206,7 @@ def _push_plainly(
         client.unary_pushes = [unary and fits for fits in client.unary_pushes]
         for _ in range(4):
             client.push(torch.randn(layout.total_length, generator=generator))
+        client.push(torch.zeros(layout.total_length), pull_into=torch.empty(layout.total_length))
         return methods.called, client.unary_pushes, client.unary_push_pulls
 
 
@@ -212,7 +218,7 @@ def test_a_one_chunk_push_goes_as_one_call_and_applies_what_a_stream_applies(mon
             called, still, _ = _push_plainly(addresses, unary, monkeypatch, Layout.from_named_shapes(SHAPES, 2))
         assert called.count("PushUnary" if unary else "Push") == 8  # 4 pushes to each of 2 shards
         assert called.count("Push" if unary else "PushUnary") == 0 and still == [unary, unary]
-        assert [s.applied_pushes for s in shards] == [4, 4]
+        assert [s.applied_pushes for s in shards] == [5, 5]
         params[unary] = torch.cat([s.params for s in shards])
     assert torch.equal(params[True], params[False])
 
@@ -224,8 +230,8 @@ def test_a_server_without_push_unary_gets_push_streams_from_then_on_and_keeps_pu
     with _serving(shards, interceptors=[_WithoutUnary("PushUnary")]) as addresses:
         called, pushes, push_pulls = _push_plainly(addresses, True, monkeypatch)
     assert called.count("PushUnary") == 1 and called.count("Push") == 4
-    assert pushes == [False] and push_pulls == [True]
-    assert shards[0].applied_pushes == 4 and shards[0].clock == 4
+    assert pushes == [False] and push_pulls == [True] and called.count("PushPullUnary") == 1
+    assert shards[0].applied_pushes == 5 and shards[0].clock == 5
 
 
 def test_a_push_larger_than_a_chunk_goes_as_a_stream(monkeypatch: pytest.MonkeyPatch) -> None:
