@@ -48,7 +48,7 @@ from benchmarks.harness.models import MODELS
 from benchmarks.harness.processes import Fleet, HetpsJob
 from benchmarks.harness.report import prepare_output, write_results
 from benchmarks.harness.settings import TORCH_THREADS
-from benchmarks.harness.stats import summarize, verdict
+from benchmarks.harness.stats import speed_ratio, summarize, verdict
 from psproto import codec
 from psproto.dtypes import WIRE_DTYPE_NAMES
 from psproto.layout import Layout
@@ -116,7 +116,7 @@ def measure(
     call: str, address: str, layout: Layout, wire: str, repeats: int, per_repeat: int, seed: int
 ) -> dict[str, Any]:
     """Each form's per-repeat median call (ms), the worker's CPU per call (ms), and the other form's
-    time over the lighter form's, per repeat."""
+    time over the lighter form's, per repeat and of the fastest calls (``stats.speed_ratio``)."""
     client = PSClient([address], layout, name=f"{call}-{wire}", wire_dtype=wire)
     channels: list[Any] = []
     try:
@@ -130,6 +130,7 @@ def measure(
                 forms[form]()
         order = random.Random(seed)
         medians: dict[str, list[float]] = {form: [] for form in names}
+        samples: dict[str, list[float]] = {form: [] for form in names}
         cpu = dict.fromkeys(names, 0.0)
         for _ in range(repeats):
             times: dict[str, list[float]] = {form: [] for form in names}
@@ -141,8 +142,9 @@ def measure(
                     cpu[form] += time.process_time() - used
             for form in names:
                 medians[form].append(statistics.median(times[form]) * 1e3)
+                samples[form] += times[form]
         lighter, other = names
-        ratio = summarize([o / f for f, o in zip(medians[lighter], medians[other], strict=True)])
+        ratio = speed_ratio(medians[lighter], medians[other], samples[lighter], samples[other])
         return {
             "one_message": one_message,
             "median_ms": {form: summarize(medians[form]) for form in names},

@@ -67,7 +67,7 @@ def shard_addresses(servers: str | Sequence[str], num_shards: int) -> list[str]:
 def single_threaded_pulls_pay(shard_lengths: Iterable[int]) -> bool:
     """Whether pulls of shards of these lengths are better read on the caller's thread: each at most
     :data:`SINGLE_THREADED_PULL_BYTES` in fp32, the largest pull dtype."""
-    return max(shard_lengths, default=0) * 4 <= SINGLE_THREADED_PULL_BYTES
+    return codec.wire_bytes(max(shard_lengths, default=0), codec.FLOAT32) <= SINGLE_THREADED_PULL_BYTES
 
 
 def channel_options(

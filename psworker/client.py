@@ -142,7 +142,8 @@ class PSClient:
         self.reinit = reinit
         self.stats = ClientStats()
         self._credentials = tls.credentials() if tls is not None else None
-        self._single_threaded_pulls = single_threaded_pulls_pay(shard.length for shard in layout.shards)
+        lengths = [shard.length for shard in layout.shards]
+        self._single_threaded_pulls = single_threaded_pulls_pay(lengths)
         self._metadata = bearer_metadata(auth_token)
         # Push ids grow across processes too: a restarted worker starts above any id it used before,
         # so a server that remembers its name never mistakes a new push for a retried one.
@@ -166,7 +167,6 @@ class PSClient:
         self.pulled_clocks = [s.join.clock for s in self.sessions]
         # The highest clock each shard has shown this client (pull or push); a lower one means a rollback.
         self.seen_clocks = [s.join.clock for s in self.sessions]
-        lengths = [s.range.length for s in self.sessions]
         # Per shard: whether its Push, and its PushPull, goes as one unary call (transfer.push, transfer.push_pull).
         self.unary_pushes, self.unary_push_pulls = transfer.unary_forms(lengths, push, pull, chunk_bytes)
 

@@ -35,17 +35,18 @@ def _serialize(message: ps_pb2.PushRequest | ps_pb2.InitRequest | bytes) -> byte
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
+def _push_pull_message(field: int, body: memoryview) -> ps_pb2.PushResponse | wire.PulledChunk:
+    """One message of a PushPull reply: field 1 is the acknowledgement, field 2 parameters."""
+    return ps_pb2.PushResponse.FromString(bytes(body)) if field == 1 else wire.parse_pull_response(body)
+
+
 def _parse_push_pull(data: bytes) -> ps_pb2.PushResponse | wire.PulledChunk:
-    number, body = wire.split_push_pull_response(data)
-    return ps_pb2.PushResponse.FromString(bytes(body)) if number == 1 else wire.parse_pull_response(body)
+    return _push_pull_message(*wire.split_push_pull_response(data))
 
 
 def _parse_push_pull_unary(data: bytes) -> list[ps_pb2.PushResponse | wire.PulledChunk]:
     """A PushPullUnaryResponse as the PushPull reply's messages it joins: the ack, then the parameters."""
-    return [
-        ps_pb2.PushResponse.FromString(bytes(body)) if field == 1 else wire.parse_pull_response(body)
-        for field, body in wire.length_delimited_fields(data)
-    ]
+    return [_push_pull_message(field, body) for field, body in wire.length_delimited_fields(data)]
 
 
 class DataPath:
@@ -102,19 +103,33 @@ def unary_push_request(header: ps_pb2.PushHeader, chunks: Iterable[codec.ChunkPa
     return b"".join(parts)
 
 
-def _one_call_first(
-    unary: list[bool], shard: int, one_call: Callable[[], ResultT], streams: Callable[[], ResultT]
+def _one_call_or_streams(
+    unary: list[bool],
+    shard: int,
+    header: ps_pb2.PushHeader,
+    chunks: Iterable[codec.ChunkPayload],
+    timeout: float,
+    build_ahead: bool,
+    one_call: Callable[[bytes, float], ResultT],
+    streams: Callable[[Iterator[ps_pb2.PushRequest | bytes], float], ResultT],
 ) -> ResultT:
-    """``one_call()`` while ``unary[shard]``; a server that refuses it (:func:`refuses_unary`) clears
-    ``unary[shard]`` and gets ``streams()`` at once (and from then on)."""
+    """``one_call(request, seconds left)`` with the push as one request (:func:`unary_push_request`)
+    while ``unary[shard]``, else ``streams(requests, seconds left)`` with its stream's messages (made
+    ahead with ``build_ahead``, ``psproto.ahead``). A server that refuses the one call
+    (:func:`refuses_unary`) clears ``unary[shard]`` and gets the same push as streams at once. Either
+    gets what is left of ``timeout`` once the chunks are made (an 8-bit push is encoded as they are)."""
+    deadline = time.monotonic() + timeout
     if unary[shard]:
+        made = list(inline_each(chunks))  # kept: sent again as streams if the call is refused
         try:
-            return one_call()
+            return one_call(unary_push_request(header, made), max(deadline - time.monotonic(), 0.0))
         except grpc.RpcError as error:
             if not refuses_unary(error):
                 raise
             unary[shard] = False  # before the streams: a retry of this push goes as streams too
-    return streams()
+        chunks = made
+    with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
+        return streams(requests, max(deadline - time.monotonic(), 0.0))
 
 
 def push(
@@ -128,26 +143,17 @@ def push(
     build_ahead: bool = False,
 ) -> ps_pb2.PushResponse:
     """A Push of shard ``shard``: as one PushUnary call while ``unary[shard]`` (:func:`unary_forms`),
-    else as a stream (``build_ahead``: its messages made ahead, ``psproto.ahead``). A server that
-    refuses the call clears ``unary[shard]`` and gets the same push as a stream at once. Either gets
-    what is left of ``timeout`` once the chunks are made (an 8-bit push is encoded as they are)."""
-    deadline = time.monotonic() + timeout
-    if unary[shard]:
-        chunks = list(inline_each(chunks))  # kept: sent again as a stream if the call is refused
+    else as a stream; a refused call falls back to the stream (:func:`_one_call_or_streams`)."""
 
-    def one_call() -> ps_pb2.PushResponse:
-        request = unary_push_request(header, chunks)
-        remaining = max(deadline - time.monotonic(), 0.0)
-        reply: ps_pb2.PushResponse = data.push_unary(request, timeout=remaining, metadata=call_metadata)
+    def one_call(request: bytes, seconds: float) -> ps_pb2.PushResponse:
+        reply: ps_pb2.PushResponse = data.push_unary(request, timeout=seconds, metadata=call_metadata)
         return reply
 
-    def stream() -> ps_pb2.PushResponse:
-        with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
-            remaining = max(deadline - time.monotonic(), 0.0)
-            reply: ps_pb2.PushResponse = data.push(requests, timeout=remaining, metadata=call_metadata)
-            return reply
+    def stream(requests: Iterator[ps_pb2.PushRequest | bytes], seconds: float) -> ps_pb2.PushResponse:
+        reply: ps_pb2.PushResponse = data.push(requests, timeout=seconds, metadata=call_metadata)
+        return reply
 
-    return _one_call_first(unary, shard, one_call, stream)
+    return _one_call_or_streams(unary, shard, header, chunks, timeout, build_ahead, one_call, stream)
 
 
 def push_pull(
@@ -163,28 +169,21 @@ def push_pull(
     receive_ahead: bool = False,
 ) -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
     """A PushPull of shard ``shard``: as one PushPullUnary call while ``unary[shard]``
-    (:func:`fits_one_message`), else as two streams (the flags: ``psproto.ahead``). A server that
-    refuses the call (:func:`refuses_unary`) clears ``unary[shard]`` and gets the same push as
-    streams at once; either gets what is left of ``timeout`` once the chunks are made. Returns the
-    acknowledgement, the parameters' clock (decoded into ``part``) and the call, for its trailing metadata."""
-    deadline = time.monotonic() + timeout
-    if unary[shard]:
-        chunks = list(inline_each(chunks))  # kept: sent again as streams if the call is refused
+    (:func:`fits_one_message`), else as two streams (``receive_ahead``: ``psproto.ahead``); a refused
+    call falls back to the streams (:func:`_one_call_or_streams`). Returns the acknowledgement, the
+    parameters' clock (decoded into ``part``) and the call, for its trailing metadata."""
 
-    def one_call() -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
-        request = unary_push_request(header, chunks)
-        remaining = max(deadline - time.monotonic(), 0.0)
-        replies, call = data.push_pull_unary.with_call(request, timeout=remaining, metadata=call_metadata)
+    def one_call(request: bytes, seconds: float) -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
+        replies, call = data.push_pull_unary.with_call(request, timeout=seconds, metadata=call_metadata)
         return (*push_pull_reply(replies, part), call)
 
-    def streams() -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
-        with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
-            remaining = max(deadline - time.monotonic(), 0.0)
-            call = data.push_pull(requests, timeout=remaining, metadata=call_metadata)
-            ack, clock = push_pull_reply(call, part, receive_ahead)
-        return ack, clock, call
+    def streams(
+        requests: Iterator[ps_pb2.PushRequest | bytes], seconds: float
+    ) -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
+        call = data.push_pull(requests, timeout=seconds, metadata=call_metadata)
+        return (*push_pull_reply(call, part, receive_ahead), call)
 
-    return _one_call_first(unary, shard, one_call, streams)
+    return _one_call_or_streams(unary, shard, header, chunks, timeout, build_ahead, one_call, streams)
 
 
 def unary_forms(
@@ -193,17 +192,18 @@ def unary_forms(
     """For shards of ``lengths``: whether each one's Push goes as one PushUnary call (its push is one
     chunk), and whether its PushPull goes as one PushPullUnary call (:func:`fits_one_message`)."""
     lengths = list(lengths)
-    pushes = [len(codec.chunk_spans(length, push_dtype, chunk_bytes)) <= 1 for length in lengths]
+    pushes = [_one_chunk(length, push_dtype, chunk_bytes) for length in lengths]
     return pushes, [fits_one_message(length, push_dtype, pull_dtype, chunk_bytes) for length in lengths]
+
+
+def _one_chunk(length: int, push_dtype: int, chunk_bytes: int) -> bool:
+    return len(codec.chunk_spans(length, push_dtype, chunk_bytes)) <= 1
 
 
 def fits_one_message(length: int, push_dtype: int, pull_dtype: int, chunk_bytes: int) -> bool:
     """Whether a shard of ``length`` elements pushes as one chunk and its parameters come back in at
     most ``chunk_bytes``: then a PushPull goes as a PushPullUnary call, one message each way."""
-    return (
-        len(codec.chunk_spans(length, push_dtype, chunk_bytes)) <= 1
-        and codec.wire_bytes(length, pull_dtype) <= chunk_bytes
-    )
+    return _one_chunk(length, push_dtype, chunk_bytes) and codec.wire_bytes(length, pull_dtype) <= chunk_bytes
 
 
 def refuses_unary(error: grpc.RpcError) -> bool:

@@ -269,8 +269,7 @@ class BareClient:
         ]
         # Per shard, as a hetps worker decides it: one message each way when the push and the reply fit a chunk.
         push_dtype, pull_dtype = codec.PUSH_DTYPE_NAMES[push], codec.WIRE_DTYPE_NAMES[pull]
-        ranges = [layout.shard(index) for index in range(layout.num_shards)]
-        self.unary = [fits_one_message(r.length, push_dtype, pull_dtype, self.chunk_bytes) for r in ranges]
+        self.unary = [fits_one_message(r.length, push_dtype, pull_dtype, self.chunk_bytes) for r in layout.shards]
         self._metadata: tuple[tuple[str, str], ...] = (("key", key), ("chunk-bytes", str(self.chunk_bytes)))
         self._pool = futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
 

@@ -104,9 +104,10 @@ class Shard:
         self._waiting = Waiting(self._changed, self._now, self._membership, self._evict_expired_locked, self._refusals)
         self._pull_holds = PullHolds.of(config, self._now, self._membership.live, self._local_steps, self.observer)
 
-    # -- readable state (in-process callers; the transport uses ``status``) ----------------
+    # -- readable state (in-process callers; the transport uses ``status``, and ``length``) --
 
     layout: Held[Layout | None] = Held("_model")
+    length: Held[int] = Held("_model")  # 0 until a worker's layout is taken
     rule: Held[UpdateRule[RuleOptions] | None] = Held("_model")
     initialized: Held[bool] = Held("_model")
     clock: Held[int] = Held("_model")

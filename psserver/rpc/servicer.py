@@ -403,13 +403,12 @@ class ParameterServerServicer:
         then fail to be sent. A header that is wrong, or a shard not yet initialised, is left to the
         push's own checks."""
         header = request[0] if request else None
-        layout = self.shard.layout
-        if not isinstance(header, ps_pb2.PushRequest) or header.WhichOneof("body") != "header" or layout is None:
+        length = self.shard.length
+        if not isinstance(header, ps_pb2.PushRequest) or header.WhichOneof("body") != "header" or not length:
             return
         pull_dtype = header.header.pull_dtype or codec.FLOAT32
         if pull_dtype not in codec.WIRE_DTYPES:
             return
-        length = layout.shard(self.shard.config.shard_index).length
         # The acknowledgement, then the parameters' messages as the shard cuts them.
         messages = 1 + len(codec.chunk_spans(length, pull_dtype, self.shard.config.chunk_bytes))
         reply_bytes = codec.wire_bytes(length, pull_dtype) + _UNARY_REPLY_FRAMING_BYTES * messages

@@ -45,17 +45,20 @@ def _init(stub: Stub, worker_id: int, values: torch.Tensor, layout_hash: str = L
     return stub.Init(messages())
 
 
-def _push(stub: Stub, chunks: list[ps_pb2.Chunk], **header: object) -> ps_pb2.PushResponse:
-    fields: dict[str, object] = {
+def _push_header(**fields: object) -> ps_pb2.PushHeader:
+    """A PushHeader for a first gradient push of LAYOUT (push id 1, base clock 0); ``fields`` override."""
+    defaults: dict[str, object] = {
         "push_id": 1,
         "base_clock": 0,
         "kind": ps_pb2.PAYLOAD_KIND_GRADIENT,
         "layout_hash": LAYOUT.hash,
     }
-    fields.update(header)
+    return ps_pb2.PushHeader(**{**defaults, **fields})  # type: ignore[arg-type]
 
+
+def _push(stub: Stub, chunks: list[ps_pb2.Chunk], **header: object) -> ps_pb2.PushResponse:
     def messages() -> Iterator[ps_pb2.PushRequest]:
-        yield ps_pb2.PushRequest(header=ps_pb2.PushHeader(**fields))  # type: ignore[arg-type]
+        yield ps_pb2.PushRequest(header=_push_header(**header))
         for chunk in chunks:
             yield ps_pb2.PushRequest(chunk=chunk)
 

@@ -20,7 +20,7 @@ from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.server import ServerLimits, start_server
 from psserver.rpc.status_codes import STATUS_CODES
-from tests.integration.test_protocol_integ import LAYOUT, _init, _join, _params, _raw
+from tests.integration.test_protocol_integ import LAYOUT, _init, _join, _params, _push_header, _raw
 
 N = LAYOUT.total_length
 LR = 0.5
@@ -47,17 +47,6 @@ def stub(channel: grpc.Channel) -> Stub:
     return ps_pb2_grpc.ParameterServerStub(channel)
 
 
-def _header(worker_id: int, push_id: int = 1, pull_dtype: int = ps_pb2.DTYPE_FLOAT32) -> ps_pb2.PushHeader:
-    return ps_pb2.PushHeader(
-        worker_id=worker_id,
-        push_id=push_id,
-        base_clock=0,
-        kind=ps_pb2.PAYLOAD_KIND_GRADIENT,
-        layout_hash=LAYOUT.hash,
-        pull_dtype=pull_dtype,  # type: ignore[arg-type]
-    )
-
-
 def _refused(call: Callable[[], object]) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as caught:
         call()
@@ -70,7 +59,7 @@ def test_a_generated_client_pushes_and_gets_the_new_parameters_in_one_call(stub:
     assert _init(stub, worker_id, start).applied
     gradient = torch.linspace(-1, 1, N)
     request = ps_pb2.PushPullUnaryRequest(
-        header=_header(worker_id, pull_dtype=ps_pb2.DTYPE_BFLOAT16), chunks=list(codec.encode(gradient))
+        header=_push_header(worker_id=worker_id, pull_dtype=ps_pb2.DTYPE_BFLOAT16), chunks=list(codec.encode(gradient))
     )
     reply, call = stub.PushPullUnary.with_call(request)
     assert reply.ack.clock == 1 and reply.ack.staleness == 0 and not reply.ack.duplicate
@@ -98,7 +87,7 @@ def test_a_generated_clients_push_unary_applies_once_and_a_repeat_is_a_duplicate
     start = torch.arange(N, dtype=torch.float32)
     assert _init(stub, worker_id, start).applied
     gradient = torch.linspace(-1, 1, N)
-    request = ps_pb2.PushUnaryRequest(header=_header(worker_id), chunks=list(codec.encode(gradient)))
+    request = ps_pb2.PushUnaryRequest(header=_push_header(worker_id=worker_id), chunks=list(codec.encode(gradient)))
     ack = stub.PushUnary(request)
     assert ack.clock == 1 and ack.staleness == 0 and not ack.duplicate
     expected = start - LR * gradient
@@ -120,7 +109,8 @@ def test_each_wrong_unary_push_is_refused_with_its_reason_and_changes_nothing(
     start = torch.arange(N, dtype=torch.float32)
     assert _init(stub, worker_id, start).applied
     whole = _raw(0, [1.0] * N)
-    header = ps_pb2.PushPullUnaryRequest(header=_header(worker_id)).SerializeToString()
+    mine = _push_header(worker_id=worker_id)
+    header = ps_pb2.PushPullUnaryRequest(header=mine).SerializeToString()
     chunk = ps_pb2.PushPullUnaryRequest(chunks=[whole]).SerializeToString()
     cases: list[tuple[str, bytes, Reason]] = [
         ("bytes that are no message", b"\x0a\xff\x01", Reason.BAD_REQUEST),
@@ -131,26 +121,26 @@ def test_each_wrong_unary_push_is_refused_with_its_reason_and_changes_nothing(
         ("more than 1,024 chunks", header + b"\x12\x00" * 1025, Reason.BAD_REQUEST),
         (
             "half the shard",
-            ps_pb2.PushPullUnaryRequest(
-                header=_header(worker_id), chunks=[_raw(0, [1.0] * (N // 2))]
-            ).SerializeToString(),
+            ps_pb2.PushPullUnaryRequest(header=mine, chunks=[_raw(0, [1.0] * (N // 2))]).SerializeToString(),
             Reason.WRONG_LENGTH,
         ),
         (
             "a chunk past the end",
-            ps_pb2.PushPullUnaryRequest(header=_header(worker_id), chunks=[_raw(N, [1.0])]).SerializeToString(),
+            ps_pb2.PushPullUnaryRequest(header=mine, chunks=[_raw(N, [1.0])]).SerializeToString(),
             Reason.CHUNK_OUT_OF_RANGE,
         ),
         (
             "a NaN in the gradient",
             ps_pb2.PushPullUnaryRequest(
-                header=_header(worker_id), chunks=[_raw(0, [float("nan")] + [0.0] * (N - 1))]
+                header=mine, chunks=[_raw(0, [float("nan")] + [0.0] * (N - 1))]
             ).SerializeToString(),
             Reason.NON_FINITE,
         ),
         (
             "an unknown worker",
-            ps_pb2.PushPullUnaryRequest(header=_header(worker_id + 99), chunks=[whole]).SerializeToString(),
+            ps_pb2.PushPullUnaryRequest(
+                header=_push_header(worker_id=worker_id + 99), chunks=[whole]
+            ).SerializeToString(),
             Reason.UNKNOWN_WORKER,
         ),
     ]
@@ -176,7 +166,7 @@ def test_a_reply_past_the_largest_message_is_refused_before_the_push_is_applied(
         init = [ps_pb2.InitRequest(header=ps_pb2.InitHeader(worker_id=worker_id, layout_hash=layout.hash))]
         init += [ps_pb2.InitRequest(chunk=c) for c in codec.encode(torch.zeros(layout_length), chunk_bytes=32 * 1024)]
         assert stub.Init(iter(init)).applied
-        header = _header(worker_id)
+        header = _push_header(worker_id=worker_id)
         header.layout_hash = layout.hash
         request = ps_pb2.PushPullUnaryRequest(
             header=header, chunks=list(codec.encode(torch.ones(layout_length), codec.INT8_BLOCK))
