@@ -230,9 +230,6 @@ class ServerConfig:
             receive_idle_seconds=self.limits.receive_idle_seconds,
             transfer_pace=self.limits.transfer_pace,
             pull_versions=self.limits.pull_versions,
-            apply_during_reply=self.apply_during_reply,
-            build_replies_ahead=self.build_replies_ahead,
-            receive_pushes_ahead=self.receive_pushes_ahead,
             # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
             chunk_bytes=self.transport.reply_chunk_bytes,
         )
@@ -436,7 +433,6 @@ class ServerApp:
             return
         self._stopped = True
         self.drain()
-        self.shard.close()
         if self._reaper is not None:
             self._reaper.stop()
         if self.checkpointer is not None and self._running is not None:

@@ -86,25 +86,15 @@ class ReceiveBuffers:
             self._in_use += 1
             return self._free.pop() if self._free else torch.empty(self.length)
 
-    def disown(self, owner: str) -> None:
-        """``owner``'s buffer no longer counts against its share (it stays in use until ``release``)."""
-        with self._changed:
-            self._disown_locked(owner)
-
-    def _disown_locked(self, owner: str) -> None:
-        if self._owners[owner] > 0:
-            self._owners[owner] -= 1
-            if not self._owners[owner]:
-                del self._owners[owner]
-        # A share came free: wake every waiter to re-check.
-        self._changed.notify_all()
-
     def release(self, buffer: torch.Tensor, owner: str | None = None) -> None:
         with self._changed:
             if buffer.numel() != self.length:
                 raise ValueError(f"a buffer of {buffer.numel()} elements is not this pool's ({self.length})")
-            if owner is not None:
-                self._disown_locked(owner)
+            if owner is not None and self._owners[owner] > 0:
+                self._owners[owner] -= 1
+                if not self._owners[owner]:
+                    del self._owners[owner]
+            # A buffer or a share came free: wake every waiter to re-check.
             self._changed.notify_all()
             if self._extra and self._in_use + self._extra > self.limit:
                 # Temporary buffers are dropped first so the pool never keeps more than ``limit``.

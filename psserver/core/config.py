@@ -44,12 +44,3 @@ class ShardConfig:
     # pull gets the newest version already being sent instead of a newer one: the reply carries
     # that version's clock, so the worker's next push counts the extra staleness.
     pull_versions: int = 2
-    # A spannable rule's update of a PushPull is applied span by span as its reply is built
-    # (``psserver.core.span_apply``) instead of whole before the reply's first byte.
-    apply_during_reply: bool = False
-    # A version of the live parameters is serialised ahead of its reply on a thread of its own
-    # (``psserver.core.serialized_pull``), so its copies overlap the sending.
-    build_replies_ahead: bool = False
-    # A push's next chunk is received (asked of gRPC) on a thread of its own while the handler decodes
-    # the last one (``psserver.rpc.servicer``), so the two overlap.
-    receive_pushes_ahead: bool = False

@@ -4,10 +4,6 @@ The layout is adopted at the first Join (or from a checkpoint) and never changes
 parameters are installed once by Init and then changed only by ``apply``, which calls
 ``before_update`` first (the pull versions reading them are finished then). Not thread-safe on
 its own: the shard calls it under its lock.
-
-``apply`` may leave a spannable rule's update pending (``psserver.core.span_apply``):
-``params`` finishes it before handing the parameters out, and ``live_params`` gives them with the
-hook a version being sent calls before it reads a range of them.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from psserver.core.rules import PayloadKind, PushContext, Telemetry, UpdateRule
 from psserver.core.rules.options import RuleOptions
 from psserver.core.shard_state import ParameterState, StateError
 from psserver.core.snapshots import SnapshotStore
-from psserver.core.span_apply import SpanApply
 from psserver.core.workers import PushOutcome
 
 
@@ -49,8 +44,6 @@ class Model:
         self.layout: Layout | None = None
         self.rule: UpdateRule[RuleOptions] | None = None
         self._params = torch.empty(0)
-        # An update still being applied span by span (``apply``), or None.
-        self._pending: SpanApply | None = None
         self.initialized = False
         self.clock = 0
         self.applied_pushes = 0
@@ -84,28 +77,11 @@ class Model:
 
     @property
     def params(self) -> torch.Tensor:
-        """The parameters, every update applied."""
-        self.settle()
         return self._params
 
     @property
     def length(self) -> int:
         return self._params.numel()
-
-    def live_params(self) -> tuple[torch.Tensor, Callable[[int], None] | None]:
-        """The parameters as they are, and the hook that brings elements ``[0, stop)`` up to date
-        before they are read (None when no update is pending)."""
-        return self._params, None if self._pending is None else self._pending.through
-
-    def settle(self) -> None:
-        """Finish the pending update, if any (its buffer is given back)."""
-        if self._pending is not None:
-            self._pending.finish()
-            self._pending = None
-
-    def _defers(self, kind: PayloadKind) -> bool:
-        """Whether the rule can leave an update of ``kind`` pending (a spannable rule, ``apply``)."""
-        return self.rule is not None and self.rule.spannable and kind in self.rule.accepted_kinds
 
     def install(self, values: torch.Tensor) -> bool:
         """Init: take ``values`` (checked) unless the parameters were already initialised."""
@@ -122,21 +98,10 @@ class Model:
         kind: PayloadKind,
         base_clock: int,
         metadata: dict[str, float],
-        hand_over: Callable[[], Callable[[], None]] | None = None,
     ) -> tuple[PushOutcome, float]:
-        """Apply a checked update with the rule and advance the clock; the outcome and the apply's seconds.
-
-        ``hand_over`` offers ``update``'s buffer for an update its reply follows: it takes the buffer
-        from its push and returns what gives it back. Where the shard applies during the reply
-        (``apply_during_reply``) and the rule can (``_defers``), the update is then left pending, to
-        be applied span by span as its version is read (``live_params``) or at once by ``settle``,
-        and the seconds are the commit's. Otherwise it is applied at once and the buffer stays with
-        its push."""
+        """Apply a checked update with the rule and advance the clock; the outcome and the apply's seconds."""
         assert self.rule is not None
-        self.settle()
         self._before_update(self._params)
-        if not (self._config.apply_during_reply and self._defers(kind)):
-            hand_over = None  # applied at once: the buffer stays with its push
         staleness = self.clock - base_clock
         snapshots = self._snapshots
         ctx = PushContext(
@@ -149,12 +114,7 @@ class Model:
             clock=self.clock,
         )
         started = time.perf_counter()
-        if hand_over is not None:
-            # A spannable rule's telemetry depends on ctx alone: an empty span gives it.
-            telemetry: Telemetry = self.rule.apply(self._params[:0], update[:0], ctx)
-            self._pending = SpanApply(self.rule, self._params, update, ctx, hand_over())
-        else:
-            telemetry = self.rule.apply(self._params, update, ctx)
+        telemetry: Telemetry = self.rule.apply(self._params, update, ctx)
         apply_seconds = time.perf_counter() - started
         self.clock += 1
         self.applied_pushes += 1
@@ -167,7 +127,6 @@ class Model:
         return {"initialized": self.initialized, "clock": self.clock, "applied_pushes": self.applied_pushes}
 
     def rule_state(self) -> Mapping[str, torch.Tensor]:
-        self.settle()
         return self.rule.state_tensors() if self.rule else {}
 
     def load(self, saved: ParameterState | None, counters: Mapping[str, Any]) -> None:

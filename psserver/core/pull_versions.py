@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -27,9 +26,6 @@ from psserver.core.serialized_pull import PullEncoder, SerializedPull
 __all__ = ["PullEncoder", "PullResult", "PullVersions"]
 
 _CacheKey = tuple[int, int, PullEncoder | None]
-# Replies built ahead at once: a builder follows its reader's pace, so versions sent at the same
-# time (several forms, ``max_in_flight`` clocks) each get one; more are built by their readers.
-_BUILDERS = 4
 
 
 @dataclass(frozen=True, eq=False)  # identity: results are tracked while being sent
@@ -45,11 +41,8 @@ class PullResult:
 
 
 class PullVersions:
-    def __init__(self, chunk_bytes: int, max_in_flight: int, build_ahead: bool = False) -> None:
-        """``build_ahead``: versions of the live parameters are built ahead of their readers, on a
-        few threads of this shard's (``SerializedPull``)."""
+    def __init__(self, chunk_bytes: int, max_in_flight: int) -> None:
         self._chunk_bytes = chunk_bytes
-        self._builder = ThreadPoolExecutor(_BUILDERS, thread_name_prefix="reply-builder") if build_ahead else None
         self._max_in_flight = max_in_flight
         # The parameters of the latest clock in each requested form, shared by every worker pulling it.
         self._cache: dict[_CacheKey, PullResult] = {}
@@ -82,21 +75,18 @@ class PullVersions:
         wire_dtype: int,
         encoder: PullEncoder | None,
         live: bool = False,
-        before_read: Callable[[int], None] | None = None,
     ) -> PullResult:
         """``source`` in the form asked for. The in-process form's payloads are views of ``source``,
         so it must be a copy nobody changes; serialised messages may read the ``live`` parameters
-        (they keep what they built, to be frozen before an update; ``before_read(stop)`` brings
-        elements ``[0, stop)`` up to date first, while an update is applied span by span), or a
-        private source (they keep nothing: each reader's messages are built from it as it reads)."""
+        (they keep what they built, to be frozen before an update), or a private source (they keep
+        nothing: each reader's messages are built from it as it reads)."""
         total = source.numel()
         if encoder is None:
             payloads = list(codec.payloads(source, wire_dtype, self._chunk_bytes))
             data_bytes = sum(len(p.data) for p in payloads)
             return PullResult(clock, total, chunks=payloads, data_bytes=data_bytes, wire_dtype=wire_dtype)
         spans = codec.chunk_spans(total, wire_dtype, self._chunk_bytes)
-        builder = self._builder if live else None
-        messages = SerializedPull(source, clock, wire_dtype, spans, encoder, live, before_read, builder)
+        messages = SerializedPull(source, clock, wire_dtype, spans, encoder, live)
         data_bytes = total * codec.element_size(wire_dtype)
         return PullResult(
             clock, total, messages=messages, data_bytes=data_bytes, wire_dtype=wire_dtype, encoder=encoder
@@ -109,20 +99,16 @@ class PullVersions:
         encoder: PullEncoder | None,
         params: torch.Tensor,
         snapshot: torch.Tensor | None,
-        before_read: Callable[[int], None] | None = None,
     ) -> PullResult | torch.Tensor:
         """A new version of ``clock`` (lock held): made and kept now when serialised from the live
         ``params`` (its messages read them as they are sent, frozen before a change); otherwise the
         private source for the caller to ``encode`` outside the lock and then ``keep``: the
-        ``snapshot`` a rule keeps anyway, or a copy (in-process payloads are views of it).
-        ``before_read``: the live parameters' pending update (``encode``); a copy is made after it."""
+        ``snapshot`` a rule keeps anyway, or a copy (in-process payloads are views of it)."""
         if snapshot is not None:
             return snapshot
         if encoder is None:
-            if before_read is not None:
-                before_read(params.numel())
             return params.clone()
-        result = self.encode(params, clock, wire_dtype, encoder, live=True, before_read=before_read)
+        result = self.encode(params, clock, wire_dtype, encoder, live=True)
         self.keep(result, current=True)
         return result
 
@@ -143,15 +129,3 @@ class PullVersions:
 
     def clear(self) -> None:
         self._cache = {}
-
-    def close(self) -> None:
-        """Stop building replies ahead and wait for the builder threads to leave (at most the message
-        each is building): the server has stopped, and a builder waiting for a reader that is gone
-        would otherwise hold the process's exit for up to ``READER_QUIET_SECONDS``."""
-        builder, self._builder = self._builder, None
-        if builder is None:
-            return
-        for result in list(self._in_flight):
-            if isinstance(result.messages, SerializedPull):
-                result.messages.stop_building()
-        builder.shutdown(wait=True, cancel_futures=True)

@@ -35,7 +35,6 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 from psproto import codec
 from psproto.reasons import TransientLimit
@@ -134,8 +133,6 @@ class PendingPush:
     cancelled: bool = False
     # Held while a chunk is decoded into the buffer, and while the receiver takes the buffer back.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    # A PushPull: its reply carries the parameters it produced (the apply may be made as it is built).
-    replies_with_params: bool = False
 
     def add(self, chunk: codec.ChunkLike) -> None:
         """Decode one chunk into the receive buffer (taken at the first chunk); a replay ignores it."""
@@ -392,17 +389,6 @@ class PushReceiver:
             if pending.assembler is not None:
                 pending.buffers.release(pending.assembler.out, pending.worker.name)
                 pending.assembler = None
-
-    def hand_over(self, pending: PendingPush) -> Callable[[], None]:
-        """Take ``pending``'s receive buffer from it for an update applied later (``span_apply``): its
-        worker's share is free at once, the buffer stays counted in the pool until the function
-        returned gives it back."""
-        self._forget(pending)
-        with pending.lock:
-            assembler, pending.assembler = pending.assembler, None
-        assert assembler is not None
-        pending.buffers.disown(pending.worker.name)
-        return partial(pending.buffers.release, assembler.out)
 
     def discard(self, pending: PendingPush) -> None:
         """Give back a push's receive buffer; safe to call more than once, and after a commit."""

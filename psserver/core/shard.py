@@ -14,7 +14,6 @@ component owns its state and its job:
 - ``receiving.PushReceiver``: pending pushes, their buffers, ending slow pushes and streams;
 - ``pull_versions.PullVersions``: the versions handed to pulls, one per clock and form, with
   the wire encoder injected by the transport (the core never builds wire bytes);
-- ``span_apply``: an update applied as its PushPull's version is serialised (``apply_during_reply``);
 - ``shard_state``: the checkpoint form; ``refusals.Refusals``: every refusal counted and raised;
 - ``observer.Observers``: the one hook mechanism (metrics; checkpoints via ``subscribe``);
 - ``status``: what the shard reports, as immutable snapshots (``status()``).
@@ -37,7 +36,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from types import MappingProxyType
 from typing import Any, NoReturn
 
@@ -89,7 +87,7 @@ class Shard:
         self._refusals = Refusals(self.observer)
         self._membership = Membership(self._refusals, config.lease_seconds, config.max_workers)
         self._receiver = PushReceiver(self._refusals, clock_source, config)
-        self._versions = PullVersions(config.chunk_bytes, config.pull_versions, config.build_replies_ahead)
+        self._versions = PullVersions(config.chunk_bytes, config.pull_versions)
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
         refusal = consistency_refusal(config.rule.options, config.consistency.model)
         if refusal is not None:
@@ -114,7 +112,7 @@ class Shard:
     applied_pushes: Held[int] = Held("_model")
     workers: Held[dict[int, WorkerRecord]] = Held("_membership")
     evictions: Held[int] = Held("_membership")
-    params: Held[torch.Tensor] = Held("_model", lock="_lock")  # an update still pending finished first
+    params: Held[torch.Tensor] = Held("_model", lock="_lock")
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -257,10 +255,7 @@ class Shard:
                     snapshot = self._model.params.clone()
                     for dropped in self.snapshots.keep(clock, snapshot):
                         self.observer.snapshot_dropped(dropped)
-                # A serialised version may read the parameters as an update is still being applied
-                # to them span by span (the hook brings each range up to date before it is read).
-                params, before_read = self._model.live_params() if encoder is not None else (self._model.params, None)
-                made = self._versions.begin(clock, wire_dtype, encoder, params, snapshot, before_read)
+                made = self._versions.begin(clock, wire_dtype, encoder, self._model.params, snapshot)
                 result = made if isinstance(made, PullResult) else None
             if result is not None:
                 self.observer.pulled(worker, clock, result.data_bytes)
@@ -336,7 +331,6 @@ class Shard:
                 worker, push_id, base_clock, PayloadKind(kind), dict(metadata), self._model.length, previous, holder,
                 cancel, abandoned,
             )  # fmt: skip
-            pending.replies_with_params = pull_dtype is not None
             return pending
 
     # The receiving component's operations (``receiving.PushReceiver`` says what each does).
@@ -345,15 +339,6 @@ class Shard:
 
     def stalled(self, pending: PendingPush) -> ShardError | None:
         return self._receiver.stalled(pending)
-
-    def settle_apply(self) -> None:
-        """Finish an update still being applied span by span (its reply was abandoned, or shared)."""
-        with self._lock:
-            self._model.settle()
-
-    def close(self) -> None:
-        """Stop the threads building replies ahead: the transport has stopped sending them."""
-        self._versions.close()
 
     def cancel_stalled_pushes(self) -> list[PendingPush]:
         return self._receiver.cancel_stalled()
@@ -404,11 +389,7 @@ class Shard:
             return self._commit_bsp(worker, pending, update)
         self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), pending.abandoned)
         self._reservation = self._reservation.released_by(worker.worker_id)
-        # A reply follows: the model may keep the buffer until the update is applied span by span.
-        hand_over = partial(self._receiver.hand_over, pending) if pending.replies_with_params else None
-        outcome, _ = self._model.apply(
-            worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata, hand_over
-        )
+        outcome, _ = self._model.apply(worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata)
         worker.pull_hold = self._pull_holds.after_push(self._model.rule)
         self._local_steps.assign(worker, outcome, pending, self._now(), self._membership.live())
         worker.record_push(pending.push_id, outcome)

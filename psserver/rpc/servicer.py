@@ -14,7 +14,6 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from psproto import codec, metadata, wire
-from psproto.ahead import made_ahead
 from psproto.dtypes import DEFAULT_MAX_MESSAGE_BYTES
 from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.layout import Layout, LayoutError
@@ -334,25 +333,20 @@ class ParameterServerServicer:
             cancel=context.cancel,
             abandoned=_abandoned(context),
         )
-        # With receive_pushes_ahead each next chunk is asked of gRPC on a thread of its own while this one
-        # decodes the last; from the second on, so a push waiting for a receive buffer reads nothing ahead.
-        ahead = self.shard.config.receive_pushes_ahead and not received_whole
         try:
-            # Not waited for at the end: its thread only reads the call, which is ending.
-            with made_ahead(request_iterator, "push-receiver", ahead, wait=False, start_after=1) as messages:
-                try:
-                    # Chunk by chunk on this thread; the rule's apply (commit_push) keeps torch's threads.
-                    with inline_torch_ops():
-                        for message in messages:
-                            # Decoded by the pending push straight into its receive buffer.
-                            pending.add(_chunk_of(message, "Push"))
-                except grpc.RpcError:
-                    # The stream broke; if the shard cancelled it as stalled, say so (the RPC's status
-                    # and latency are then CANCELLED with a reason, not an unknown error).
-                    stalled = self.shard.stalled(pending)
-                    if stalled is not None:
-                        raise stalled from None
-                    raise
+            try:
+                # Chunk by chunk on this thread; the rule's apply (commit_push) keeps torch's threads.
+                with inline_torch_ops():
+                    for message in request_iterator:
+                        # Decoded by the pending push straight into its receive buffer.
+                        pending.add(_chunk_of(message, "Push"))
+            except grpc.RpcError:
+                # The stream broke; if the shard cancelled it as stalled, say so (the RPC's status
+                # and latency are then CANCELLED with a reason, not an unknown error).
+                stalled = self.shard.stalled(pending)
+                if stalled is not None:
+                    raise stalled from None
+                raise
             return header, self.shard.commit_push(pending)
         finally:
             # A refused chunk or a broken stream must not keep its receive buffer.
@@ -376,10 +370,6 @@ class ParameterServerServicer:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
         header, outcome = self._receive_push(request_iterator, context, then_pull=True)
         result = self._pull(context, header.worker_id, header.pull_dtype, PUSH_PULL_PARAMS)
-        # An update left to be applied as its reply is built is finished when the call ends, read or
-        # not (a reply abandoned, or one that shares an older version).
-        if self.shard.config.apply_during_reply and not context.add_callback(self.shard.settle_apply):
-            self.shard.settle_apply()
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         return _send(result, self.shard.watch_stream(header.worker_id, "PushPull", context.cancel), ack)
 
@@ -390,12 +380,8 @@ class ParameterServerServicer:
         self._refuse_unary_reply_past_limit(request)
         header, outcome = self._receive_push(iter(request), context, then_pull=True, received_whole=True)
         result = self._pull(context, header.worker_id, header.pull_dtype, PUSH_PULL_PARAMS)
-        try:
-            ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
-            return b"".join((ack, *inline_each(result.messages)))
-        finally:
-            if self.shard.config.apply_during_reply:
-                self.shard.settle_apply()
+        ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
+        return b"".join((ack, *inline_each(result.messages)))
 
     def _refuse_unary_reply_past_limit(self, request: list[PushMessage]) -> None:
         """Refuse, before anything is checked or applied, a PushPullUnary whose reply (the shard's

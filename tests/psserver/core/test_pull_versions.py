@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
-import pytest
 import torch
 
 from psproto import codec
-from psserver.core import serialized_pull
 from psserver.core.pull_versions import PullResult, PullVersions
 from psserver.core.serialized_pull import SerializedPull
 
@@ -92,25 +87,3 @@ def test_a_version_of_a_snapshot_keeps_no_messages_one_of_the_live_parameters_ke
     assert isinstance(live, PullResult) and isinstance(live.messages, SerializedPull)
     list(live.messages)
     assert live.messages.retained_bytes == len(b"1:0:[0.0, 0.0]") * 2
-
-
-def test_close_stops_a_builder_waiting_for_its_reader_at_once_and_the_reader_builds_the_rest(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(serialized_pull, "READER_QUIET_SECONDS", 30.0)
-    versions = PullVersions(chunk_bytes=8, max_in_flight=2, build_ahead=True)
-    params = torch.arange(40, dtype=torch.float32)  # 20 messages
-    live = versions.begin(0, codec.FLOAT32, ENCODER, params, None)
-    assert isinstance(live, PullResult) and isinstance(live.messages, SerializedPull)
-    reader = iter(live.messages)
-    next(reader)  # the builder runs 4 messages past the reader, then waits up to 30 s for it
-    started = time.monotonic()
-    versions.close()  # returns once the builder thread has left
-    assert time.monotonic() - started < 5
-    assert not [thread for thread in threading.enumerate() if thread.name.startswith("reply-builder")]
-    rest = [message.decode() for message in reader]
-    assert rest == [f"0:{offset}:[{offset}.0, {offset + 1}.0]" for offset in range(2, 40, 2)]
-    # A version made after the close is built by its readers.
-    later = versions.begin(1, codec.FLOAT32, ENCODER, params, None)
-    assert isinstance(later, PullResult) and len(list(later.messages)) == 20
-    versions.close()  # a second close does nothing

@@ -1,5 +1,5 @@
-"""``--receive-pushes-ahead`` over real gRPC: a refused or stalled push ends as it does without it,
-with nothing applied and its receive buffer given back, and no wait for a client that sends no more."""
+"""A Push stream over real gRPC: a refused or stalled push ends with nothing applied and its receive
+buffer given back, and with no wait for a client that sends no more; a whole push is applied as sent."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ CHUNK_BYTES = 4096
 
 
 def _shard(**changes: object) -> Shard:
-    config = ShardConfig(RuleSpec.parse("asgd", {"lr": "1.0"}), chunk_bytes=CHUNK_BYTES, receive_pushes_ahead=True)
+    config = ShardConfig(RuleSpec.parse("asgd", {"lr": "1.0"}), chunk_bytes=CHUNK_BYTES)
     return Shard(ShardConfig(**{**config.__dict__, **changes}))
 
 
@@ -80,9 +80,8 @@ def test_a_chunk_refused_mid_push_is_answered_while_its_client_holds_the_stream_
     _released(shard)
 
 
-@pytest.mark.parametrize("ahead", [True, False])
-def test_a_push_that_stops_sending_is_ended_as_stalled_with_nothing_applied(ahead: bool) -> None:
-    shard = _shard(receive_idle_seconds=0.2, receive_pushes_ahead=ahead)
+def test_a_push_that_stops_sending_is_ended_as_stalled_with_nothing_applied() -> None:
+    shard = _shard(receive_idle_seconds=0.2)
     hold = threading.Event()
     try:
         with serving(shard) as address, grpc.insecure_channel(address) as channel:
@@ -102,7 +101,7 @@ def test_a_push_that_stops_sending_is_ended_as_stalled_with_nothing_applied(ahea
     _released(shard)
 
 
-def test_a_whole_push_received_ahead_is_applied_as_sent() -> None:
+def test_a_whole_push_of_many_chunks_is_applied_as_sent() -> None:
     shard = _shard()
     hold = threading.Event()
     hold.set()
