@@ -1,8 +1,8 @@
 """InProcessService: the :class:`~psworker.service.ParameterService` over a server core shard in this process.
 
 Joins, uploads, pulls and pushes go through the shard's own API (``join``; ``begin_upload``,
-``decode_chunk``, ``finish_upload``; ``pull``; ``begin_push``, chunks from
-:func:`psproto.codec.encode`, ``commit_push``), so validation, consistency and rule
+``decode_chunk``, ``finish_upload``; ``pull``; ``push`` with chunks from :func:`psproto.codec.encode`,
+the same entry every RPC form of the server calls), so validation, consistency and rule
 application are the server's. No network and no threads: the simulator runs its workers
 through it in virtual time, and tests run the real worker procedures against a real shard.
 
@@ -23,7 +23,7 @@ import torch
 from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
-from psserver.core.shard import Shard
+from psserver.core.shard import PushHeader, Shard
 from psworker.push_encoding import PushEncoder
 from psworker.service import PushResult
 
@@ -102,20 +102,15 @@ class InProcessService:
         pull_into: torch.Tensor | None = None,
     ) -> list[PushResult]:
         self._push_ids += 1
-        pending = self.shard.begin_push(
+        header = PushHeader(
             self.worker_id, self._push_ids, self.clock, int(kind), self.layout.hash, dict(metadata or {})
         )
-        try:
-            chunks: Iterable[codec.ChunkLike] = (
-                codec.encode(flat, chunk_bytes=self._chunk_bytes)
-                if self._push_encoder is None
-                else self._push_encoder.chunks(0, flat)
-            )
-            for chunk in chunks:
-                self.shard.add_chunk(pending, chunk)
-            outcome = self.shard.commit_push(pending)
-        finally:
-            self.shard.discard_push(pending)
+        chunks: Iterable[codec.ChunkLike] = (
+            codec.encode(flat, chunk_bytes=self._chunk_bytes)
+            if self._push_encoder is None
+            else self._push_encoder.chunks(0, flat)
+        )
+        outcome = self.shard.push(header, chunks)
         if pull_into is not None:
             self.pull(pull_into)
         return [PushResult.of(outcome)]

@@ -1,11 +1,12 @@
 """Receiving pushes: the pending push, its receive buffer, decoding, and ending pushes that hold
 shared resources too long.
 
-``PushReceiver.open`` hands out a ``PendingPush`` for a header the shard validated; the
-transport feeds it the chunks (``PendingPush.add``), each decoded by psproto.codec straight
-into the push's receive buffer, taken from a bounded pool at the first chunk (one per worker
-at a time). The push is then committed by the shard (``Shard.commit_push``) or discarded,
-which gives the buffer back.
+A push's header reaches the core as a ``PushHeader`` (plain data: the transport parsed it).
+``PushReceiver.open`` hands out a ``PendingPush`` for a header the shard validated; the shard
+(``Shard.push``) feeds it the chunks (``PendingPush.add``), each decoded by psproto.codec
+straight into the push's receive buffer, taken from a bounded pool at the first chunk (one per
+worker at a time). The push is then committed by the shard or discarded, which gives the
+buffer back.
 
 The receiver watches every open push until its stream ends (``cancel_stalled``, called by the
 server's reaper), and ends one that holds the shard's resources longer than an honest client
@@ -33,7 +34,7 @@ import enum
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from psproto import codec
@@ -92,6 +93,21 @@ def check_complete(assembler: codec.Assembler, refusals: Refusals, worker: Worke
     if not assembler.all_finite():
         bad = assembler.count_non_finite()
         refusals.refuse(ErrorKind.NON_FINITE, f"{bad} element(s) are NaN or Inf; nothing was applied", worker)
+
+
+@dataclass(frozen=True)
+class PushHeader:
+    """What a push says before its chunks, as the transport parsed it."""
+
+    worker_id: int
+    push_id: int
+    # The clock of the parameters the update was computed on (its staleness is the shard's clock minus it).
+    base_clock: int
+    kind: int = int(PayloadKind.GRADIENT)
+    layout_hash: str = ""
+    metadata: Mapping[str, float] = field(default_factory=dict)
+    # A PushPull's: the wire dtype of the parameters sent back after it (None: a plain push).
+    pull_dtype: int | None = None
 
 
 @dataclass(eq=False)  # identity: the receiver tracks the pushes it watches
@@ -183,10 +199,7 @@ class PushReceiver:
     def open(
         self,
         worker: WorkerRecord,
-        push_id: int,
-        base_clock: int,
-        kind: PayloadKind,
-        metadata: dict[str, float],
+        header: PushHeader,
         length: int,
         replay: PushOutcome | None,
         bypass_buffer_limit: bool,
@@ -199,18 +212,9 @@ class PushReceiver:
         if self.buffers.length != length:
             self.buffers = ReceiveBuffers(length, self._limit)
         pending = PendingPush(
-            worker,
-            push_id,
-            base_clock,
-            kind,
-            metadata,
-            self,
-            self.buffers,
-            replay,
-            bypass_buffer_limit,
-            cancel,
-            abandoned,
-        )
+            worker, header.push_id, header.base_clock, PayloadKind(header.kind), dict(header.metadata), self,
+            self.buffers, replay, bypass_buffer_limit, cancel, abandoned,
+        )  # fmt: skip
         now = pending.last_chunk_at = pending.opened_at = self.now()
         with self._lock:
             back_at = self._sitting_out.get(worker.name, now)

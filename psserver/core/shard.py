@@ -24,24 +24,27 @@ under the lock. Waiting (SSP's bound, BSP's barrier, a GEM reservation) happens 
 condition (``waiting.Waiting``): waiters re-check leases so an evicted worker never stalls them,
 and end within a slice once the transport says their client gave up (``abandoned``).
 
-A gradient's path through the server, in order: ``rpc.servicer`` parses each chunk message
-(psproto.wire) and hands it to the ``receiving.PendingPush`` that ``Shard.begin_push`` returned;
-``PendingPush.add`` decodes it with ``psproto.codec`` straight into its receive buffer; at the
-stream's end the servicer calls ``Shard.commit_push``, which checks the buffer, admits the
-push and calls ``model.Model.apply``, which calls the rule's ``apply`` on the parameters.
+A push enters through one call, ``Shard.push``, which owns it to the end and returns its
+outcome; every RPC form (psserver.rpc.servicer) and the in-process service (pstools.inprocess)
+are thin adapters over it. A gradient's path through the server, in order: ``rpc.servicer``
+parses the header into a ``receiving.PushHeader`` and each chunk message with psproto.wire, and
+hands both to ``Shard.push``; the ``receiving.PendingPush`` it opens decodes each chunk with
+``psproto.codec`` straight into its receive buffer; at the stream's end the shard checks the
+buffer, admits the push and calls ``model.Model.apply``, which calls the rule's ``apply``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NoReturn
 
 import torch
 
 from psproto import codec
+from psproto.inline_ops import inline_torch_ops
 from psproto.layout import Layout
 from psserver.core import admission, shard_state
 from psserver.core import request_checks as checks
@@ -56,9 +59,9 @@ from psserver.core.model import Model
 from psserver.core.observer import NullObserver, Observers, ShardObserver
 from psserver.core.pull_hold import PullHold, PullHolds, consistency_refusal
 from psserver.core.pull_versions import PullEncoder, PullResult, PullVersions
-from psserver.core.receiving import PendingPush, PushReceiver, check_complete, decode_into
+from psserver.core.receiving import PendingPush, PushHeader, PushReceiver, check_complete, decode_into
 from psserver.core.refusals import Refusals
-from psserver.core.rules import PayloadKind, UpdateRule
+from psserver.core.rules import UpdateRule
 from psserver.core.rules.options import RuleOptions
 from psserver.core.shard_state import StateError
 from psserver.core.snapshots import SnapshotStore
@@ -67,7 +70,7 @@ from psserver.core.stream_watch import WatchedStream
 from psserver.core.waiting import Abandoned, Waiting
 from psserver.core.workers import PushOutcome, WorkerRecord
 
-__all__ = ["JoinResult", "PendingPush", "PullResult", "Shard", "ShardConfig", "StateError"]
+__all__ = ["JoinResult", "PendingPush", "PullResult", "PushHeader", "Shard", "ShardConfig", "StateError"]
 
 
 class Shard:
@@ -294,57 +297,75 @@ class Shard:
 
     # -- pushes -------------------------------------------------------------------------
 
-    def begin_push(
+    def push(
         self,
-        worker_id: int,
-        push_id: int,
-        base_clock: int,
-        kind: int,
-        layout_hash: str,
-        metadata: Mapping[str, float],
-        pull_dtype: int | None = None,
+        header: PushHeader,
+        chunks: Iterable[codec.ChunkLike],
         cancel: Callable[[], object] | None = None,
         abandoned: Abandoned | None = None,
-    ) -> PendingPush:
-        """Validate a push header; the pending push returned takes the chunks (``PendingPush.add``).
-        A retried push id comes back with ``replay`` set. The transport's ``cancel`` ends its stream
-        (a stalled push); ``abandoned`` says its client gave up (ends its waits, ``commit_push``).
+    ) -> PushOutcome:
+        """Take one push whole, and return its outcome: the only way a push enters the shard.
 
-        ``pull_dtype``: the wire dtype of the parameters to send back after the push (PushPull),
-        checked now so a push is never applied and then answered with an error."""
-        if pull_dtype is not None:
-            self._refuse_if(checks.dtype_refusal(pull_dtype))
-        self._refuse_if(checks.metadata_refusal(metadata))
+        The header is checked before anything is received (a PushPull's ``pull_dtype`` too, so a
+        push is never applied and then answered with an error); a retried push id is answered with
+        its first outcome, once its chunks are read; otherwise the chunks are decoded into a receive
+        buffer, checked whole (coverage, finiteness), admitted (SSP/BSP, a GEM reservation) and
+        applied by the rule. The buffer is given back however the push ends.
+
+        ``chunks`` is the transport's stream, read on the caller's thread: an error it raises while
+        a limit has ended the push (its stream was cancelled as stalled) becomes that refusal
+        (PUSH_STALLED). The transport's ``cancel`` ends its stream (an idle push); ``abandoned``
+        says its client gave up, which ends its waits (``waiting`` keeps it exactly once)."""
+        pending = self._open_push(header, cancel, abandoned)
+        try:
+            self._receive(pending, chunks)
+            return self._commit(pending)
+        finally:
+            # A refused chunk, a broken stream or a refused commit must not keep its receive buffer.
+            self._receiver.discard(pending)
+
+    def _open_push(
+        self, header: PushHeader, cancel: Callable[[], object] | None, abandoned: Abandoned | None
+    ) -> PendingPush:
+        """Check a push's header; the pending push that takes its chunks (``replay`` set for a retried id)."""
+        if header.pull_dtype is not None:
+            self._refuse_if(checks.dtype_refusal(header.pull_dtype))
+        self._refuse_if(checks.metadata_refusal(header.metadata))
         with self._lock:
-            worker = self._membership.get(worker_id)
+            worker = self._membership.get(header.worker_id)
             model = self._model
             assert model.layout is not None and model.rule is not None
             refusal = checks.push_refusal(
-                worker.observer, layout_hash, model.layout, model.initialized, kind, model.rule, base_clock, model.clock
-            )
+                worker.observer, header.layout_hash, model.layout, model.initialized, header.kind, model.rule,
+                header.base_clock, model.clock,
+            )  # fmt: skip
             self._refuse_if(refusal, worker)
             worker.last_seen = self._now()
             # The holder of a GEM reservation never queues for a buffer behind pushes waiting for it.
-            holder = self._reservation.holder_at(self._now()) == worker_id
-            previous = worker.previous_outcome(push_id)
-            pending = self._receiver.open(
-                worker, push_id, base_clock, PayloadKind(kind), dict(metadata), self._model.length, previous, holder,
-                cancel, abandoned,
-            )  # fmt: skip
-            return pending
+            holder = self._reservation.holder_at(self._now()) == worker.worker_id
+            previous = worker.previous_outcome(header.push_id)
+            return self._receiver.open(worker, header, self._model.length, previous, holder, cancel, abandoned)
 
-    # The receiving component's operations (``receiving.PushReceiver`` says what each does).
-    def add_chunk(self, pending: PendingPush, chunk: codec.ChunkLike) -> None:
-        pending.add(chunk)
-
-    def stalled(self, pending: PendingPush) -> ShardError | None:
-        return self._receiver.stalled(pending)
+    def _receive(self, pending: PendingPush, chunks: Iterable[codec.ChunkLike]) -> None:
+        """Decode every chunk into ``pending``'s receive buffer, chunk by chunk on this thread (the
+        rule's apply, later, keeps torch's threads)."""
+        try:
+            with inline_torch_ops():
+                for chunk in chunks:
+                    pending.add(chunk)
+        except ShardError:
+            raise
+        except Exception:
+            # The transport's stream broke. A limit that ended the push cancelled it: say so (the
+            # call then ends CANCELLED with its reason, not with an unknown error).
+            stalled = self._receiver.stalled(pending)
+            if stalled is not None:
+                raise stalled from None
+            raise
 
     def cancel_stalled_pushes(self) -> list[PendingPush]:
+        """End the pushes and streams past a limit (the server's reaper calls it; ``receiving``)."""
         return self._receiver.cancel_stalled()
-
-    def discard_push(self, pending: PendingPush) -> None:
-        self._receiver.discard(pending)
 
     def watch_stream(self, worker_id: int, rpc: str, cancel: Callable[[], object]) -> WatchedStream:
         """Watch an Init upload or pull reply of a joined worker for the push limits (``stream_watch``)."""
@@ -356,25 +377,20 @@ class Shard:
         """Count a refused request (Status and metrics), also ones refused before the shard (auth)."""
         self._refusals.count(reason, worker)
 
-    def commit_push(self, pending: PendingPush) -> PushOutcome:
-        """Apply a validated push with the rule, or replay the outcome of a retried one. Its
-        client giving up while it waits keeps it exactly once (``waiting`` says how)."""
+    def _commit(self, pending: PendingPush) -> PushOutcome:
+        """Apply a received push with the rule, or replay the outcome of a retried one."""
         with self._lock:
             self.observer.bytes_received(pending.worker, pending.bytes_received)
-        if pending.replay is not None:
-            with self._lock:
+            if pending.replay is not None:
                 return self._replay_locked(pending.worker, pending.replay)
-        try:
-            # The stream ended: no longer watched; a push a limit ended first is never applied.
-            stalled = self._receiver.stalled(pending)
-            if stalled is not None:
-                raise stalled
-            assembler = pending.decoder()
-            check_complete(assembler, self._refusals, pending.worker)
-            with self._lock:
-                return self._commit_locked(pending, assembler.out)
-        finally:
-            self._receiver.discard(pending)
+        # The stream ended: no longer watched; a push a limit ended first is never applied.
+        stalled = self._receiver.stalled(pending)
+        if stalled is not None:
+            raise stalled
+        assembler = pending.decoder()
+        check_complete(assembler, self._refusals, pending.worker)
+        with self._lock:
+            return self._commit_locked(pending, assembler.out)
 
     def _commit_locked(self, pending: PendingPush, update: torch.Tensor) -> PushOutcome:
         worker = self._membership.get(pending.worker.worker_id)

@@ -23,7 +23,7 @@ from psserver.core.checkpoint import Checkpointer, CheckpointError
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.pull_versions import PullEncoder
 from psserver.core.rules import PayloadKind, RuleSpec
-from psserver.core.shard import PendingPush, PullResult, Shard
+from psserver.core.shard import PullResult, PushHeader, Shard
 from psserver.core.status import WorkerView
 from psserver.core.stream_watch import WatchedStream
 from psserver.core.workers import PushOutcome
@@ -142,6 +142,22 @@ def _rule_info(spec: RuleSpec, procedure_options: Mapping[str, str]) -> ps_pb2.R
         worker_procedure=spec.rule.worker_procedure,
         procedure_options=procedure_options,
         accepted_kinds=[ps_pb2.PayloadKind.ValueType(kind) for kind in sorted(spec.rule.accepted_kinds)],
+    )
+
+
+def _push_header(first: PushMessage | None, then_pull: bool) -> PushHeader:
+    """A Push stream's first message as the core's header (a kind left out is a gradient)."""
+    if not isinstance(first, ps_pb2.PushRequest) or first.WhichOneof("body") != "header":
+        raise ShardError(ErrorKind.BAD_REQUEST, "a Push stream must start with a PushHeader")
+    header = first.header
+    return PushHeader(
+        header.worker_id,
+        header.push_id,
+        header.base_clock,
+        header.kind or int(PayloadKind.GRADIENT),
+        header.layout_hash,
+        dict(header.metadata),
+        header.pull_dtype if then_pull else None,
     )
 
 
@@ -310,57 +326,24 @@ class ParameterServerServicer:
         context.set_trailing_metadata(((metadata.SHARD_CLOCK, str(self.shard.clock)),))
         return result
 
-    def _receive_push(
-        self,
-        request_iterator: Iterator[PushMessage],
-        context: grpc.ServicerContext,
-        then_pull: bool,
-        received_whole: bool = False,
-    ) -> tuple[ps_pb2.PushHeader, PushOutcome]:
-        """``received_whole``: the messages are a unary call's, all in memory (nothing to read ahead)."""
-        first = next(request_iterator, None)
-        if not isinstance(first, ps_pb2.PushRequest) or first.WhichOneof("body") != "header":
-            raise ShardError(ErrorKind.BAD_REQUEST, "a Push stream must start with a PushHeader")
-        header = first.header
-        pending: PendingPush = self.shard.begin_push(
-            header.worker_id,
-            header.push_id,
-            header.base_clock,
-            header.kind or int(PayloadKind.GRADIENT),
-            header.layout_hash,
-            dict(header.metadata),
-            pull_dtype=header.pull_dtype if then_pull else None,
-            cancel=context.cancel,
-            abandoned=_abandoned(context),
-        )
-        try:
-            try:
-                # Chunk by chunk on this thread; the rule's apply (commit_push) keeps torch's threads.
-                with inline_torch_ops():
-                    for message in request_iterator:
-                        # Decoded by the pending push straight into its receive buffer.
-                        pending.add(_chunk_of(message, "Push"))
-            except grpc.RpcError:
-                # The stream broke; if the shard cancelled it as stalled, say so (the RPC's status
-                # and latency are then CANCELLED with a reason, not an unknown error).
-                stalled = self.shard.stalled(pending)
-                if stalled is not None:
-                    raise stalled from None
-                raise
-            return header, self.shard.commit_push(pending)
-        finally:
-            # A refused chunk or a broken stream must not keep its receive buffer.
-            self.shard.discard_push(pending)
+    def _push(
+        self, messages: Iterator[PushMessage], context: grpc.ServicerContext, then_pull: bool
+    ) -> tuple[PushHeader, PushOutcome]:
+        """Every push form's way into the shard (``Shard.push``): the header as plain data, then the
+        chunks as they arrive (a stream's) or as they lie in memory (a one-message call's)."""
+        header = _push_header(next(messages, None), then_pull)
+        chunks = (_chunk_of(message, "Push") for message in messages)
+        return header, self.shard.push(header, chunks, context.cancel, _abandoned(context))
 
     @_translate_errors
     def Push(self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
-        _, outcome = self._receive_push(request_iterator, context, then_pull=False)
+        _, outcome = self._push(request_iterator, context, then_pull=False)
         return _push_response(outcome)
 
     @_translate_errors
     def PushUnary(self, request: list[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
         """Push in one message: the request's header and chunks are the Push stream's messages."""
-        _, outcome = self._receive_push(iter(request), context, then_pull=False, received_whole=True)
+        _, outcome = self._push(iter(request), context, then_pull=False)
         return _push_response(outcome)
 
     @_translate_errors
@@ -368,8 +351,8 @@ class ParameterServerServicer:
         self, request_iterator: Iterator[ps_pb2.PushRequest], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
-        header, outcome = self._receive_push(request_iterator, context, then_pull=True)
-        result = self._pull(context, header.worker_id, header.pull_dtype, PUSH_PULL_PARAMS)
+        header, outcome = self._push(request_iterator, context, then_pull=True)
+        result = self._pull(context, header.worker_id, header.pull_dtype or codec.FLOAT32, PUSH_PULL_PARAMS)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         return _send(result, self.shard.watch_stream(header.worker_id, "PushPull", context.cancel), ack)
 
@@ -378,8 +361,8 @@ class ParameterServerServicer:
         """PushPull in one message each way: returns a serialised PushPullUnaryResponse (registered with an
         identity serializer), the bytes of PushPull's reply messages one after another."""
         self._refuse_unary_reply_past_limit(request)
-        header, outcome = self._receive_push(iter(request), context, then_pull=True, received_whole=True)
-        result = self._pull(context, header.worker_id, header.pull_dtype, PUSH_PULL_PARAMS)
+        header, outcome = self._push(iter(request), context, then_pull=True)
+        result = self._pull(context, header.worker_id, header.pull_dtype or codec.FLOAT32, PUSH_PULL_PARAMS)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         return b"".join((ack, *inline_each(result.messages)))
 

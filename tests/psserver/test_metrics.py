@@ -19,7 +19,7 @@ from psproto.layout import Layout
 from psserver.cli import main
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PushHeader, Shard, ShardConfig
 from psserver.core.workers import PushOutcome, WorkerRecord
 from psserver.metrics import STALENESS_BUCKETS, ShardMetrics, serve_metrics
 
@@ -62,10 +62,10 @@ def shard(metrics: ShardMetrics, time_source: FakeTime) -> Shard:
 
 def push(shard: Shard, worker_id: int, push_id: int, base_clock: int) -> PushOutcome:
     assert shard.layout is not None
-    pending = shard.begin_push(worker_id, push_id, base_clock, GRADIENT, shard.layout.hash, {})
-    for chunk in codec.encode(torch.ones(shard.params.numel())):
-        shard.add_chunk(pending, chunk)
-    return shard.commit_push(pending)
+    return shard.push(
+        PushHeader(worker_id, push_id, base_clock, GRADIENT, shard.layout.hash, {}),
+        codec.encode(torch.ones(shard.params.numel())),
+    )
 
 
 def value(metrics: ShardMetrics, name: str, **labels: str) -> float | None:
@@ -136,10 +136,10 @@ def test_dylus_assigned_local_steps_per_worker_and_dns_momentum_updates(
     for push_id, (worker_id, at) in enumerate([(fast, 0.0), (slow, 0.0), (fast, 4.0), (slow, 16.0)], start=1):
         time_source.now = start + at
         shard.pull(worker_id, 0)
-        pending = shard.begin_push(worker_id, push_id, shard.clock, int(PayloadKind.DELTA), LAYOUT.hash, {})
-        for chunk in codec.encode(torch.full((shard.params.numel(),), 0.01)):
-            shard.add_chunk(pending, chunk)
-        shard.commit_push(pending)
+        shard.push(
+            PushHeader(worker_id, push_id, shard.clock, int(PayloadKind.DELTA), LAYOUT.hash, {}),
+            codec.encode(torch.full((shard.params.numel(),), 0.01)),
+        )
     assert value(metrics, "hetps_worker_local_steps", worker="fast") == 8
     assert value(metrics, "hetps_worker_local_steps", worker="slow") == 2  # floor(0.5 / 2 × 8)
     assert value(metrics, "hetps_momentum_steps_total") == 2  # pushes 2 and 4 closed a period of 2

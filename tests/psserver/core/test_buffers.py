@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from psserver.core.buffers import BufferWaitTimeoutError, ReceiveBuffers
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PushHeader, Shard, ShardConfig
 
 LAYOUT = Layout.from_named_shapes([("w", (4, 4))])
 WAIT_S = 10.0
@@ -99,13 +100,8 @@ def _join(shard: Shard, count: int) -> list[int]:
 
 
 def _push(shard: Shard, worker_id: int, push_id: int, value: float) -> None:
-    pending = shard.begin_push(worker_id, push_id, shard.clock, int(PayloadKind.GRADIENT), LAYOUT.hash, {})
-    try:
-        for chunk in codec.encode(torch.full((16,), value)):
-            shard.add_chunk(pending, chunk)
-        shard.commit_push(pending)
-    finally:
-        shard.discard_push(pending)
+    header = PushHeader(worker_id, push_id, shard.clock, int(PayloadKind.GRADIENT), LAYOUT.hash, {})
+    shard.push(header, codec.encode(torch.full((16,), value)))
 
 
 def test_a_bsp_round_larger_than_the_buffer_pool_completes() -> None:
@@ -132,11 +128,9 @@ def test_a_bsp_round_larger_than_the_buffer_pool_completes() -> None:
 def test_a_refused_push_gives_its_buffer_back() -> None:
     shard = _shard(receive_buffers=1, wait_s=0.1)
     (worker,) = _join(shard, 1)
-    pending = shard.begin_push(worker, 1, 0, int(PayloadKind.GRADIENT), LAYOUT.hash, {})
+    nan = ps_pb2.Chunk(offset=0, dtype=ps_pb2.DTYPE_FLOAT32, data=b"\0\0\xc0\x7f" * 16)
     with pytest.raises(ShardError) as caught:
-        shard.add_chunk(pending, ps_pb2.Chunk(offset=0, dtype=ps_pb2.DTYPE_FLOAT32, data=b"\0\0\xc0\x7f" * 16))
-        shard.commit_push(pending)
-    shard.discard_push(pending)
+        shard.push(PushHeader(worker, 1, 0, int(PayloadKind.GRADIENT), LAYOUT.hash, {}), [nan])
     assert caught.value.kind is ErrorKind.NON_FINITE
     _push(shard, worker, 2, 1.0)  # would wait out receive_wait_seconds if the buffer were still held
     assert shard.clock == 1
@@ -145,11 +139,20 @@ def test_a_refused_push_gives_its_buffer_back() -> None:
 def test_a_push_that_finds_no_free_buffer_in_time_is_refused() -> None:
     shard = _shard(receive_buffers=1, wait_s=0.05)
     first, second = _join(shard, 2)
-    holding = shard.begin_push(first, 1, 0, int(PayloadKind.GRADIENT), LAYOUT.hash, {})
-    shard.add_chunk(holding, next(codec.encode(torch.ones(16))))
-    waiting = shard.begin_push(second, 1, 0, int(PayloadKind.GRADIENT), LAYOUT.hash, {})
+    holds, release = threading.Event(), threading.Event()
+
+    def holding_stream() -> Iterator[codec.ChunkLike]:
+        yield from codec.encode(torch.ones(16))
+        holds.set()  # its only chunk is in the pool's one buffer
+        release.wait(WAIT_S)
+
+    header = PushHeader(first, 1, 0, int(PayloadKind.GRADIENT), LAYOUT.hash, {})
+    holding = threading.Thread(target=shard.push, args=(header, holding_stream()))
+    holding.start()
+    assert holds.wait(WAIT_S)
     with pytest.raises(ShardError) as caught:
-        shard.add_chunk(waiting, next(codec.encode(torch.ones(16))))
+        shard.push(PushHeader(second, 1, 0, int(PayloadKind.GRADIENT), LAYOUT.hash, {}), codec.encode(torch.ones(16)))
     assert caught.value.kind is ErrorKind.LIMIT_REACHED and "--receive-buffers" in caught.value.message
-    shard.commit_push(holding)
+    release.set()
+    holding.join(WAIT_S)
     torch.testing.assert_close(shard.params, torch.full((16,), -1.0))

@@ -15,7 +15,7 @@ from psproto.layout import Layout
 from psserver.core import checkpoint, checkpoint_file
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
-from psserver.core.shard import Shard, ShardConfig, StateError
+from psserver.core.shard import PushHeader, Shard, ShardConfig, StateError
 from psserver.core.workers import PushOutcome
 
 LAYOUT = Layout.from_named_shapes([("w", (2, 3)), ("b", (2,))])
@@ -27,10 +27,7 @@ def make_shard(rule: str = "momentum", **config: object) -> Shard:
 
 
 def push(shard: Shard, worker_id: int, push_id: int, base_clock: int, values: torch.Tensor) -> PushOutcome:
-    pending = shard.begin_push(worker_id, push_id, base_clock, GRADIENT, LAYOUT.hash, {})
-    for chunk in codec.encode(values):
-        shard.add_chunk(pending, chunk)
-    return shard.commit_push(pending)
+    return shard.push(PushHeader(worker_id, push_id, base_clock, GRADIENT, LAYOUT.hash, {}), codec.encode(values))
 
 
 def trained_shard() -> Shard:

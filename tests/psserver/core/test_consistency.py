@@ -14,7 +14,7 @@ from psproto.v1 import ps_pb2
 from psserver.core.consistency import Consistency, ConsistencyModel, bsp_round_complete, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PushHeader, Shard, ShardConfig
 from psserver.core.workers import PushOutcome
 
 LAYOUT = Layout.from_named_shapes([("w", (4,))])
@@ -52,10 +52,9 @@ def push(shard: Shard, worker_id: int, push_id: int, values: list[float]) -> Pus
     base = shard.workers[worker_id].pulled_clock
     assert shard.rule is not None
     kind = min(shard.rule.accepted_kinds)  # GRADIENT for asgd, DELTA for gem
-    pending = shard.begin_push(worker_id, push_id, max(base, 0), int(kind), LAYOUT.hash, {})
-    for chunk in codec.encode(torch.tensor(values)):
-        shard.add_chunk(pending, chunk)
-    return shard.commit_push(pending)
+    return shard.push(
+        PushHeader(worker_id, push_id, max(base, 0), int(kind), LAYOUT.hash, {}), codec.encode(torch.tensor(values))
+    )
 
 
 def in_thread(target: object, *args: object) -> tuple[threading.Thread, list[object]]:
@@ -279,10 +278,10 @@ def test_bsp_with_atomic_gem_releases_each_reservation_when_its_holder_pushes() 
     init(shard, a)
 
     def delta_push(worker_id: int, push_id: int, values: list[float]) -> PushOutcome:
-        pending = shard.begin_push(worker_id, push_id, 0, int(PayloadKind.DELTA), LAYOUT.hash, {})
-        for chunk in codec.encode(torch.tensor(values)):
-            shard.add_chunk(pending, chunk)
-        return shard.commit_push(pending)
+        return shard.push(
+            PushHeader(worker_id, push_id, 0, int(PayloadKind.DELTA), LAYOUT.hash, {}),
+            codec.encode(torch.tensor(values)),
+        )
 
     shard.pull(a, FP32, reserve=True)
     pushed, pushed_results = in_thread(delta_push, a, 1, [2.0, 0.0, 0.0, 0.0])

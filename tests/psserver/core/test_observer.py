@@ -11,7 +11,7 @@ from psproto import codec
 from psproto.layout import Layout
 from psserver.core.observer import NullObserver, Observers
 from psserver.core.rules import PayloadKind, RuleSpec
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PushHeader, Shard, ShardConfig
 from psserver.core.workers import WorkerRecord
 
 LAYOUT = Layout.from_named_shapes([("w", (4,))])
@@ -49,10 +49,7 @@ def test_a_subscriber_gets_the_state_of_each_committed_update_with_its_push_id()
     for chunk in codec.encode(torch.zeros(4)):
         shard.decode_chunk(assembler, chunk)
     shard.finish_upload(assembler)
-    pending = shard.begin_push(worker, 7, 0, int(PayloadKind.GRADIENT), LAYOUT.hash, {})
-    for chunk in codec.encode(torch.ones(4)):
-        pending.add(chunk)
-    shard.commit_push(pending)
+    shard.push(PushHeader(worker, 7, 0, int(PayloadKind.GRADIENT), LAYOUT.hash, {}), codec.encode(torch.ones(4)))
     unsubscribe()
     assert recorder.events == ["joined a", "committed 1"]
     (state,) = recorder.states

@@ -19,11 +19,12 @@ from psserver.core.receiving import (
     SIT_OUT_GRACES,
     Limit,
     PendingPush,
+    PushHeader,
     PushReceiver,
     check_complete,
 )
 from psserver.core.refusals import Refusals
-from psserver.core.rules import PayloadKind, RuleSpec
+from psserver.core.rules import RuleSpec
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 # 1000 elements: a 4000-byte fp32 push.
@@ -56,7 +57,7 @@ def open_push(
 ) -> PendingPush:
     worker = WorkerRecord(ord(name[0]), name, "cpu", False)
     on_cancel = cancel if callable(cancel) else None
-    return push_receiver.open(worker, 1, 0, PayloadKind.GRADIENT, {}, LENGTH, replay, holder, on_cancel)
+    return push_receiver.open(worker, PushHeader(worker.worker_id, 1, 0), LENGTH, replay, holder, on_cancel)
 
 
 def chunks(chunk_bytes: int) -> list[codec.ChunkPayload]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pytest
 import torch
@@ -15,7 +15,7 @@ from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.pace import TransferPace
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.serialized_pull import SerializedPull
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PendingPush, PushHeader, Shard, ShardConfig
 from psserver.core.workers import PushOutcome
 from psserver.rpc.pull_encoding import PULL_RESPONSE, PUSH_PULL_PARAMS
 
@@ -46,10 +46,10 @@ def push(
     layout_hash: str = LAYOUT.hash,
     chunks: Iterable[ps_pb2.Chunk] | None = None,
 ) -> PushOutcome:
-    pending = shard.begin_push(worker_id, push_id, base_clock, kind, layout_hash, {})
-    for chunk in chunks if chunks is not None else codec.encode(values, chunk_bytes=12):
-        shard.add_chunk(pending, chunk)
-    return shard.commit_push(pending)
+    return shard.push(
+        PushHeader(worker_id, push_id, base_clock, kind, layout_hash, {}),
+        chunks if chunks is not None else codec.encode(values, chunk_bytes=12),
+    )
 
 
 @pytest.fixture
@@ -341,19 +341,41 @@ def test_a_push_holding_its_buffer_without_sending_is_cancelled_once_idle_too_lo
     worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     upload(shard, worker, torch.zeros(8))
     cancelled: list[int] = []
-    pending = shard.begin_push(worker, 1, 0, GRADIENT, LAYOUT.hash, {}, cancel=lambda: cancelled.append(1))
+    ended: list[PendingPush] = []
     chunks = list(codec.encode(torch.ones(8), chunk_bytes=12))
-    shard.add_chunk(pending, chunks[0])
-    clock.now += 4.0
-    shard.add_chunk(pending, chunks[1])  # each chunk restarts the idle time
-    clock.now += 4.0
-    assert shard.cancel_stalled_pushes() == [] and cancelled == []
-    clock.now += 2.0
-    assert shard.cancel_stalled_pushes() == [pending] and cancelled == [1]
-    assert shard.rejected == {"push_stalled": 1}
-    assert shard.cancel_stalled_pushes() == []  # cancelled once
-    shard.discard_push(pending)  # what the handler does when its stream ends
-    assert pending.buffers is not None and pending.buffers.in_use == 0
+
+    def stream() -> Iterator[codec.ChunkLike]:
+        yield chunks[0]
+        clock.now += 4.0
+        yield chunks[1]  # each chunk restarts the idle time
+        clock.now += 4.0
+        assert shard.cancel_stalled_pushes() == [] and cancelled == []
+        clock.now += 2.0
+        ended.extend(shard.cancel_stalled_pushes())
+        assert len(ended) == 1 and cancelled == [1]
+        assert shard.rejected == {"push_stalled": 1}
+        assert shard.cancel_stalled_pushes() == []  # cancelled once
+        raise ConnectionError("cancelled")  # what the transport's stream raises once cancelled
+
+    with pytest.raises(ShardError, match="sent nothing for 5 s") as refused:
+        shard.push(PushHeader(worker, 1, 0, GRADIENT, LAYOUT.hash, {}), stream(), cancel=lambda: cancelled.append(1))
+    assert refused.value.kind is ErrorKind.PUSH_STALLED and refused.value.counted
+    assert ended[0].buffers.in_use == 0 and shard.clock == 0
+
+
+def test_a_stream_that_breaks_mid_push_applies_nothing_and_gives_its_buffer_back() -> None:
+    shard = make_shard()
+    worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
+    upload(shard, worker, torch.zeros(8))
+
+    def stream() -> Iterator[codec.ChunkLike]:
+        yield next(codec.encode(torch.ones(8), chunk_bytes=12))
+        raise ConnectionError("the client went away")
+
+    with pytest.raises(ConnectionError, match="went away"):  # no limit ended it: the transport's own error
+        shard.push(PushHeader(worker, 1, 0, GRADIENT, LAYOUT.hash, {}), stream())
+    assert shard.clock == 0 and shard._receiver.buffers.in_use == 0
+    assert not push(shard, worker, 1, 0, torch.ones(8)).duplicate  # its retry is applied, once
 
 
 def test_a_push_whose_stream_ended_is_not_cancelled_while_it_waits_to_be_applied() -> None:
@@ -366,20 +388,19 @@ def test_a_push_whose_stream_ended_is_not_cancelled_while_it_waits_to_be_applied
     shard.pull(other, ps_pb2.DTYPE_FLOAT32)
     shard.pull(holder, ps_pb2.DTYPE_FLOAT32, reserve=True)
     delta = int(PayloadKind.DELTA)
-    pending = shard.begin_push(other, 1, 0, delta, LAYOUT.hash, {}, cancel=lambda: pytest.fail("cancelled"))
-    for chunk in codec.encode(torch.ones(8)):
-        shard.add_chunk(pending, chunk)
     results: list[PushOutcome] = []
-    waiting = threading.Thread(target=lambda: results.append(shard.commit_push(pending)), daemon=True)
+    header = PushHeader(other, 1, 0, delta, LAYOUT.hash, {})
+
+    def other_push() -> None:
+        results.append(shard.push(header, codec.encode(torch.ones(8)), cancel=lambda: pytest.fail("cancelled")))
+
+    waiting = threading.Thread(target=other_push, daemon=True)
     waiting.start()
     waiting.join(0.5)
     assert waiting.is_alive()  # its buffer held, waiting for the holder's push
     clock.now += 6.0  # past the idle limit, not past the reservation
     assert shard.cancel_stalled_pushes() == []
-    mine = shard.begin_push(holder, 1, 0, delta, LAYOUT.hash, {})
-    for chunk in codec.encode(torch.zeros(8)):
-        shard.add_chunk(mine, chunk)
-    shard.commit_push(mine)
+    shard.push(PushHeader(holder, 1, 0, delta, LAYOUT.hash, {}), codec.encode(torch.zeros(8)))
     waiting.join(5)
     assert results and results[0].clock == 2
 
@@ -390,23 +411,27 @@ def test_a_push_cancelled_as_its_stream_ends_is_never_applied() -> None:
     shard = Shard(ShardConfig(RuleSpec.parse("asgd", {"lr": "0.5"}), receive_idle_seconds=5.0), clock_source=clock)
     worker = shard.join("a", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     upload(shard, worker, torch.zeros(8))
-    pending = shard.begin_push(worker, 1, 0, GRADIENT, LAYOUT.hash, {}, cancel=lambda: None)
-    for chunk in codec.encode(torch.ones(8)):
-        shard.add_chunk(pending, chunk)
-    clock.now += 6.0
-    assert shard.cancel_stalled_pushes() == [pending]
+    ended: list[PendingPush] = []
+
+    def stream() -> Iterator[codec.ChunkLike]:
+        yield from codec.encode(torch.ones(8))
+        clock.now += 6.0
+        ended.extend(shard.cancel_stalled_pushes())
+        assert len(ended) == 1
+        # ...and then the stream ends cleanly
+
     with pytest.raises(ShardError, match="sent nothing for 5 s") as refused:
-        shard.commit_push(pending)  # the stream then ended cleanly
+        shard.push(PushHeader(worker, 1, 0, GRADIENT, LAYOUT.hash, {}), stream(), cancel=lambda: None)
     assert refused.value.kind is ErrorKind.PUSH_STALLED and refused.value.counted
     assert shard.clock == 0 and torch.equal(shard.params, torch.zeros(8))
     assert shard.rejected == {"push_stalled": 1}
-    assert pending.buffers is not None and pending.buffers.in_use == 0
+    assert ended[0].buffers.in_use == 0
     assert not push(shard, worker, 1, 0, torch.ones(8)).duplicate  # the retry is applied, once
 
 
 def test_a_push_asking_for_an_unknown_pull_dtype_is_refused_at_its_header(shard: Shard) -> None:
     with pytest.raises(ShardError, match="unknown chunk dtype 9") as refused:
-        shard.begin_push(1, 1, 0, GRADIENT, LAYOUT.hash, {}, pull_dtype=9)
+        shard.push(PushHeader(1, 1, 0, GRADIENT, LAYOUT.hash, {}, pull_dtype=9), codec.encode(torch.ones(8)))
     assert refused.value.kind is ErrorKind.UNKNOWN_DTYPE and shard.clock == 0
 
 

@@ -12,7 +12,7 @@ from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core.observer import NullObserver
 from psserver.core.rules import RuleSpec
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PushHeader, Shard, ShardConfig
 from psserver.core.snapshots import SnapshotStore
 
 LAYOUT = Layout.from_named_shapes([("w", (4,))])
@@ -66,10 +66,9 @@ def _shard(rule: str, cap_bytes: int = 1 << 30, observer: NullObserver | None = 
 
 
 def _push(shard: Shard, worker: int, push_id: int) -> None:
-    pending = shard.begin_push(worker, push_id, shard.workers[worker].pulled_clock, 1, LAYOUT.hash, {})
-    for chunk in codec.encode(torch.ones(4)):
-        shard.add_chunk(pending, chunk)
-    shard.commit_push(pending)
+    shard.push(
+        PushHeader(worker, push_id, shard.workers[worker].pulled_clock, 1, LAYOUT.hash, {}), codec.encode(torch.ones(4))
+    )
 
 
 def test_versions_are_kept_only_for_rules_that_need_them_and_only_while_pulled() -> None:
@@ -98,10 +97,7 @@ def test_a_push_whose_version_was_dropped_for_memory_is_reported() -> None:
     shard.pull(ids[1], FP32)
     _push(shard, ids[1], 1)
     shard.pull(ids[1], FP32)  # clock 1: the cap drops clock 0, which worker 0 still needs
-    pending = shard.begin_push(ids[0], 1, 0, 1, LAYOUT.hash, {})
-    for chunk in codec.encode(torch.ones(4)):
-        shard.add_chunk(pending, chunk)
-    outcome = shard.commit_push(pending)
+    outcome = shard.push(PushHeader(ids[0], 1, 0, 1, LAYOUT.hash, {}), codec.encode(torch.ones(4)))
     assert outcome.staleness == 1
     assert outcome.telemetry.get("snapshot_missing") == 1.0
     assert "gap" not in outcome.telemetry

@@ -14,7 +14,7 @@ from psproto.v1 import ps_pb2
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import RuleSpec
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PushHeader, Shard, ShardConfig
 from psserver.core.waiting import WAIT_SLICE_S
 from psserver.core.workers import PushOutcome
 
@@ -59,10 +59,8 @@ def push(
     assert shard.rule is not None
     kind = int(min(shard.rule.accepted_kinds))  # GRADIENT for asgd, DELTA for gem
     abandoned = gone.is_set if gone is not None else None
-    pending = shard.begin_push(worker_id, push_id, 0, kind, LAYOUT.hash, {}, abandoned=abandoned)
-    for chunk in codec.encode(torch.tensor(values)):
-        shard.add_chunk(pending, chunk)
-    return shard.commit_push(pending)
+    header = PushHeader(worker_id, push_id, 0, kind, LAYOUT.hash, {})
+    return shard.push(header, codec.encode(torch.tensor(values)), abandoned=abandoned)
 
 
 def in_thread(call: object, *args: object) -> tuple[threading.Thread, list[object]]:

@@ -42,7 +42,7 @@ def test_chunks_move_on_one_thread_and_the_apply_keeps_two(monkeypatch: pytest.M
     push_chunks = list(codec.encode(torch.ones(64), chunk_bytes=64))
     monkeypatch.setattr(codec.Assembler, "add", _recording(decoded, codec.Assembler.add))
     monkeypatch.setattr(codec.Chunker, "payload", _recording(replied, codec.Chunker.payload))
-    monkeypatch.setattr(shard, "commit_push", _recording(applied, shard.commit_push))
+    monkeypatch.setattr(shard, "_commit", _recording(applied, shard._commit))
     running = start_server(shard, "127.0.0.1:0")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:

@@ -19,7 +19,7 @@ from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core.rules import PayloadKind, PushContext, RuleSpec, Telemetry, UpdateRule
 from psserver.core.rules.options import RuleOptions
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PushHeader, Shard, ShardConfig
 from psserver.core.workers import PushOutcome
 from pstools.inprocess import InProcessService
 from psworker.binding import ModelBinding
@@ -106,12 +106,10 @@ class Cluster:
     ) -> PushOutcome:
         """Push computed on the worker's last pull, in several chunks as a client sends it."""
         base_clock = self.shard.workers[worker_id].pulled_clock
-        pending = self.shard.begin_push(
-            worker_id, next(self._push_ids), base_clock, int(kind), self.layout.hash, dict(metadata or {})
+        return self.shard.push(
+            PushHeader(worker_id, next(self._push_ids), base_clock, int(kind), self.layout.hash, dict(metadata or {})),
+            codec.encode(values, chunk_bytes=8),
         )
-        for chunk in codec.encode(values, chunk_bytes=8):
-            self.shard.add_chunk(pending, chunk)
-        return self.shard.commit_push(pending)
 
 
 class Worker:

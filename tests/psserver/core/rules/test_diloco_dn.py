@@ -12,7 +12,7 @@ from psproto import codec
 from psserver.cli import main
 from psserver.core import checkpoint
 from psserver.core.rules import PayloadKind, RuleOptionError, RuleSpec
-from psserver.core.shard import Shard, ShardConfig
+from psserver.core.shard import PushHeader, Shard, ShardConfig
 from psserver.core.workers import PushOutcome
 from tests.psserver.core.rules.conftest import INITIAL, LAYOUT, Cluster, Worker
 
@@ -65,12 +65,10 @@ def _shard() -> Shard:
 
 
 def _push(shard: Shard, worker_id: int, push_id: int, delta: torch.Tensor) -> PushOutcome:
-    pending = shard.begin_push(
-        worker_id, push_id, shard.workers[worker_id].pulled_clock, int(PayloadKind.DELTA), LAYOUT.hash, {}
+    return shard.push(
+        PushHeader(worker_id, push_id, shard.workers[worker_id].pulled_clock, int(PayloadKind.DELTA), LAYOUT.hash, {}),
+        codec.encode(delta),
     )
-    for chunk in codec.encode(delta):
-        shard.add_chunk(pending, chunk)
-    return shard.commit_push(pending)
 
 
 def test_restored_mid_period_it_continues_exactly(tmp_path: Path) -> None:
