@@ -1,6 +1,11 @@
 """psproto.v1.ParameterServer over a core Shard: decode messages, call the shard, encode replies.
 
-No parameter-server logic lives here. A ``ShardError`` becomes its gRPC status code with a
+No parameter-server logic lives here. The four push forms (Push, PushUnary, PushPull,
+PushPullUnary) are thin adapters over one call of ``Shard.push``: the header parsed into the
+core's ``PushHeader``, the chunk messages handed over as they come, the outcome turned into the
+reply. The one-message forms stay because they pay for a push of one chunk: 1.15–1.23× as fast
+as a stream on a small shard, on about half the worker's CPU (``benchmarks.call_forms``,
+docs/performance.md). A ``ShardError`` becomes its gRPC status code with a
 ``google.rpc.ErrorInfo`` naming its reason (psserver.rpc.status_codes) and the shard's message.
 """
 
