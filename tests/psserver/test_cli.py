@@ -165,28 +165,6 @@ def test_serve_maps_the_memory_flags_into_the_server(
     assert thresholds == [mmap_mib]
 
 
-@pytest.mark.parametrize(
-    ("flags", "during", "ahead", "receiving"),
-    [
-        ([], False, False, False),
-        (["--rule", "sa", "--apply-during-reply"], True, False, False),
-        (["--rule", "momentum", "--build-replies-ahead"], False, True, False),
-        (["--rule", "gap-aware", "--receive-pushes-ahead"], False, False, True),
-    ],
-)
-def test_serve_applies_during_the_reply_and_builds_replies_or_receives_pushes_ahead_only_when_asked(
-    flags: list[str], during: bool, ahead: bool, receiving: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    configs: list[ServerConfig] = []
-    monkeypatch.setattr(serve_cli, "map_large_buffers", lambda mib: None)
-    monkeypatch.setattr(serve_cli, "run", configs.append)
-    result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flags], terminal_width=200)
-    assert result.exit_code == 0, result.output
-    assert [config.shard_config().apply_during_reply for config in configs] == [during]
-    assert [config.shard_config().build_replies_ahead for config in configs] == [ahead]
-    assert [config.shard_config().receive_pushes_ahead for config in configs] == [receiving]
-
-
 @pytest.mark.parametrize(("environment", "warned"), [({}, True), ({"MALLOC_ARENA_MAX": "1"}, False)])
 def test_serve_says_when_its_arena_cap_is_not_in_effect(
     environment: dict[str, str],
