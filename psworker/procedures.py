@@ -284,8 +284,8 @@ class GemProcedure(Procedure[GemOptions]):
         Δ ← −η ∇L(s);  m ← μ m + Δ;  θ ← pull()
         π ← clamp((κ |m| − |θ − s|) ⊘ (|Δ| + ε), 0, π_max);  push(π ⊙ Δ);  s ← θ (+ π ⊙ Δ if local_apply)
 
-    ``atomic`` reserves the shard between the pull and the push so no other commit falls in
-    between, as in the reference; otherwise pulls and pushes interleave freely (more throughput).
+    ``atomic`` pulls exclusively (``reserve``): the shard applies no other commit between the pull
+    and the push, as in the reference; otherwise pulls and pushes interleave freely (more throughput).
     The median of ``π`` goes to the server as ``pi_median`` for its telemetry.
     """
 

@@ -4,7 +4,7 @@ until all of those pushes are applied.
 Delayed Nesterov (``diloco-dn``) takes its momentum step once every ``N`` pushes. A worker that
 pulls right after its own push gets parameters without the pushes that land just after it and,
 when those close the period, without the momentum step: with workers that finish together
-(equal speeds, or DyLU's equalised windows) all but the last start every window about one outer
+(equal speeds, or windows sized to their speeds) all but the last start every window about one outer
 step stale. The scheduler of the paper's reference code (Liu, Douillard et al., 2024, the
 asyncdiloco notebook's ``max_wait_time``) applies every push that lands within a grace period
 of the first before any of their workers takes the server's parameters; workers that finish
@@ -38,7 +38,7 @@ PULL_GRACE_UNDER_BSP = (
 class PullHolds:
     """The holds pushes put on their workers' next pulls, in batches of pushes that land close together.
 
-    ``window_of``: the steps of a worker's current window when its rule assigns them (DyLU), else None
+    ``window_of``: the steps of a worker's current window when its rule assigns them, else None
     (as many as its last). Used under the shard's lock."""
 
     def __init__(self, grace: float, window_of: Callable[[int, ShardView], int | None]) -> None:

@@ -170,7 +170,8 @@ class DelayedNesterov(_OuterRule[DelayedNesterovOptions]):
 
     @property
     def paced_window(self) -> int | None:
-        """Paces are measured for DyLU and for the holds, which ask when each worker will push next."""
+        """Paces are measured for assigned windows (``WindowedRule``) and for the holds, which ask when each
+        worker will push next."""
         return self.options.window if self.options.pull_grace > 0 else super().paced_window
 
     def pull_wait(self, worker_id: int, exclusive: bool, view: ShardView) -> Wait | None:
