@@ -157,7 +157,7 @@ class ShardMetrics:
         )
         self.local_steps = Gauge(
             "hetps_worker_local_steps",
-            "DyLU: local steps assigned to the worker's next window, from its measured speed (rules with dylu=true)",
+            "Local steps the rule assigned to the worker's next window, from its measured speed",
             _WORKER,
             registry=r,
         )
@@ -192,7 +192,7 @@ class ShardMetrics:
         )
         self.pull_hold_seconds = Histogram(
             "hetps_pull_hold_seconds",
-            "Time a pull waited under pull_grace (diloco-dn) for the pushes landing with its worker's own",
+            "Time a pull waited on a hold its rule put on it (until the pushes landing with its own are applied)",
             ["shard"],
             buckets=RPC_BUCKETS,
             registry=r,

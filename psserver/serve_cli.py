@@ -47,7 +47,6 @@ from psserver.app import (
     apply_during_reply_refusal,
 )
 from psserver.core.consistency import Consistency, ConsistencyModel
-from psserver.core.pull_hold import consistency_refusal
 from psserver.flags import parse_checkpoint_every, parse_receive_window, parse_rule
 from psserver.metrics import DEFAULT_METRICS_PORT
 from psserver.rpc.security import ServerTls
@@ -336,7 +335,7 @@ def serve(
     rule = parse_rule(rule_name, lr, rule_opts)
     if apply_during_reply and not rule.rule.spannable:
         raise click.BadParameter(apply_during_reply_refusal(rule), param_hint="--apply-during-reply")
-    refusal = consistency_refusal(rule.options, ConsistencyModel(consistency))
+    refusal = rule.options.consistency_refusal(ConsistencyModel(consistency))
     if refusal is not None:
         raise click.BadParameter(refusal, param_hint="--consistency")
     config = ServerConfig(

@@ -1,8 +1,8 @@
 """``psserver top``: a live terminal view of running shards, refreshed in place from their Status RPC.
 
 One row per worker and shard: its speed (from its heartbeats), how many pushes it makes, how
-stale they are, what the rule did to them (gap, applied scale) and, under DyLU, the local steps
-``H`` assigned to its next window. Above it, one row per
+stale they are, what the rule did to them (gap, applied scale) and, where the rule assigns them, the
+local steps ``H`` of its next window. Above it, one row per
 shard: clock, clock rate, workers and rejected requests by reason. Rates are the change
 between two refreshes. A shard that does not answer shows its error and is asked again at
 the next refresh; Ctrl-C quits.

@@ -87,7 +87,7 @@ class InProcessService:
         if self._hold_pull is not None and self._hold_pull(self.worker_id):
             self.parked = True
             return self.clock
-        result = self.shard.pull(self.worker_id, ps_pb2.DTYPE_FLOAT32, reserve=reserve)
+        result = self.shard.pull(self.worker_id, ps_pb2.DTYPE_FLOAT32, exclusive=reserve)
         assembler = codec.Assembler(out)
         for chunk in result.chunks:
             assembler.add(chunk)

@@ -160,7 +160,7 @@ class WorkerStats:
     parked_s: float = 0.0
     # Steps up to the worker's last push (the steps of a window still open are not pushed yet).
     steps_pushed: int = 0
-    # DyLU: the local steps the shard assigned with the worker's last push (0: none assigned).
+    # The local steps of its next window the shard assigned with the worker's last push (0: none assigned).
     local_steps: int = 0
 
     @property

@@ -19,11 +19,12 @@ crosses a network: an event queue orders the workers' steps by virtual time.
   synchronous DiLoCo is ``diloco`` under BSP); the round takes the slowest worker's time, and
   the pushes go through the shard's BSP barrier (each non-last push waits on a helper thread,
   started in rank order).
-- ``pull_grace`` (Delayed Nesterov): a worker whose push set a hold is parked like an SSP one; it
-  pulls once every push of that virtual instant is applied and the shard no longer holds it
-  (``Shard.pull_hold``: nobody else due in its batch), or when its batch's grace runs out.
-- DyLU (``dylu=true``): the shard measures each worker's local steps per virtual second from its
-  pushes and assigns its next window, which the real procedure follows.
+- A hold the rule puts on a worker's pull after its push (``Shard.pull_hold_pending``): the worker
+  is parked like an SSP one; it pulls once every push of that virtual instant is applied and the
+  shard no longer holds it (``Shard.pull_hold``), or when the hold runs out.
+- Windows of local steps the rule assigns: the shard measures each worker's local steps per
+  virtual second from its pushes, and the real procedure follows the window each push reply
+  assigns.
 
 Every evaluation measures the test accuracy and loss; the task's metric (accuracy, higher is
 better, or a language model's validation loss, lower is better) decides when a target is reached.
@@ -49,10 +50,8 @@ import torch
 from psproto import codec
 from psserver.core.consistency import Consistency, ConsistencyModel, ssp_must_wait
 from psserver.core.errors import ErrorKind, ShardError
-from psserver.core.pull_hold import consistency_refusal
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psserver.core.workers import WorkerRecord
 from pstools.inprocess import InProcessService
 from pstools.sim_config import (
     CurvePoint,
@@ -81,7 +80,7 @@ __all__ = [
     "simulate",
 ]
 
-# Leases and GEM reservations are counted in virtual seconds; nothing in a simulation expires.
+# Leases and exclusive pulls are counted in virtual seconds; nothing in a simulation expires.
 _NEVER_S = 1e18
 
 
@@ -114,7 +113,7 @@ class Simulation:
         self.task = task or sim_task(config.task, Path(config.data_dir) if config.data_dir else None)
         consistency = Consistency(ConsistencyModel(config.consistency), config.ssp_bound)
         spec = RuleSpec.parse(config.rule, dict(config.options))
-        refusal = consistency_refusal(spec.options, consistency.model)
+        refusal = spec.options.consistency_refusal(consistency.model)
         if refusal is not None:
             raise SimulationError(refusal)
         self.now = 0.0
@@ -123,7 +122,7 @@ class Simulation:
                 spec,
                 lease_seconds=_NEVER_S,
                 consistency=consistency,
-                reservation_seconds=_NEVER_S,
+                exclusive_pull_seconds=_NEVER_S,
             ),
             clock_source=lambda: self.now,
         )
@@ -186,10 +185,10 @@ class Simulation:
     def _hold_pull(self, worker_id: int) -> bool:
         """Whether a worker's pull must wait now: it is parked, and resumes when ``_may_resume``.
 
-        A push under ``pull_grace`` always parks its worker, so that every push of the same instant
-        is applied before any of their pulls (they land together, the grace's very case); it
-        resumes at the instant's end, or later while the shard still holds it."""
-        if worker_id not in self._resuming and self._pull_held(self.shard.workers[worker_id]):
+        A push that puts a hold on its worker's pull always parks the worker, so that every push of
+        the same instant is applied before any of their pulls (they land together, the hold's very
+        case); it resumes at the instant's end, or later while the shard still holds it."""
+        if worker_id not in self._resuming and self.shard.pull_hold_pending(worker_id):
             return True
         return self._ssp_holds(worker_id)
 
@@ -354,18 +353,11 @@ class Simulation:
                 heapq.heappush(queue, (self.now + worker.duration(), rank))
             if outcome.pushed and parked:
                 # SSP: a worker the push released pulls at once. Held pulls wait for the instant's other pushes.
-                for waiting in self._release([w for w in parked if not self._pull_held(self._record(w))], parked):
+                pulls_held = self.shard.pull_hold_pending
+                for waiting in self._release([w for w in parked if not pulls_held(w.client.worker_id)], parked):
                     heapq.heappush(queue, (self.now + waiting.duration(), waiting.rank))
         if parked and not queue and not self._done():
             raise SimulationError("every worker is parked by SSP; this cannot happen with live workers")
-
-    @staticmethod
-    def _pull_held(record: WorkerRecord) -> bool:
-        """Whether the worker's last push put a hold on its pull (``pull_grace``) that it has not pulled past."""
-        return record.pull_hold is not None and not record.pull_hold.released
-
-    def _record(self, worker: _Worker) -> WorkerRecord:
-        return self.shard.workers[worker.client.worker_id]
 
     def _release_held(self, parked: list[_Worker], queue: list[tuple[float, int]]) -> bool:
         """Every event of this instant is done: workers whose pull hold is over pull now. When the

@@ -8,8 +8,8 @@ that stopped answering. The deadline is what an honest call needs, generously:
 - the payload at a floor rate (``min_bytes_per_second``): the bytes the call sends and receives
   (a shard's slice in its wire dtype for Init, Pull, Push, PushPull); a 45 MiB push at the
   default 1 MiB/s gets 45 s more;
-- for the calls the server may hold back (Pull under SSP or with a GEM reservation, Push at a
-  BSP barrier or behind a reservation), the shard's lease from its Join reply. The server waits
+- for the calls the server may hold back (Pull under SSP or behind an exclusive pull, Push at a
+  BSP barrier or behind an exclusive pull), the shard's lease from its Join reply. The server waits
   only on live workers: one that stops answering is evicted when its lease runs out, so no wait
   caused by a dead worker outlasts the lease. A wait on a live but slower worker may; the call
   then runs out, and is sent again (a pull is idempotent, a push keeps its push id and joins
@@ -53,7 +53,7 @@ class DeadlinePolicy:
         return self.base_seconds + max(0, payload_bytes) / self.min_bytes_per_second + max(0.0, wait_seconds)
 
     def held(self, length: int, lease_seconds: float, *wire_dtypes: int) -> float:
-        """A call the shard may hold back (SSP, a BSP barrier, a GEM reservation), moving a shard's
+        """A call the shard may hold back (SSP, a BSP barrier, an exclusive pull), moving a shard's
         ``length`` elements once per dtype: its payload plus the shard's lease, the longest a dead
         worker holds anyone."""
         sent = sum(payload_bytes(length, dtype) for dtype in wire_dtypes)

@@ -65,7 +65,7 @@ class StepOutcome:
 
 
 def assigned_window(results: list[PushResult]) -> int | None:
-    """DyLU: the local steps the shards assign to the next window, None when none does. Shards time
+    """The local steps the shards assign to the next window, None when none does. Shards time
     the same pushes and agree but for jitter; the fewest keeps a slow worker from holding anyone up."""
     assigned = [r.local_steps for r in results if r.local_steps > 0]
     return min(assigned) if assigned else None
@@ -135,7 +135,7 @@ class WindowedDeltaProcedure(Procedure[DeltaOptions]):
     DOWNPOUR and DynSGD push it as is, after local SGD; AGN (``normalize``) divides it by the
     steps done, so a final partial window pushes ``a / steps_done``. Local optimizer state
     persists across windows; after each push the model is overwritten with the pulled parameters.
-    ``window`` is read at every step: a push reply that assigns local steps (DyLU) sets the next one.
+    ``window`` is read at every step: a push reply that assigns local steps sets the next one.
     """
 
     name = "delta"
@@ -232,7 +232,7 @@ class EasgdProcedure(Procedure[EasgdOptions]):
     Local SGD (Nesterov momentum δ for EAMSGD); every ``λ`` steps: pull the centre ``x̃``,
     ``E = α (x − x̃)`` with ``α = η ρ``, ``x ← x − E``, push ``E`` (the server adds it to the centre).
     The worker never overwrites its own parameters with the centre. A push reply that assigns
-    local steps (DyLU) sets the length of the next window.
+    local steps sets the length of the next window.
     """
 
     name = "easgd"
@@ -284,8 +284,8 @@ class GemProcedure(Procedure[GemOptions]):
         Δ ← −η ∇L(s);  m ← μ m + Δ;  θ ← pull()
         π ← clamp((κ |m| − |θ − s|) ⊘ (|Δ| + ε), 0, π_max);  push(π ⊙ Δ);  s ← θ (+ π ⊙ Δ if local_apply)
 
-    ``atomic`` reserves the shard between the pull and the push so no other commit falls in
-    between, as in the reference; otherwise pulls and pushes interleave freely (more throughput).
+    ``atomic`` pulls exclusively (``reserve``): the shard applies no other commit between the pull
+    and the push, as in the reference; otherwise pulls and pushes interleave freely (more throughput).
     The median of ``π`` goes to the server as ``pi_median`` for its telemetry.
     """
 

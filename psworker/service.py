@@ -47,7 +47,7 @@ class PushResult:
     staleness: int
     duplicate: bool
     telemetry: dict[str, float]
-    # DyLU: the local steps the shard assigns to this worker's next window; 0 when it assigns none.
+    # The local steps the shard assigns to this worker's next window; 0 when it assigns none.
     local_steps: int = 0
 
     @classmethod
@@ -80,7 +80,8 @@ class ParameterService(Protocol):
     def pull(self, out: torch.Tensor, reserve: bool = False) -> int:
         """Pull the parameters into ``out`` (flat fp32); returns :attr:`clock`.
 
-        ``reserve`` (GEM's atomic mode) holds off other workers' pushes until this worker's next push."""
+        ``reserve`` (the wire's flag of an exclusive pull, for rules that take one) holds off other
+        workers' pushes until this worker's next push."""
 
     def push(
         self,

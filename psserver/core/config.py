@@ -19,8 +19,8 @@ class ShardConfig:
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
     consistency: Consistency = field(default_factory=Consistency)
     snapshot_memory_bytes: int = 2 * 1024**3
-    # A GEM atomic reservation lapses after this long if its holder never pushes.
-    reservation_seconds: float = 10.0
+    # An exclusive pull (a rule's hold on the shard until its worker pushes) lapses after this long.
+    exclusive_pull_seconds: float = 10.0
     # Joined workers and observers at once; a Join past it is refused (RESOURCE_EXHAUSTED).
     max_workers: int = 1024
     # Elements one shard may hold; a first Join whose layout needs more is refused.

@@ -5,8 +5,8 @@ an eviction, a network failure or a server restart) keeps it, so a push it retri
 applied twice. Memories of names no joined worker uses are kept up to ``IDLE_MEMORIES_KEPT``.
 
 Not thread-safe on its own: the shard calls it under its lock. Removing a worker here only
-forgets it; what else a departure releases (the rule's per-worker state, a reservation, a
-barrier) is the shard's to do.
+forgets it; what else a departure releases (the rule's per-worker state, what others wait
+on, a barrier) is the shard's to do.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class ShardObserver(Protocol):
     # The parameter version of ``clock`` was dropped to stay under the snapshot memory cap.
     def snapshot_dropped(self, clock: int) -> None: ...
 
-    # A pull waited ``seconds`` under ``pull_grace`` for the pushes landing with its worker's own.
+    # A pull waited ``seconds`` on a hold its rule put on it (``rules.base.Wait.reported``).
     def pull_held(self, worker: WorkerRecord, seconds: float) -> None: ...
 
 

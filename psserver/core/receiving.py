@@ -129,7 +129,7 @@ class PendingPush:
     # The pool the push's buffer comes from and goes back to.
     buffers: ReceiveBuffers
     replay: PushOutcome | None = None
-    # The holder of a GEM reservation never queues for a buffer behind pushes that wait for it.
+    # A push others wait on (its rule's ``push_has_priority``) never queues for a buffer behind them.
     bypass_buffer_limit: bool = False
     cancel: Callable[[], object] | None = None
     abandoned: Callable[[], bool] | None = None
@@ -137,7 +137,7 @@ class PendingPush:
     bytes_received: int = 0
     # When the header or the last chunk arrived (the idle limit counts from it).
     last_chunk_at: float = 0.0
-    # When the header arrived: the worker's local steps ended then (DyLU's speed, ``local_steps``).
+    # When the header arrived: the worker's local steps ended then (its pace, ``local_steps``).
     opened_at: float = 0.0
     # When the push began to hold a receive buffer (a replay: its first chunk); the pace counts from it.
     receiving_since: float | None = None
@@ -221,7 +221,7 @@ class PushReceiver:
             if back_at <= now:
                 self._sitting_out.pop(worker.name, None)
             crowded = self._open_by_worker[worker.name] >= MAX_OPEN_PUSHES_PER_WORKER
-            # A reservation holder is never turned away: the others wait on its push.
+            # A push others wait on is never turned away.
             full = 0 < self._max_open <= len(self._open) and not bypass_buffer_limit
             if not crowded and not full and back_at <= now:
                 self._open.add(pending)

@@ -6,9 +6,9 @@ component owns its state and its job:
 
 - ``model.Model``: the layout, the fp32 parameters, the rule and its state, the clock, Init;
 - ``membership.Membership``: worker records, leases, eviction, push-id memories per name;
-- ``local_steps.LocalSteps``: DyLU, the workers' speeds and the local steps each push reply assigns;
-- ``pull_hold``: Delayed Nesterov's ``pull_grace``, the hold a push puts on its worker's next pull;
-- ``admission`` (SSP waits, GEM reservations, routing, pull sharing) and
+- ``scheduling.Scheduling``: does what the rule's scheduling hooks decide (waits, windows of
+  local steps, holds on pulls), with the workers' paces they read (``local_steps``);
+- ``admission`` (SSP waits, exclusive pulls, routing, pull sharing) and
   ``bsp_round.BspBarrier`` (the BSP round): pure decisions the shard acts on;
 - ``request_checks``: every refusal of a request's header, as a decision;
 - ``receiving.PushReceiver``: pending pushes, their buffers, ending slow pushes and streams;
@@ -20,7 +20,7 @@ component owns its state and its job:
 
 Every request is validated completely before anything changes: a push is decoded into a
 scratch receive buffer outside the lock and checked (coverage, dtype, finiteness), then applied
-under the lock. Waiting (SSP's bound, BSP's barrier, a GEM reservation) happens on the one
+under the lock. Waiting (SSP's bound, BSP's barrier, what a rule's hook asks) happens on the one
 condition (``waiting.Waiting``): waiters re-check leases so an evicted worker never stalls them,
 and end within a slice once the transport says their client gave up (``abandoned``).
 
@@ -48,21 +48,21 @@ from psproto.inline_ops import inline_torch_ops
 from psproto.layout import Layout
 from psserver.core import admission, shard_state
 from psserver.core import request_checks as checks
-from psserver.core.admission import NO_RESERVATION, PushRoute
+from psserver.core.admission import PushRoute
 from psserver.core.bsp_round import BspBarrier
 from psserver.core.config import ShardConfig
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.held import Held
-from psserver.core.local_steps import LocalSteps
 from psserver.core.membership import Membership
 from psserver.core.model import Model
 from psserver.core.observer import NullObserver, Observers, ShardObserver
-from psserver.core.pull_hold import PullHold, PullHolds, consistency_refusal
 from psserver.core.pull_versions import PullEncoder, PullResult, PullVersions
 from psserver.core.receiving import PendingPush, PushHeader, PushReceiver, check_complete, decode_into
 from psserver.core.refusals import Refusals
 from psserver.core.rules import UpdateRule
+from psserver.core.rules.base import PullHold
 from psserver.core.rules.options import RuleOptions
+from psserver.core.scheduling import Scheduling
 from psserver.core.shard_state import StateError
 from psserver.core.snapshots import SnapshotStore
 from psserver.core.status import JoinResult, ShardStatus
@@ -92,18 +92,18 @@ class Shard:
         self._receiver = PushReceiver(self._refusals, clock_source, config)
         self._versions = PullVersions(config.chunk_bytes, config.pull_versions)
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
-        refusal = consistency_refusal(config.rule.options, config.consistency.model)
+        refusal = config.rule.options.consistency_refusal(config.consistency.model)
         if refusal is not None:
             raise ValueError(refusal)
-        self._local_steps = LocalSteps.of(config)
         self._model = Model(
             config, self._refusals, self.snapshots, self._versions.freeze_before_update, self.observer.update_applied
         )
         self.started = self._now()
         self._barrier = BspBarrier()
-        self._reservation = NO_RESERVATION
         self._waiting = Waiting(self._changed, self._now, self._membership, self._evict_expired_locked, self._refusals)
-        self._pull_holds = PullHolds.of(config, self._now, self._membership.live, self._local_steps, self.observer)
+        self._scheduling = Scheduling(
+            self._now, self._membership, self._waiting, self.observer, config.exclusive_pull_seconds
+        )
 
     # -- readable state (in-process callers; the transport uses ``status``, and ``length``) --
 
@@ -178,12 +178,11 @@ class Shard:
         return expired
 
     def _remove(self, worker_id: int, evicted: bool) -> None:
-        """Forget a worker and release what it held: rule state, reservation, snapshots, the barrier."""
+        """Forget a worker and release what it held: rule state (what others wait on), snapshots, the barrier."""
         worker = self._membership.remove(worker_id)
         self.observer.worker_left(worker, evicted)
         if self._model.rule is not None:
             self._model.rule.on_leave(worker_id)
-        self._reservation = self._reservation.released_by(worker_id)
         self.snapshots.retain_only(self._membership.pulled_clocks())
         # The barrier or the SSP minimum may have been waiting for this worker.
         self._maybe_finish_bsp_round()
@@ -222,16 +221,17 @@ class Shard:
         self,
         worker_id: int,
         wire_dtype: int,
-        reserve: bool = False,
+        exclusive: bool = False,
         encoder: PullEncoder | None = None,
         abandoned: Abandoned | None = None,
     ) -> PullResult:
         """The parameters and their clock: serialised by ``encoder`` (the transport's), or in the
         in-process form without one; made once per clock, dtype and form.
 
-        Under SSP the pull waits while the worker is too far ahead. With ``reserve`` (GEM's
-        atomic mode) no other worker's push is applied until this worker's next push. A wait
-        ends (ABANDONED, nothing taken) once ``abandoned`` says the client gave up.
+        Under SSP the pull waits while the worker is too far ahead, and then for what its rule
+        asks (``UpdateRule.pull_wait``). ``exclusive``: no other worker's push is applied until
+        this worker's next push, for a rule that takes such pulls. A wait ends (ABANDONED,
+        nothing taken) once ``abandoned`` says the client gave up.
         """
         self._refuse_if(checks.dtype_refusal(wire_dtype))
         wire_dtype = wire_dtype or codec.FLOAT32
@@ -240,7 +240,7 @@ class Shard:
             self._require_initialized()
             rule = self._model.rule
             assert rule is not None
-            self._admit_pull(worker, rule, reserve, abandoned)
+            self._admit_pull(worker, rule, exclusive, abandoned)
             share = admission.may_share_version_in_flight(self.config.consistency.model)
             kept = (lambda old: self.snapshots.get(old) is not None) if rule.needs_snapshot else None
             result = self._versions.cached(self._model.clock, wire_dtype, encoder) or self._versions.newest_in_flight(
@@ -272,11 +272,12 @@ class Shard:
         return result
 
     def _admit_pull(
-        self, worker: WorkerRecord, rule: UpdateRule[RuleOptions], reserve: bool, abandoned: Abandoned | None
+        self, worker: WorkerRecord, rule: UpdateRule[RuleOptions], exclusive: bool, abandoned: Abandoned | None
     ) -> None:
-        """Wait (lock held) while SSP holds the pull back; with ``reserve``, take the GEM reservation."""
-        if reserve:
-            self._refuse_if(admission.reserve_refusal(worker.observer, rule.reserves_pulls, rule.name), worker)
+        """Wait (lock held) while SSP holds the pull back, then for what the rule asks; then let the rule
+        take the pull (an exclusive one holds the shard; a held one restarts the worker's window)."""
+        if exclusive:
+            self._refuse_if(admission.exclusive_pull_refusal(worker.observer, rule.exclusive_pull_refusal()), worker)
         consistency = self.config.consistency
 
         def ssp_allows() -> bool:
@@ -284,16 +285,18 @@ class Shard:
             return not admission.pull_must_wait(consistency, worker.observer, worker.ssp_clock, live_clocks)
 
         self._waiting.until(worker, ssp_allows, abandoned)
-        self._pull_holds.wait(worker, self._waiting, abandoned)
-        if reserve:
-            self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), abandoned)
-            now = self._now()
-            self._reservation = self._reservation.taken_by(worker.worker_id, now, self.config.reservation_seconds)
+        self._scheduling.admit_pull(worker, rule, exclusive, abandoned)
 
     def pull_hold(self, worker_id: int) -> PullHold | None:
         """The hold on ``worker_id``'s next pull while it is not over (None: it would pull at once)."""
         with self._lock:
-            return self._pull_holds.active(self._membership.get(worker_id))
+            self._membership.get(worker_id)
+            return self._scheduling.pull_hold(self._model.rule, worker_id)
+
+    def pull_hold_pending(self, worker_id: int) -> bool:
+        """Whether ``worker_id``'s last push put a hold on its next pull that it has not pulled past."""
+        with self._lock:
+            return self._model.rule is not None and self._model.rule.pull_hold_pending(worker_id)
 
     # -- pushes -------------------------------------------------------------------------
 
@@ -309,7 +312,7 @@ class Shard:
         The header is checked before anything is received (a PushPull's ``pull_dtype`` too, so a
         push is never applied and then answered with an error); a retried push id is answered with
         its first outcome, once its chunks are read; otherwise the chunks are decoded into a receive
-        buffer, checked whole (coverage, finiteness), admitted (SSP/BSP, a GEM reservation) and
+        buffer, checked whole (coverage, finiteness), admitted (SSP/BSP, the rule's turn) and
         applied by the rule. The buffer is given back however the push ends.
 
         ``chunks`` is the transport's stream, read on the caller's thread: an error it raises while
@@ -341,8 +344,8 @@ class Shard:
             )  # fmt: skip
             self._refuse_if(refusal, worker)
             worker.last_seen = self._now()
-            # The holder of a GEM reservation never queues for a buffer behind pushes waiting for it.
-            holder = self._reservation.holder_at(self._now()) == worker.worker_id
+            # A push the rule lets others wait on never queues for a buffer behind them.
+            holder = model.rule.push_has_priority(worker.worker_id, self._now())
             previous = worker.previous_outcome(header.push_id)
             return self._receiver.open(worker, header, self._model.length, previous, holder, cancel, abandoned)
 
@@ -397,17 +400,17 @@ class Shard:
         previous = worker.previous_outcome(pending.push_id)
         if previous is not None:
             return self._replay_locked(worker, previous)
+        rule = self._model.rule
+        assert rule is not None
         if admission.push_route(self.config.consistency.model) is PushRoute.BSP_ROUND:
-            # A BSP push is only added to the round, so it needs no turn: it ends its own GEM
-            # reservation now, or the others' reserved pulls would wait for it to lapse every round.
-            self._reservation = self._reservation.released_by(worker.worker_id)
+            # A BSP push is only added to the round, so it waits for no turn: taken now, it ends what
+            # it held (an exclusive pull), or the others' would wait for it to lapse every round.
+            rule.push_taken(worker.worker_id)
             self._changed.notify_all()
             return self._commit_bsp(worker, pending, update)
-        self._waiting.until(worker, lambda: self._reservation.admits(worker.worker_id, self._now()), pending.abandoned)
-        self._reservation = self._reservation.released_by(worker.worker_id)
+        self._scheduling.admit_push(worker, rule, pending.abandoned)
         outcome, _ = self._model.apply(worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata)
-        worker.pull_hold = self._pull_holds.after_push(self._model.rule)
-        self._local_steps.assign(worker, outcome, pending, self._now(), self._membership.live())
+        self._scheduling.after_push(worker, rule, pending, outcome)
         worker.record_push(pending.push_id, outcome)
         self.observer.push_applied(worker, outcome)
         worker.ssp_clock += 1

@@ -1,8 +1,9 @@
 """Waiting inside the shard: a request held until its condition holds, its worker evicted, or its
 client gone.
 
-A pull waits while SSP holds it back or for a GEM reservation; a push waits for a GEM reservation
-or for its BSP round. ``Waiting.until`` does every such wait on the shard's one condition (the
+A pull waits while SSP holds it back or for what its rule asks (another worker's exclusive pull,
+a hold until pushes landing with its own are applied); a push waits for what its rule asks or for
+its BSP round. ``Waiting.until`` does every such wait on the shard's one condition (the
 caller holds its lock), waking each ``WAIT_SLICE_S`` to evict workers whose lease ran out (a dead
 worker must never stall the others) and to ask the transport whether the call's client is still
 there (``abandoned``: for gRPC, ``not context.is_active()``; a client that cancelled or whose
@@ -15,7 +16,8 @@ if it calls again, so a worker that never comes back is evicted when its lease r
 
 Pushes stay exactly once when their client gives up while they wait (``PendingPush.abandoned``):
 
-- a push waiting for a GEM reservation is not applied; the client's retry (same push id) is;
+- a push waiting for its rule (another worker's exclusive pull) is not applied; the client's retry
+  (same push id) is;
 - a BSP push waiting for its round was already added to the round: when the round completes it
   is recorded as applied under the worker's push-id memory (``BspRound.record``, also for a
   worker evicted meanwhile), so the retry is answered as a duplicate; a retry before the round

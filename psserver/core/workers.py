@@ -10,10 +10,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from psserver.core.pull_hold import PullHold
+from typing import Any
 
 # Results of this many recent pushes are remembered per worker to answer retries.
 RECENT_PUSHES_KEPT = 1024
@@ -30,7 +27,7 @@ class PushOutcome:
 
     @property
     def local_steps(self) -> int:
-        """DyLU's assignment for the worker's next window (``psserver.core.local_steps``); 0 when none."""
+        """The local steps the rule assigned the worker's next window (``UpdateRule.after_push``); 0 when none."""
         return int(self.telemetry.get("local_steps", 0.0))
 
 
@@ -83,8 +80,6 @@ class WorkerRecord:
     # True while one of its requests waits inside the shard (it is alive, not silent).
     waiting: bool = False
     pulled_clock: int = -1
-    # Set by a push under ``pull_grace`` (``pull_hold``): the next pull waits until it is over.
-    pull_hold: PullHold | None = None
     pulls: int = 0
     pushes: int = 0
     duplicate_pushes: int = 0

@@ -321,11 +321,11 @@ class ParameterServerServicer:
         return _send(result, self.shard.watch_stream(request.worker_id, "Pull", context.cancel))
 
     def _pull(
-        self, context: grpc.ServicerContext, worker_id: int, dtype: int, encoder: PullEncoder, reserve: bool = False
+        self, context: grpc.ServicerContext, worker_id: int, dtype: int, encoder: PullEncoder, exclusive: bool = False
     ) -> PullResult:
         """The shard's pull; the shard's own clock goes with the reply's status (``psproto.metadata.SHARD_CLOCK``),
         since the version may be an older one still being sent to others, whose clock is not the shard's."""
-        result = self.shard.pull(worker_id, dtype, reserve, encoder, _abandoned(context))
+        result = self.shard.pull(worker_id, dtype, exclusive, encoder, _abandoned(context))
         # Trailing: it goes out with the call's status, in no frame of its own as initial metadata would.
         # The shard's clock only grows while it serves, so read now it is at least the version's.
         context.set_trailing_metadata(((metadata.SHARD_CLOCK, str(self.shard.clock)),))

@@ -88,7 +88,10 @@ def test_a_push_pull_asking_for_an_unknown_dtype_is_refused_before_its_push_is_a
 def test_a_reserved_pull_is_refused_where_the_rule_takes_none(live: tuple[Stub, int]) -> None:
     stub, worker_id = live
     observer = _join(stub, "dashboard", role=ps_pb2.ROLE_OBSERVER).worker_id
-    for reader, words in ((worker_id, "rule asgd with these options takes no reserved pulls"), (observer, "observers")):
+    for reader, words in (
+        (worker_id, "rule asgd with these options takes no exclusive pulls"),
+        (observer, "observers"),
+    ):
         _refused(
             lambda reader=reader: list(  # type: ignore[misc]
                 stub.Pull(ps_pb2.PullRequest(worker_id=reader, reserve=True), timeout=TIMEOUT_S)

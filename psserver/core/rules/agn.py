@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from psserver.core.rules._windowed import WindowedOptions
-from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
+from psserver.core.rules._windowed import WindowedOptions, WindowedRule
+from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, register
 from psserver.core.rules.options import option
 
 
@@ -30,7 +30,7 @@ class AgnOptions(WindowedOptions):
 
 
 @register
-class Agn(UpdateRule[AgnOptions]):
+class Agn(WindowedRule[AgnOptions]):
     name = "agn"
     summary = "workers push their window's delta divided by its length; many workers, where DOWNPOUR diverges"
     options_type = AgnOptions

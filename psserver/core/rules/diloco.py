@@ -34,7 +34,8 @@ restored shard continues its period. Telemetry: ``scale`` 1 (``ε/N`` is no stal
 and, for DN, ``momentum_step`` (1 when this push closed a period).
 
 ``pull_grace`` (DN, seconds): pushes that land within the grace of each other are all applied
-before their workers pull (``psserver.core.pull_hold``), as the paper's reference scheduler does.
+before their workers pull (``_pull_hold``, through the rule's pull and push hooks), as the
+paper's reference scheduler does.
 """
 
 from __future__ import annotations
@@ -44,9 +45,21 @@ from typing import ClassVar, TypeVar
 
 import torch
 
-from psserver.core.rules._windowed import WindowedOptions
-from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
-from psserver.core.rules.options import RuleOptionError, RuleOptions, option
+from psserver.core.consistency import ConsistencyModel
+from psserver.core.rules._pull_hold import PULL_GRACE_UNDER_BSP, PullHolds
+from psserver.core.rules._windowed import WindowedOptions, WindowedRule
+from psserver.core.rules.base import (
+    PayloadKind,
+    PullHold,
+    PullTaken,
+    PushContext,
+    PushDecision,
+    ShardView,
+    Telemetry,
+    Wait,
+    register,
+)
+from psserver.core.rules.options import RuleOptionError, option
 
 
 @dataclass(frozen=True)
@@ -90,11 +103,17 @@ class DelayedNesterovOptions(OuterOptions):
                 f"(period={self.period})"
             )
 
+    def consistency_refusal(self, consistency: ConsistencyModel) -> str | None:
+        refusal = super().consistency_refusal(consistency)
+        if refusal is None and self.pull_grace > 0 and consistency is ConsistencyModel.BSP:
+            return PULL_GRACE_UNDER_BSP
+        return refusal
+
 
 OuterT = TypeVar("OuterT", bound=OuterOptions)
 
 
-class _OuterRule(UpdateRule[OuterT]):
+class _OuterRule(WindowedRule[OuterT]):
     """Delta pushes from the ``diloco`` procedure; ``m`` is checkpointed."""
 
     accepted_kinds: ClassVar[frozenset[PayloadKind]] = frozenset({PayloadKind.DELTA})
@@ -145,10 +164,35 @@ class DelayedNesterov(_OuterRule[DelayedNesterovOptions]):
     def __init__(self, options: DelayedNesterovOptions, length: int) -> None:
         super().__init__(options, length)
         self.accumulator = torch.zeros(length)
+        self.holds = PullHolds(options.pull_grace, self.assigned_window)
+
+    # -- scheduling: the pull hold of ``pull_grace`` --
 
     @property
-    def pull_grace_seconds(self) -> float:
-        return self.options.pull_grace
+    def paced_window(self) -> int | None:
+        """Paces are measured for assigned windows (``WindowedRule``) and for the holds, which ask when each
+        worker will push next."""
+        return self.options.window if self.options.pull_grace > 0 else super().paced_window
+
+    def pull_wait(self, worker_id: int, exclusive: bool, view: ShardView) -> Wait | None:
+        return self.holds.wait(worker_id, view)
+
+    def pull_taken(self, worker_id: int, exclusive: bool, view: ShardView) -> PullTaken:
+        return PullTaken(restart_window=self.holds.release(worker_id))
+
+    def pull_hold(self, worker_id: int, view: ShardView) -> PullHold | None:
+        return self.holds.active(worker_id, view)
+
+    def pull_hold_pending(self, worker_id: int) -> bool:
+        hold = self.holds.of(worker_id)
+        return hold is not None and not hold.released
+
+    def after_push(self, worker_id: int, view: ShardView) -> PushDecision:
+        self.holds.after_push(worker_id, view.now())
+        return super().after_push(worker_id, view)
+
+    def on_leave(self, worker_id: int) -> None:
+        self.holds.forget(worker_id)
 
     def apply(self, params: torch.Tensor, update: torch.Tensor, ctx: PushContext) -> Telemetry:
         options = self.options
@@ -167,8 +211,3 @@ class DelayedNesterov(_OuterRule[DelayedNesterovOptions]):
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"momentum": self.momentum, "accumulator": self.accumulator}
-
-
-def pull_grace_of(options: RuleOptions) -> float:
-    """The ``pull_grace`` these rule options set (seconds; 0 for rules without the option)."""
-    return options.pull_grace if isinstance(options, DelayedNesterovOptions) else 0.0

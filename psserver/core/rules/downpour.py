@@ -15,8 +15,8 @@ from typing import ClassVar
 
 import torch
 
-from psserver.core.rules._windowed import WindowedOptions
-from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
+from psserver.core.rules._windowed import WindowedOptions, WindowedRule
+from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, register
 from psserver.core.rules.options import option
 
 
@@ -27,7 +27,7 @@ class DownpourOptions(WindowedOptions):
 
 
 @register
-class Downpour(UpdateRule[DownpourOptions]):
+class Downpour(WindowedRule[DownpourOptions]):
     name = "downpour"
     summary = "workers take lambda local steps and push the delta; cuts traffic when the network, not compute, limits"
     options_type = DownpourOptions

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 import torch
 
-from psserver.core.rules._windowed import WindowedOptions
-from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
+from psserver.core.rules._windowed import WindowedOptions, WindowedRule
+from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, register
 from psserver.core.rules.options import option
 
 
@@ -32,7 +32,7 @@ class DynSgdOptions(WindowedOptions):
 
 
 @register
-class DynSgd(UpdateRule[DynSgdOptions]):
+class DynSgd(WindowedRule[DynSgdOptions]):
     name = "dynsgd"
     summary = "windowed DOWNPOUR with each delta divided by its staleness + 1; heterogeneous workers with local steps"
     options_type = DynSgdOptions

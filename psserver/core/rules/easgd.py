@@ -18,8 +18,8 @@ from typing import ClassVar
 
 import torch
 
-from psserver.core.rules._windowed import WindowedOptions
-from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, UpdateRule, register
+from psserver.core.rules._windowed import WindowedOptions, WindowedRule
+from psserver.core.rules.base import PayloadKind, PushContext, Telemetry, register
 from psserver.core.rules.options import RuleOptionError, option
 
 
@@ -44,7 +44,7 @@ class EasgdOptions(WindowedOptions):
 
 
 @register
-class Easgd(UpdateRule[EasgdOptions]):
+class Easgd(WindowedRule[EasgdOptions]):
     name = "easgd"
     summary = "workers explore locally, tied to a centre by an elastic force; few exchanges, good at high latency"
     options_type = EasgdOptions

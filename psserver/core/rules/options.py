@@ -15,10 +15,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from psproto.booleans import format_bool, parse_bool
+from psserver.core.consistency import ConsistencyModel
 
 
 class RuleOptionError(ValueError):
     """A rule option that is unknown, of the wrong type or out of range."""
+
+
+# Options a family of rules declares, by name prefix: the option the family's rules all have, and
+# what to tell a user who gives one to a rule outside the family (``declare_family``).
+_FAMILIES: dict[str, tuple[str, str]] = {}
+
+
+def declare_family(prefix: str, marker: str, explanation: str) -> None:
+    """Options named ``prefix...`` belong to rules that have option ``marker``: given to another rule,
+    the refusal says ``option NAME EXPLANATION`` rather than list the valid options."""
+    _FAMILIES[prefix] = (marker, explanation)
 
 
 def option(
@@ -61,13 +73,10 @@ class RuleOptions:
         hints = typing.get_type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - set(fields))
-        dylu = [name for name in unknown if name.startswith("dylu")]
-        if dylu and "window" not in fields:
-            # DyLU assigns local steps per window: say so rather than list the valid options.
-            raise RuleOptionError(
-                f"option {dylu[0]} (DyLU) needs a windowed rule, one whose workers take local steps between pushes "
-                "(those with option window, e.g. downpour, agn, easgd, diloco-dn); this rule's workers push every step"
-            )
+        for name in unknown:
+            for prefix, (marker, explanation) in _FAMILIES.items():
+                if name.startswith(prefix) and marker not in fields:
+                    raise RuleOptionError(f"option {name} {explanation}")
         if unknown:
             raise RuleOptionError(
                 f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
@@ -77,6 +86,11 @@ class RuleOptions:
         for name, text in raw.items():
             values[name] = _convert(name, text, hints[name], fields[name].metadata)
         return cls(**values)
+
+    def consistency_refusal(self, consistency: ConsistencyModel) -> str | None:
+        """Why these options cannot run under ``consistency``, or None: the one check the serve CLI, the
+        simulator and the shard make. Options whose scheduling needs asynchronous training override it."""
+        return None
 
     def as_strings(self) -> dict[str, str]:
         return {f.name: _format_value(getattr(self, f.name)) for f in dataclasses.fields(self)}

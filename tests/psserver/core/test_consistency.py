@@ -171,7 +171,7 @@ def test_a_reservation_holds_other_pushes_until_its_holder_pushes() -> None:
     holder, other = join(shard, "gem"), join(shard, "other")
     init(shard, holder)
     shard.pull(other, FP32)
-    shard.pull(holder, FP32, reserve=True)
+    shard.pull(holder, FP32, exclusive=True)
     thread, results = in_thread(push, shard, other, 1, [1.0, 0.0, 0.0, 0.0])
     thread.join(0.5)
     assert thread.is_alive() and shard.clock == 0
@@ -188,21 +188,21 @@ def _reserved_gem_shard() -> tuple[FakeClock, Shard, int, int]:
     holder, other = join(shard, "gem"), join(shard, "other")
     init(shard, holder)
     shard.pull(other, FP32)
-    shard.pull(holder, FP32, reserve=True)
+    shard.pull(holder, FP32, exclusive=True)
     return clock, shard, holder, other
 
 
 def test_a_reservation_lapses() -> None:
     clock, shard, _, other = _reserved_gem_shard()
-    clock.now += shard.config.reservation_seconds + 1
+    clock.now += shard.config.exclusive_pull_seconds + 1
     assert push(shard, other, 1, [1.0, 0.0, 0.0, 0.0]).clock == 1
 
 
 def test_pulling_again_does_not_extend_a_reservation() -> None:
     clock, shard, holder, other = _reserved_gem_shard()
-    clock.now += shard.config.reservation_seconds / 2
-    shard.pull(holder, FP32, reserve=True)  # would hold the shard forever if it renewed the deadline
-    clock.now += shard.config.reservation_seconds / 2 + 1
+    clock.now += shard.config.exclusive_pull_seconds / 2
+    shard.pull(holder, FP32, exclusive=True)  # would hold the shard forever if it renewed the deadline
+    clock.now += shard.config.exclusive_pull_seconds / 2 + 1
     thread, results = in_thread(push, shard, other, 1, [1.0, 0.0, 0.0, 0.0])
     thread.join(5)
     assert not thread.is_alive(), "the reservation was extended by pulling again"
@@ -212,8 +212,8 @@ def test_pulling_again_does_not_extend_a_reservation() -> None:
 @pytest.mark.parametrize(
     ("rule", "observer", "message"),
     [
-        ("asgd", False, "rule asgd with these options takes no reserved pulls"),
-        ("gem", True, "observers cannot reserve"),
+        ("asgd", False, "rule asgd with these options takes no exclusive pulls"),
+        ("gem", True, "observers cannot take an exclusive pull"),
     ],
 )
 def test_reserved_pulls_are_refused_where_nothing_waits_for_them(rule: str, observer: bool, message: str) -> None:
@@ -222,7 +222,7 @@ def test_reserved_pulls_are_refused_where_nothing_waits_for_them(rule: str, obse
     init(shard, writer)
     reader = shard.join("reader", "cpu", observer, LAYOUT, LAYOUT.hash).worker.worker_id
     with pytest.raises(ShardError, match=message) as refused:
-        shard.pull(reader, FP32, reserve=True)
+        shard.pull(reader, FP32, exclusive=True)
     assert refused.value.kind is ErrorKind.BAD_REQUEST
     assert shard.rejected == {"bad_request": 1}
     # Nobody holds the shard: a push goes straight through.
@@ -234,8 +234,8 @@ def test_gem_without_atomic_takes_no_reserved_pulls() -> None:
     shard = Shard(config)
     worker = join(shard, "w")
     init(shard, worker)
-    with pytest.raises(ShardError, match="rule gem with these options takes no reserved pulls"):
-        shard.pull(worker, FP32, reserve=True)
+    with pytest.raises(ShardError, match="rule gem with these options takes no exclusive pulls"):
+        shard.pull(worker, FP32, exclusive=True)
 
 
 def test_bsp_reports_the_round_once_and_every_contributor() -> None:
@@ -271,7 +271,7 @@ def test_bsp_with_atomic_gem_releases_each_reservation_when_its_holder_pushes() 
     config = ShardConfig(
         RuleSpec.parse("gem", {"lr": "1.0", "atomic": "true"}),
         consistency=Consistency(ConsistencyModel.BSP),
-        reservation_seconds=1000.0,
+        exclusive_pull_seconds=1000.0,
     )
     shard = Shard(config, clock)
     a, b = join(shard, "a"), join(shard, "b")
@@ -283,7 +283,7 @@ def test_bsp_with_atomic_gem_releases_each_reservation_when_its_holder_pushes() 
             codec.encode(torch.tensor(values)),
         )
 
-    shard.pull(a, FP32, reserve=True)
+    shard.pull(a, FP32, exclusive=True)
     pushed, pushed_results = in_thread(delta_push, a, 1, [2.0, 0.0, 0.0, 0.0])
     thread, results = in_thread(shard.pull, b, FP32, True)
     thread.join(2.0)
@@ -295,7 +295,7 @@ def test_bsp_with_atomic_gem_releases_each_reservation_when_its_holder_pushes() 
     assert isinstance(first, PushOutcome) and first.clock == second.clock == 1
     torch.testing.assert_close(shard.params, torch.tensor([1.0, 2.0, 0.0, 0.0]))
     # Nobody holds a reservation after the round: the next reserved pulls go straight through.
-    shard.pull(a, FP32, reserve=True)
+    shard.pull(a, FP32, exclusive=True)
     thread, results = in_thread(shard.pull, b, FP32, True)
     pushed, _ = in_thread(delta_push, a, 2, [0.0, 0.0, 0.0, 0.0])
     thread.join(2.0)

@@ -380,13 +380,13 @@ def test_a_stream_that_breaks_mid_push_applies_nothing_and_gives_its_buffer_back
 
 def test_a_push_whose_stream_ended_is_not_cancelled_while_it_waits_to_be_applied() -> None:
     clock = FakeClock()
-    config = ShardConfig(RuleSpec.parse("gem", {}), receive_idle_seconds=5.0, reservation_seconds=10.0)
+    config = ShardConfig(RuleSpec.parse("gem", {}), receive_idle_seconds=5.0, exclusive_pull_seconds=10.0)
     shard = Shard(config, clock_source=clock)
     holder = shard.join("holder", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     other = shard.join("other", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
     upload(shard, holder, torch.zeros(8))
     shard.pull(other, ps_pb2.DTYPE_FLOAT32)
-    shard.pull(holder, ps_pb2.DTYPE_FLOAT32, reserve=True)
+    shard.pull(holder, ps_pb2.DTYPE_FLOAT32, exclusive=True)
     delta = int(PayloadKind.DELTA)
     results: list[PushOutcome] = []
     header = PushHeader(other, 1, 0, delta, LAYOUT.hash, {})

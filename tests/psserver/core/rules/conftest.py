@@ -85,7 +85,7 @@ class Cluster:
         return self.shard.params
 
     def pull(self, worker_id: int, out: torch.Tensor | None = None, reserve: bool = False) -> torch.Tensor:
-        result = self.shard.pull(worker_id, ps_pb2.DTYPE_FLOAT32, reserve=reserve)
+        result = self.shard.pull(worker_id, ps_pb2.DTYPE_FLOAT32, exclusive=reserve)
         out = torch.empty(result.total_length) if out is None else out
         assembler = codec.Assembler(out)
         for chunk in result.chunks:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from psserver.core.rules import PayloadKind, RuleOptionError, RuleSpec
+from psserver.core.rules.gem import NO_RESERVATION, Reservation
 from tests.psserver.core.rules.conftest import INITIAL, Cluster, Worker
 
 GA = torch.tensor([1.0, 2.0, -1.0, 0.5, 3.0, 4.0])
@@ -60,3 +61,30 @@ def test_procedure_options_carry_every_option() -> None:
 def test_momentum_of_one_is_refused() -> None:
     with pytest.raises(RuleOptionError, match=re.escape("option momentum=1.0 is out of range: 0 <= value < 1")):
         RuleSpec.parse("gem", {"momentum": "1"})
+
+
+def test_a_reservation_admits_its_holder_only_until_it_lapses() -> None:
+    held = NO_RESERVATION.taken_by(1, now=10.0, seconds=5.0)
+    assert held == Reservation(1, 15.0)
+    assert held.admits(1, 12.0) and not held.admits(2, 12.0)
+    assert held.holder_at(15.0) == 1 and held.holder_at(15.1) is None
+    assert held.admits(2, 15.1)
+
+
+def test_pulling_again_does_not_extend_a_reservation_but_a_lapsed_one_is_taken_anew() -> None:
+    held = NO_RESERVATION.taken_by(1, now=10.0, seconds=5.0)
+    assert held.taken_by(1, now=14.0, seconds=5.0) is held
+    assert held.taken_by(1, now=16.0, seconds=5.0) == Reservation(1, 21.0)
+    assert held.taken_by(2, now=16.0, seconds=5.0) == Reservation(2, 21.0)
+
+
+def test_only_the_holder_releases_a_reservation() -> None:
+    held = Reservation(1, 15.0)
+    assert held.released_by(2) is held
+    assert held.released_by(1) is NO_RESERVATION
+
+
+def test_only_atomic_gem_takes_exclusive_pulls() -> None:
+    assert RuleSpec.parse("gem", {}).build(4).exclusive_pull_refusal() is None
+    refusal = RuleSpec.parse("gem", {"atomic": "false"}).build(4).exclusive_pull_refusal()
+    assert refusal == "rule gem with these options takes no exclusive pulls; pull without one"

@@ -9,10 +9,13 @@ import torch
 
 from psproto import codec
 from psserver.core.consistency import Consistency, ConsistencyModel
-from psserver.core.local_steps import DYLU_UNDER_BSP, DyluSettings, LocalSteps
+from psserver.core.local_steps import WorkerPaces
 from psserver.core.observer import NullObserver
-from psserver.core.pull_hold import PULL_GRACE_UNDER_BSP, PullHold, PullHolds, consistency_refusal, pull_grace_refusal
-from psserver.core.rules import PayloadKind, RuleOptionError, RuleOptions, RuleSpec, UpdateRule
+from psserver.core.rules import PayloadKind, RuleOptionError, RuleSpec
+from psserver.core.rules._pull_hold import PULL_GRACE_UNDER_BSP, PullHolds
+from psserver.core.rules._windowed import DYLU_UNDER_BSP
+from psserver.core.rules.base import PullHold, ShardView
+from psserver.core.rules.diloco import DelayedNesterov
 from psserver.core.shard import Shard, ShardConfig
 from psserver.core.workers import WorkerRecord
 from tests.psserver.core.test_shard import LAYOUT, FakeClock, push, upload
@@ -21,32 +24,33 @@ DELTA = int(PayloadKind.DELTA)
 LENGTH = 8  # LAYOUT: w (2, 3) and b (2,)
 
 
-def _rule(**options: str) -> UpdateRule[RuleOptions]:
-    return RuleSpec.parse("diloco-dn", options).build(LENGTH)
+def _rule(**options: str) -> DelayedNesterov:
+    rule = RuleSpec.parse("diloco-dn", options).build(LENGTH)
+    assert isinstance(rule, DelayedNesterov)
+    return rule
 
 
 def test_pushes_within_the_grace_of_a_batchs_first_share_its_end() -> None:
-    rule = _rule(period="4", pull_grace="2.5")
-    clock = FakeClock()
-    holds = PullHolds(clock, list, LocalSteps(None))
+    holds = PullHolds(2.5, lambda worker_id, view: None)
 
-    def at(now: float) -> PullHold | None:
-        clock.now = now
-        return holds.after_push(rule)
+    def at(now: float, worker_id: int = 1) -> PullHold | None:
+        holds.after_push(worker_id, now)
+        return holds.of(worker_id)
 
     # The push at 10 s opens a batch that ends at 12.5 s; one at 11 s joins it, with the same end.
     assert at(10.0) == PullHold(until_time=12.5)
-    assert at(11.0) == PullHold(until_time=12.5)
-    assert at(12.5) == PullHold(until_time=12.5)  # at its very end: still within the grace
+    assert at(11.0, 2) == PullHold(until_time=12.5)
+    assert at(12.5, 3) == PullHold(until_time=12.5)  # at its very end: still within the grace
     assert at(12.6) == PullHold(until_time=15.1)  # the batch ended: a new one
-    assert holds.after_push(_rule(period="4")) is None  # grace 0: pull at once
-    assert holds.after_push(RuleSpec.parse("diloco", {}).build(LENGTH)) is None
-    assert holds.after_push(None) is None
+    off = PullHolds(0.0, lambda worker_id, view: None)
+    off.after_push(1, 10.0)
+    assert off.of(1) is None  # grace 0: pull at once
+    assert _rule(period="4").paced_window is None and _rule(pull_grace="1").paced_window == 20
 
 
 def test_consistency_refusal_names_whichever_scheduling_option_bsp_cannot_run() -> None:
     def refusal(options: dict[str, str], model: ConsistencyModel) -> str | None:
-        return consistency_refusal(RuleSpec.parse("diloco-dn", options).options, model)
+        return RuleSpec.parse("diloco-dn", options).options.consistency_refusal(model)
 
     assert refusal({"dylu": "true"}, ConsistencyModel.BSP) == DYLU_UNDER_BSP
     assert refusal({"pull_grace": "0.5"}, ConsistencyModel.BSP) == PULL_GRACE_UNDER_BSP
@@ -56,10 +60,6 @@ def test_consistency_refusal_names_whichever_scheduling_option_bsp_cannot_run() 
 
 
 def test_pull_grace_is_refused_under_bsp_and_when_negative() -> None:
-    options = RuleSpec.parse("diloco-dn", {"pull_grace": "1"}).options
-    assert pull_grace_refusal(options, ConsistencyModel.BSP) == PULL_GRACE_UNDER_BSP
-    assert pull_grace_refusal(options, ConsistencyModel.ASYNC) is None
-    assert pull_grace_refusal(RuleSpec.parse("diloco-dn", {}).options, ConsistencyModel.BSP) is None
     with pytest.raises(ValueError, match="pull_grace is for asynchronous training"):
         Shard(
             ShardConfig(RuleSpec.parse("diloco-dn", {"pull_grace": "1"}), consistency=Consistency(ConsistencyModel.BSP))
@@ -70,32 +70,31 @@ def test_pull_grace_is_refused_under_bsp_and_when_negative() -> None:
 
 def test_a_hold_lasts_while_another_worker_is_due_to_join_the_batch() -> None:
     clock = FakeClock()
+    paces = WorkerPaces()
+    rule = _rule(window="10", dylu="true", pull_grace="2.5")
+    view = ShardView(clock, lambda: [1, 2], paces)
+    holds = rule.holds
+    holds.after_push(2, 5.0)  # worker 2 was held in an earlier batch (ends 7.5 s) and pulled
+    assert holds.release(2) and holds.of(2) == PullHold(until_time=7.5, released=True)
     clock.now = 10.0
-    local_steps = LocalSteps(DyluSettings(window=10, minimum=1, reference="max"))
-    held = WorkerRecord(1, "a", "cpu", False, pull_hold=PullHold(until_time=12.5))
-    other = WorkerRecord(2, "b", "cpu", False)
-    holds = PullHolds(clock, lambda: [held, other], local_steps)
-    assert holds.active(held) is None  # the other's pace is not known: it is not waited for
+    holds.after_push(1, 10.0)  # worker 1 opens a batch that ends at 12.5 s
+    assert holds.active(1, view) is None  # the other's pace is not known: it is not waited for
     # The other worker took 10 steps in 10 s and started its next window at 10 s: due at 20 s.
-    local_steps.observe(2, header_at=0.0, steps_done=10.0, now=0.0, live=[held, other])
-    local_steps.observe(2, header_at=10.0, steps_done=10.0, now=10.0, live=[held, other])
-    assert local_steps.next_push_at(2) == 20.0
-    assert holds.active(held) is None  # it cannot join the batch before 12.5 s: pull now
-    local_steps.observe(2, header_at=10.5, steps_done=10.0, now=11.0, live=[held, other])  # 20 steps/s: due 11.95 s
-    assert holds.active(held) == PullHold(until_time=12.5)
-    other.pull_hold = PullHold(until_time=12.5)  # a held worker pushes nothing until it pulls
-    assert holds.active(held) is None
-    other.pull_hold = PullHold(until_time=12.5, released=True)  # released from this batch: it cannot join again
-    assert holds.active(held) is None
-    other.pull_hold = PullHold(until_time=9.0, released=True)  # released from an earlier one: it may
-    assert holds.active(held) == PullHold(until_time=12.5)
+    paces.observe(2, header_at=0.0, steps_done=10.0, now=0.0, live=[1, 2], window=10)
+    paces.observe(2, header_at=10.0, steps_done=10.0, now=10.0, live=[1, 2], window=10)
+    assert paces.next_push_at(2, rule.assigned_window(2, view)) == 20.0
+    assert holds.active(1, view) is None  # it cannot join the batch before 12.5 s: pull now
+    paces.observe(2, header_at=10.5, steps_done=10.0, now=11.0, live=[1, 2], window=10)  # 20 steps/s: due 11.5 s
+    # Released from an earlier batch, it may join this one: waited for.
+    assert holds.active(1, view) == PullHold(until_time=12.5)
+    holds.after_push(2, 11.0)  # it joined: a held worker pushes nothing until it pulls
+    assert holds.active(1, view) is None
+    assert holds.release(2)  # released from this batch: it cannot join it again
+    assert holds.active(1, view) is None
+    holds.forget(2)  # left (and joined again): waited for
+    assert holds.active(1, view) == PullHold(until_time=12.5)
     clock.now = 12.5  # the batch ended
-    assert holds.active(held) is None
-
-
-def test_without_dylu_the_shard_measures_paces_only_for_pull_grace() -> None:
-    assert LocalSteps.of(ShardConfig(RuleSpec.parse("diloco-dn", {"pull_grace": "1"})))._window == 20
-    assert LocalSteps.of(ShardConfig(RuleSpec.parse("diloco-dn", {})))._window is None
+    assert holds.active(1, view) is None
 
 
 class _HoldRecorder(NullObserver):
