@@ -46,7 +46,8 @@ from benchmarks.harness.scoring import NICENESS, BackgroundScorer, Scored
 from benchmarks.harness.settings import parse_speed_mix as parse_mix
 from benchmarks.harness.snapshots import Score, score
 from benchmarks.tta_report import aggregate, at_budget, local_sgd_targets, plot_curves, print_tables, targets
-from psworker.tasks import ACCURACY, Metric, Task, load_task
+from pstasks.tasks import load_task
+from psworker.task import ACCURACY, Metric, Task
 
 SYSTEMS = {
     system.name: system

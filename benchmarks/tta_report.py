@@ -1,6 +1,6 @@
 """What the time-to-accuracy race reports: medians over seeds, the targets, tables and the plot.
 
-Every function takes the task's metric (:class:`psworker.tasks.Metric`, test accuracy unless
+Every function takes the task's metric (:class:`psworker.task.Metric`, test accuracy unless
 told): the target, "at budget" and "better" follow its direction, so a language model's race
 is to a validation loss at most the target, and its final loss is compared with DDP's.
 """
@@ -19,7 +19,7 @@ from rich.table import Table
 from benchmarks.harness.race import RaceSettings, RunResult
 from benchmarks.harness.report import print_targets
 from benchmarks.harness.stats import summarize
-from psworker.tasks import ACCURACY, Metric
+from psworker.task import ACCURACY, Metric
 
 # The target: the best hetps rule reaches the accuracy this many times sooner than DDP...
 SPEEDUP_TARGET = 1.5

@@ -22,7 +22,7 @@ from benchmarks.harness.link import Link, emulated_link
 from benchmarks.harness.race_workers import DdpSettings, RaceWorker, ddp_rank, hetps_worker
 from benchmarks.harness.snapshots import ParameterRecorder, Score, Snapshot, score, wall_clock_since
 from pstools.launcher import start_server, stop_process
-from psworker.tasks import Task
+from psworker.task import Task
 
 READY_TIMEOUT_S = 180.0
 # DDP's momentum, the same as the hetps `momentum` rule's default.

@@ -44,7 +44,7 @@ class RaceWorker:
 
 
 def _task_part(spec: RaceWorker) -> Any:
-    from psworker.tasks import load_task
+    from pstasks.tasks import load_task
 
     task = load_task(spec.task, spec.data_dir)
     return task.shard(spec.rank, spec.workers) if spec.workers > 1 and task.disjoint_shards else task

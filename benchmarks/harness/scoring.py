@@ -24,7 +24,8 @@ import torch
 
 from benchmarks.harness.race import process_context
 from benchmarks.harness.snapshots import Score, Snapshot, score
-from psworker.tasks import Task, load_task
+from pstasks.tasks import load_task
+from psworker.task import Task
 
 NICENESS = 19
 

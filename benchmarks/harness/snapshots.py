@@ -5,7 +5,7 @@ hetps's parameters are pulled by an observer every few seconds (:class:`Paramete
 DDP's rank 0 copies its own. Afterwards :func:`score` finds when the task's metric first
 reached the target and what it was when the budget ran out, on the task's whole test set;
 the curve it draws is screened on every tenth test example, which costs a tenth as much. The
-metric is the task's (:class:`psworker.tasks.Metric`): a test accuracy reaches the target at
+metric is the task's (:class:`psworker.task.Metric`): a test accuracy reaches the target at
 or above it, a language model's validation loss at or below it.
 """
 
@@ -24,7 +24,7 @@ from psproto.errors import reason_of
 from psproto.reasons import Reason
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
-from psworker.tasks import Task, evaluate, metric_named
+from psworker.task import Task, evaluate, metric_named
 
 Snapshot = tuple[float, list[torch.Tensor]]
 # A screened accuracy this far below the target is not worth a whole-test-set evaluation.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from benchmarks.harness.scoring import NICENESS, BackgroundScorer, _priority
 from benchmarks.harness.snapshots import score
-from psworker.tasks import digits
+from pstasks.tasks import digits
 from tests.benchmarks.trained import trained_digits_model
 
 

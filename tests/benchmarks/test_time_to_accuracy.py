@@ -23,7 +23,8 @@ from benchmarks.time_to_accuracy import (
     parse_mix,
 )
 from benchmarks.tta_report import aggregate, local_sgd_targets, targets
-from psworker.tasks import LOSS, digits
+from pstasks.tasks import digits
+from psworker.task import LOSS
 from tests.benchmarks.namespaces import network_namespace_available
 from tests.benchmarks.trained import trained_digits_model
 

@@ -13,7 +13,7 @@ from benchmarks.harness.race import RunResult
 from benchmarks.harness.snapshots import Snapshot, score
 from benchmarks.tta_report import aggregate, targets
 from pstools.sim_tasks import digits_mlp
-from psworker.tasks import LOSS
+from psworker.task import LOSS
 
 
 def _snapshots(model: nn.Module, times: list[float]) -> list[Snapshot]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from psworker.tasks import Task
+from psworker.task import Task
 
 
 def trained_digits_model(task: Task, steps: int = 300, batch: int = 64, seed: int = 0) -> nn.Module:

@@ -13,11 +13,11 @@ from click.testing import CliRunner
 from sklearn.datasets import load_digits as sklearn_load_digits
 from sklearn.model_selection import train_test_split
 
-from psworker import digits
-from psworker.cli import main
-from psworker.digits import DigitsDataError, load_digits, stratified_split
-from psworker.task_error import TaskError
-from psworker.tasks import load_task
+from pstasks import digits
+from pstasks.cli import main
+from pstasks.digits import DigitsDataError, load_digits, stratified_split
+from pstasks.task_error import TaskError
+from pstasks.tasks import load_task
 
 
 def test_the_data_is_scikit_learns() -> None:
@@ -63,7 +63,7 @@ def test_the_digits_task_is_unchanged() -> None:
 
 
 def test_loading_the_task_does_not_import_scikit_learn() -> None:
-    code = "import sys; from psworker.tasks import load_task; load_task('digits'); print('sklearn' in sys.modules)"
+    code = "import sys; from pstasks.tasks import load_task; load_task('digits'); print('sklearn' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

@@ -3,7 +3,7 @@
 The four standard IDX files (60,000 training and 10,000 test 28×28 grey images, 10 classes)
 come from ``--data-dir``, else ``$HETPS_DATA_DIR``, else ``/usr/share/datasets/fashion-mnist``,
 where Debian's package ``dataset-fashion-mnist`` installs them; gzipped or plain. Nothing is
-downloaded: files that are missing or malformed raise :class:`psworker.idx.IdxError`, whose
+downloaded: files that are missing or malformed raise :class:`pstasks.idx.IdxError`, whose
 message names the file, the problem and how to get the data.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from psworker.idx import find_idx, read_images_and_labels
+from pstasks.idx import find_idx, read_images_and_labels
 
 DATA_DIR_ENV = "HETPS_DATA_DIR"
 DEFAULT_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from psworker.tasks import LOSS, Task
+from psworker.task import LOSS, Task
 
 # 32 bytes of context: a step of batch 32 is 1,024 tokens, which keeps it CPU-fast (64 doubles
 # the matrix work and quadruples the attention's).

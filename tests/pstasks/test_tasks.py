@@ -7,10 +7,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from psworker.cli import main
-from psworker.task_error import TaskError
-from psworker.tasks import Task, digits, evaluate, load_task
-from tests.psworker.test_idx import write_dataset
+from pstasks.cli import main
+from pstasks.task_error import TaskError
+from pstasks.tasks import digits, load_task
+from psworker.task import Task, evaluate
+from tests.pstasks.test_idx import write_dataset
 
 
 def test_digits_is_the_bundled_data_split_80_20() -> None:
@@ -44,7 +45,7 @@ def test_module_function_tasks_load() -> None:
         ("no_such_module:f", "cannot import"),
         ("json:nothing", "has no function"),
         ("json:dumps", "callable with no arguments"),
-        ("json:JSONDecoder", "expected psworker.tasks.Task"),
+        ("json:JSONDecoder", "expected psworker.task.Task"),
     ],
 )
 def test_bad_task_specs_are_clear(spec: str, message: str) -> None:

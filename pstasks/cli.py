@@ -1,7 +1,8 @@
-"""``psworker``: the worker's command group and ``psworker train`` (train against a running server).
+"""``psworker``: the worker's command group and ``psworker train`` (train a task against a running server).
 
-The ``psworker`` console script adds the tools' commands (``cluster``, ``simulate``,
-``export``) from :mod:`pstools.cli`; this module imports nothing of the server."""
+It lives beside the built-in tasks because it finds a task by name (:func:`pstasks.tasks.load_task`);
+the ``psworker`` console script adds the tools' commands (``cluster``, ``simulate``, ``export``)
+from :mod:`pstools.cli`. This module imports nothing of the server."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ import grpc
 import torch
 
 from psproto.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
+from pstasks.idx import IdxError
+from pstasks.task_error import TaskError
+from pstasks.tasks import load_task
 from psworker.channels import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S
 from psworker.client import DeadlinePolicy, ServerMismatchError
-from psworker.idx import IdxError
 from psworker.procedures import ProcedureError
-from psworker.task_error import TaskError
-from psworker.tasks import load_task
 from psworker.train import ENCODE_PLACES, TrainConfig, train
 
 

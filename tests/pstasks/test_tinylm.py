@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from psworker.tasks import LOSS, evaluate, load_task
-from psworker.tinylm import CONTEXT, TinyDecoder, corpus, split_point, token_cross_entropy, windows
+from pstasks.tasks import load_task
+from pstasks.tinylm import CONTEXT, TinyDecoder, corpus, split_point, token_cross_entropy, windows
+from psworker.task import LOSS, evaluate
 
 
 def test_the_text_is_the_pydoc_topics_in_key_order_and_deterministic() -> None:

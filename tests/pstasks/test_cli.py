@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from psworker import cli
-from psworker.cli import main
+from pstasks import cli
+from pstasks.cli import main
 from psworker.train import TrainConfig, TrainSummary
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from psworker.fashion import FILES, HOW_TO_GET, load_fashion
-from psworker.idx import IMAGES_MAGIC, LABELS_MAGIC, IdxError, find_idx, read_idx, read_images_and_labels
+from pstasks.fashion import FILES, HOW_TO_GET, load_fashion
+from pstasks.idx import IMAGES_MAGIC, LABELS_MAGIC, IdxError, find_idx, read_idx, read_images_and_labels
 
 
 def idx_bytes(magic: int, shape: tuple[int, ...], values: bytes) -> bytes:

@@ -5,7 +5,7 @@ start, nearly as much as importing torch (``python -m benchmarks.start_up``), an
 starts one such process per worker.
 The data is one CSV file inside the installed package, and the split is scikit-learn's
 ``train_test_split(..., stratify=labels, random_state=seed)`` step for step, so a given seed
-selects the same examples as it (``tests/psworker/test_digits.py`` compares the two).
+selects the same examples as it (``tests/pstasks/test_digits.py`` compares the two).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from psworker.task_error import TaskError
+from pstasks.task_error import TaskError
 
 
 class DigitsDataError(TaskError):
