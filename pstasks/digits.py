@@ -29,7 +29,9 @@ def digits_file() -> Path:
     """Where scikit-learn keeps the digits (``sklearn/datasets/data/digits.csv.gz``); found, not imported."""
     spec = find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
-        raise DigitsDataError("the digits task reads its data from scikit-learn: pip install scikit-learn")
+        raise DigitsDataError(
+            "the digits task reads its data from scikit-learn: pip install 'hetps[tasks]' (or scikit-learn)"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
     if not path.is_file():
         raise DigitsDataError(f"scikit-learn is installed without its digits data: {path} is missing")

@@ -13,10 +13,11 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import tomllib
 from collections.abc import Iterator
 from importlib.metadata import packages_distributions
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,6 +111,12 @@ def test_the_worker_never_imports_the_server_the_tasks_or_the_tools() -> None:
 
 def test_the_tasks_never_import_the_server_or_the_tools() -> None:
     assert _violations("pstasks", ("psserver", "pstools")) == []
+
+
+def test_nothing_imports_the_experiments() -> None:
+    """Reproductions and races use everything (the benchmarks' harness too); nothing uses them."""
+    packages = ("psproto", "psserver", "psworker", "pstasks", "pstools", "benchmarks")
+    assert [line for package in packages for line in _violations(package, ("experiments",))] == []
 
 
 _OURS = ("psproto", "psserver", "psworker", "pstasks", "pstools", "benchmarks", "experiments", "tests")

@@ -70,7 +70,7 @@ def test_loading_the_task_does_not_import_scikit_learn() -> None:
 
 def test_without_scikit_learn_the_task_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(digits, "find_spec", lambda name: None)
-    with pytest.raises(TaskError, match="pip install scikit-learn"):
+    with pytest.raises(TaskError, match=r"pip install .hetps\[tasks\]. \(or scikit-learn\)"):
         load_task("digits")
 
 
@@ -86,4 +86,4 @@ def test_psworker_train_without_scikit_learn_exits_2_naming_the_task_option(monk
     monkeypatch.setattr(digits, "find_spec", lambda name: None)
     result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", "--task", "digits"])
     assert result.exit_code == 2
-    assert "--task" in result.output and "pip install scikit-learn" in result.output
+    assert "--task" in result.output and "pip install 'hetps[tasks]'" in result.output

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.repro_ab_sweep import DIGITS_SWEEP, ab_sweep_experiment
-from benchmarks.repro_common import Experiment
-from benchmarks.repro_experiments import (
+from experiments.repro_ab_sweep import DIGITS_SWEEP, ab_sweep_experiment
+from experiments.repro_common import Experiment
+from experiments.repro_experiments import (
     ab_experiment,
     agn_experiment,
     ga_experiment,
@@ -14,8 +14,8 @@ from benchmarks.repro_experiments import (
     ormo_experiment,
     ttt_experiment,
 )
-from benchmarks.repro_fashion import fashion_experiments
-from benchmarks.repro_local_sgd import local_sgd_experiments
+from experiments.repro_fashion import fashion_experiments
+from experiments.repro_local_sgd import local_sgd_experiments
 
 TASKS = ("digits", "fashion", "tinylm")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.harness.scoring import NICENESS, BackgroundScorer, _priority
-from benchmarks.harness.snapshots import score
+from experiments.harness.scoring import NICENESS, BackgroundScorer, _priority
+from experiments.harness.snapshots import score
 from pstasks.tasks import digits
-from tests.benchmarks.trained import trained_digits_model
+from tests.experiments.trained import trained_digits_model
 
 
 def test_the_background_scorer_gives_the_in_process_score_and_removes_its_spool_file(tmp_path: Path) -> None:

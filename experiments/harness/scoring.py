@@ -7,7 +7,7 @@ processes leave idle: the kernel gives a nice-19 process about 1.5 % of a core a
 nice-0 one. There is one process per core: beside a race they share the idle time, and the runs
 still waiting when the last race ends are scored on every core instead of one. The race's own
 record of how often a step took longer than its pace (*overruns*) shows what scoring still costs;
-``benchmarks.time_to_accuracy --score-between-races`` scores each run before the next race starts
+``experiments.time_to_accuracy --score-between-races`` scores each run before the next race starts
 instead. Snapshots travel through a file (a run's ~30 parameter copies), not a
 pipe, so nothing large is pickled.
 """
@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 import torch
 
-from benchmarks.harness.race import process_context
-from benchmarks.harness.snapshots import Score, Snapshot, score
+from experiments.harness.race import process_context
+from experiments.harness.snapshots import Score, Snapshot, score
 from pstasks.tasks import load_task
 from psworker.task import Task
 

@@ -16,9 +16,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.harness.race import RaceSettings, RunResult
 from benchmarks.harness.report import print_targets
 from benchmarks.harness.stats import summarize
+from experiments.harness.race import RaceSettings, RunResult
 from psworker.task import ACCURACY, Metric
 
 # The target: the best hetps rule reaches the accuracy this many times sooner than DDP...

@@ -3,7 +3,7 @@
 A hetps run starts a ``psserver serve`` process and N hetps workers; a DDP run starts N DDP
 ranks. Every worker loads its data first and says it is ready; the race then starts them all
 at once (time 0), records the parameters every few seconds, stops at the budget and scores the
-snapshots afterwards (:mod:`benchmarks.harness.snapshots`).
+snapshots afterwards (:mod:`experiments.harness.snapshots`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness.link import Link, emulated_link
-from benchmarks.harness.race_workers import DdpSettings, RaceWorker, ddp_rank, hetps_worker
-from benchmarks.harness.snapshots import ParameterRecorder, Score, Snapshot, score, wall_clock_since
+from experiments.harness.link import Link, emulated_link
+from experiments.harness.race_workers import DdpSettings, RaceWorker, ddp_rank, hetps_worker
+from experiments.harness.snapshots import ParameterRecorder, Score, Snapshot, score, wall_clock_since
 from pstools.launcher import start_server, stop_process
 from psworker.task import Task
 
@@ -59,7 +59,7 @@ class RaceSettings:
     budget_seconds: float
     snapshot_seconds: float
     target: float
-    # A shared link of this many Mbit/s for every process's traffic (benchmarks.harness.link);
+    # A shared link of this many Mbit/s for every process's traffic (experiments.harness.link);
     # None races over the bare loopback.
     link_mbit: float | None = None
 
@@ -82,7 +82,7 @@ class RunResult:
     workers: list[dict[str, Any]]
     curve: list[tuple[float, float]]
     # The race, from starting its processes to stopping them; of it, until all were ready. Scoring
-    # the snapshots comes after (or beside the next race: benchmarks.harness.scoring).
+    # the snapshots comes after (or beside the next race: experiments.harness.scoring).
     run_seconds: float
     setup_seconds: float = 0.0
     scoring_seconds: float = 0.0
@@ -90,7 +90,7 @@ class RunResult:
 
 def process_context() -> Any:
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "psworker.train", "benchmarks.harness.race_workers"])
+    context.set_forkserver_preload(["torch", "psworker.train", "experiments.harness.race_workers"])
     return context
 
 

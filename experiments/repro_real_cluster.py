@@ -2,7 +2,7 @@
 
 The cluster's final accuracy is judged against the spread of simulator seeds that replay it with
 the step times the cluster measured (``profile:LOG_DIR``); :func:`real_cluster_section` writes
-the report's section. ``python -m benchmarks.reproduce --real-cluster`` runs it.
+the report's section. ``python -m experiments.reproduce --real-cluster`` runs it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.processes import use_one_torch_thread
-from benchmarks.repro_experiments import TIME_TO_TARGET_RULES
+from experiments.repro_experiments import TIME_TO_TARGET_RULES
 from pstools.simulate import SimConfig, SpeedModel, simulate
 
 CHECK_SEEDS = 8

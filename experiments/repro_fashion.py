@@ -9,9 +9,9 @@ Learning rates are set for a CNN without batch normalisation: SGD 0.05, momentum
 
 from __future__ import annotations
 
-from benchmarks.repro_ab_sweep import FASHION_SWEEP, ab_sweep_experiment
-from benchmarks.repro_common import Experiment, Scale
-from benchmarks.repro_experiments import agn_experiment, ga_experiment, gem_experiment, ormo_experiment, ttt_experiment
+from experiments.repro_ab_sweep import FASHION_SWEEP, ab_sweep_experiment
+from experiments.repro_common import Experiment, Scale
+from experiments.repro_experiments import agn_experiment, ga_experiment, gem_experiment, ormo_experiment, ttt_experiment
 
 TASK = "fashion"
 WORDS = "Fashion-MNIST CNN"

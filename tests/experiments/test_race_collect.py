@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from benchmarks.harness.race import _collect
+from experiments.harness.race import _collect
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """The digits reproductions: one experiment per paper claim, as simulator configurations and a verdict.
 
 Each :class:`Experiment` lists its series (a rule with its options) over an x axis (workers,
-delay, ...). Every point runs for several seeds; :mod:`benchmarks.reproduce` runs them,
+delay, ...). Every point runs for several seeds; :mod:`experiments.reproduce` runs them,
 aggregates mean ± std and asks the experiment's ``judge`` for a verdict in plain words.
 Scales (steps per run, grids) are chosen so the full set fits an hour on two CPU cores;
 ``quick`` keeps a tiny subset for the smoke test. The Fashion-MNIST variants are in
-:mod:`benchmarks.repro_fashion`, the learning-rate sweep at D = 32 in :mod:`benchmarks.repro_ab_sweep`.
+:mod:`experiments.repro_fashion`, the learning-rate sweep at D = 32 in :mod:`experiments.repro_ab_sweep`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from benchmarks.repro_common import (
+from experiments.repro_common import (
     CONSTANT,
     EXP,
     HETERO,

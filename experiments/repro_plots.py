@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from benchmarks.repro_common import Aggregates, Experiment, as_float
+from experiments.repro_common import Aggregates, Experiment, as_float
 
 SERIES_MARKERS = ("o", "s", "^", "D", "v", "P")
 SERIES_LINES = ("-", "--", ":", "-.")

@@ -1,19 +1,19 @@
 """Time to accuracy on mixed-speed workers: PyTorch DDP against hetps BSP and every hetps rule.
 
-    python -m benchmarks.time_to_accuracy [--quick | --smoke] [--out FILE]
+    python -m experiments.time_to_accuracy [--quick | --smoke] [--out FILE]
         [--mixes 1:1:2:4,1:1:1:8,1:1:1:1] [--systems ddp,bsp,asgd,...] [--seeds 0,1,2]
         [--budget S] [--step-time S] [--lrs SWEEP.json[,SWEEP2.json]] [--link-mbit R]
-    python -m benchmarks.time_to_accuracy --sweep [--systems ...] [--grid 0.005,0.02]   # the learning-rate sweep
+    python -m experiments.time_to_accuracy --sweep [--systems ...] [--grid 0.005,0.02]   # the learning-rate sweep
 
 The same task, data parts, per-worker batch, seeds and emulated speeds for every system: each
 worker is a real process; hetps workers talk gRPC to a real ``psserver``; DDP ranks all-reduce
 over gloo. A worker of slowdown X takes X · step-time seconds per step (psworker.pacing). Each
 run lasts a fixed wall budget; the test accuracy is scored afterwards from parameter snapshots
-(benchmarks.harness.snapshots). Per mix and system: median and spread over seeds of the seconds
+(experiments.harness.snapshots). Per mix and system: median and spread over seeds of the seconds
 until the test accuracy first reaches the target, the accuracy at the budget, samples per
 second and per-worker staleness; an accuracy-vs-time plot (PNG) and JSON beside ``--out``.
 ``--link-mbit R`` races every system over one emulated link of R Mbit/s that all of its traffic
-shares (benchmarks.harness.link: the kernel shapes the loopback device; needs root and tc).
+shares (experiments.harness.link: the kernel shapes the loopback device; needs root and tc).
 
 Learning rates: ``--sweep`` runs every system at each rate of its grid on the first mix with a
 seed kept apart from the measured ones (100); the measuring run gives each system the rate of
@@ -39,13 +39,13 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from benchmarks.harness.link import LinkUnavailableError, emulated_link
-from benchmarks.harness.race import Race, RaceSettings, RunResult, System, race_once, scored_run
 from benchmarks.harness.report import prepare_output, run_header
-from benchmarks.harness.scoring import NICENESS, BackgroundScorer, Scored
 from benchmarks.harness.settings import parse_speed_mix as parse_mix
-from benchmarks.harness.snapshots import Score, score
-from benchmarks.tta_report import aggregate, at_budget, local_sgd_targets, plot_curves, print_tables, targets
+from experiments.harness.link import LinkUnavailableError, emulated_link
+from experiments.harness.race import Race, RaceSettings, RunResult, System, race_once, scored_run
+from experiments.harness.scoring import NICENESS, BackgroundScorer, Scored
+from experiments.harness.snapshots import Score, score
+from experiments.tta_report import aggregate, at_budget, local_sgd_targets, plot_curves, print_tables, targets
 from pstasks.tasks import load_task
 from psworker.task import ACCURACY, Metric, Task
 
@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LinkUnavailableError as error:
         parser.error(f"--link-mbit: {error}")
     default_name = "time_to_accuracy_sweep" if args.sweep else "time_to_accuracy"
-    out: Path = args.out or Path(f"benchmarks/results/{default_name}.json")
+    out: Path = args.out or Path(f"experiments/results/{default_name}.json")
     console, log_dir = prepare_output(out)
     # The runs' workers have one thread each; scoring in between may use the whole machine.
     torch.set_num_threads(2)
@@ -380,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             scorer.close()
     results["wall_seconds"] = time.monotonic() - began
     arguments = argv if argv is not None else sys.argv[1:]
-    results["command"] = " ".join(["python -m benchmarks.time_to_accuracy", *arguments])
+    results["command"] = " ".join(["python -m experiments.time_to_accuracy", *arguments])
     out.write_text(json.dumps(results, indent=2, default=_json_default))
     console.print(f"wrote {out} ({results['wall_seconds']:.0f} s)")
     return 0

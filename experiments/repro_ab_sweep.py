@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from benchmarks.repro_common import CONSTANT, Aggregates, Experiment, Point, beats, fmt, mean_of, std_of
+from experiments.repro_common import CONSTANT, Aggregates, Experiment, Point, beats, fmt, mean_of, std_of
 from pstools.simulate import SimConfig
 
 DELAY = 32

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.repro_catalog import experiments
-from benchmarks.repro_common import Aggregates, Point, beats
-from benchmarks.repro_local_sgd import (
+from experiments.repro_catalog import experiments
+from experiments.repro_common import Aggregates, Point, beats
+from experiments.repro_local_sgd import (
     DN,
     DN_DYLU,
     DN_DYLU_AT_ONCE,
@@ -23,7 +23,7 @@ from benchmarks.repro_local_sgd import (
     judge_local_sgd,
     judge_longer_budget,
 )
-from benchmarks.repro_report import aggregate
+from experiments.repro_report import aggregate
 
 
 def test_each_task_runs_every_variant_at_both_mixes_with_the_same_options() -> None:

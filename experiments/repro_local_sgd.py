@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from benchmarks.repro_common import Aggregates, Experiment, Point, beats, mean_of, relation, std_of
+from experiments.repro_common import Aggregates, Experiment, Point, beats, mean_of, relation, std_of
 from pstools.simulate import SimConfig, SpeedModel
 
 SYNC = "sync DiLoCo (BSP)"

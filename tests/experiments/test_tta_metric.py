@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.harness.race import RunResult
-from benchmarks.harness.snapshots import Snapshot, score
-from benchmarks.tta_report import aggregate, targets
+from experiments.harness.race import RunResult
+from experiments.harness.snapshots import Snapshot, score
+from experiments.tta_report import aggregate, targets
 from pstools.sim_tasks import digits_mlp
 from psworker.task import LOSS
 

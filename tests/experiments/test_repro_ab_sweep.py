@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.repro_ab_sweep import DIGITS_SWEEP, REFERENCE, VARIANTS, ab_sweep_experiment, best_rate
-from benchmarks.repro_common import Aggregates
+from experiments.repro_ab_sweep import DIGITS_SWEEP, REFERENCE, VARIANTS, ab_sweep_experiment, best_rate
+from experiments.repro_common import Aggregates
 
 
 def _aggregates(accuracy: dict[str, dict[float, float]]) -> Aggregates:

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from benchmarks.harness.link import MIN_BURST_BYTES, MIN_QUEUE_BYTES, Link
-from tests.benchmarks.namespaces import network_namespace_available
+from experiments.harness.link import MIN_BURST_BYTES, MIN_QUEUE_BYTES, Link
+from tests.experiments.namespaces import network_namespace_available
 
 # Runs in a fresh network namespace, so the shaping never touches the loopback the rest of the
 # machine uses: it times 6 MB over TCP without the link, with it, and shows what is left after.
 MEASURE = r"""
 import json, socket, subprocess, threading, time
-from benchmarks.harness.link import Link, LinkUnavailableError, emulated_link, root_discipline
+from experiments.harness.link import Link, LinkUnavailableError, emulated_link, root_discipline
 
 subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 PAYLOAD = b"x" * (6 * 1000 * 1000)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.harness.race import RunResult
-from benchmarks.harness.snapshots import score
-from benchmarks.time_to_accuracy import (
+from experiments.harness.race import RunResult
+from experiments.harness.snapshots import score
+from experiments.time_to_accuracy import (
     LOCAL_SGD_CANDIDATES,
     SWEPT_LRS,
     SYSTEMS,
@@ -22,18 +22,18 @@ from benchmarks.time_to_accuracy import (
     main,
     parse_mix,
 )
-from benchmarks.tta_report import aggregate, local_sgd_targets, targets
+from experiments.tta_report import aggregate, local_sgd_targets, targets
 from pstasks.tasks import digits
 from psworker.task import LOSS
-from tests.benchmarks.namespaces import network_namespace_available
-from tests.benchmarks.trained import trained_digits_model
+from tests.experiments.namespaces import network_namespace_available
+from tests.experiments.trained import trained_digits_model
 
 
 def test_smoke_races_ddp_against_a_hetps_rule_over_real_processes(tmp_path: Path) -> None:
     out = tmp_path / "tta.json"
     assert main(["--smoke", "--out", str(out)]) == 0
     results = json.loads(out.read_text())
-    assert results["command"] == f"python -m benchmarks.time_to_accuracy --smoke --out {out}"
+    assert results["command"] == f"python -m experiments.time_to_accuracy --smoke --out {out}"
     runs = {run["system"]: run for run in results["runs"]}
     assert set(runs) == {"ddp", "asgd"}
     assert results["scoring"] == "beside the next race, at nice 19"
@@ -208,7 +208,7 @@ def test_a_file_that_is_not_a_sweep_is_refused(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_a_rate_so_large_that_the_model_diverges_is_a_result_not_a_crash(tmp_path: Path) -> None:
-    from benchmarks.harness.race import RaceSettings, System, run_once
+    from experiments.harness.race import RaceSettings, System, run_once
 
     settings = RaceSettings("digits", None, 0.01, 3.0, 0.5, 0.6)
     result = run_once(System("asgd", "asgd"), 1e8, [1.0, 2.0], 0, settings, digits(), tmp_path)
@@ -229,7 +229,7 @@ def test_a_race_over_an_emulated_link_moves_no_more_bytes_than_the_link_carries(
     out = tmp_path / "link.json"
     mbit = 8.0
     # In a network namespace of its own, so only this race's loopback is shaped.
-    command = f"ip link set lo up && exec {sys.executable} -m benchmarks.time_to_accuracy --smoke --link-mbit {mbit:g}"
+    command = f"ip link set lo up && exec {sys.executable} -m experiments.time_to_accuracy --smoke --link-mbit {mbit:g}"
     done = subprocess.run(
         ["unshare", "-n", "sh", "-c", f"{command} --systems asgd --out {out}"],
         capture_output=True,

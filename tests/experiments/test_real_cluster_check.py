@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks.repro_real_cluster import (
+from experiments.repro_real_cluster import (
     join_clocks,
     real_cluster_section,
     relative_speeds,
     replay_fields,
     within_spread,
 )
-from benchmarks.reproduce import main
+from experiments.reproduce import main
 
 
 def test_within_spread_is_the_seed_range_widened_by_one_std() -> None:
@@ -74,13 +74,13 @@ def test_the_section_counts_the_rows_it_shows() -> None:
         _row("DynSGD", 0.95, [0.90, 0.91], [0.90, 0.92]),
         {"rule": "GEM", "error": "worker-1 exited with 1"},
     ]
-    text = real_cluster_section(rows, "python -m benchmarks.reproduce --only none --real-cluster")
+    text = real_cluster_section(rows, "python -m experiments.reproduce --only none --real-cluster")
     assert text.startswith("## Real-cluster check\n")
     assert "**1 of 2 rules land within it.**" in text
     assert "would put 0 of 2 within" in text
     assert "Outside: DynSGD (0.950 against 0.905 ± 0.010)." in text
     assert "The cluster failed for: GEM." in text
-    assert "`python -m benchmarks.reproduce --only none --real-cluster`" in text
+    assert "`python -m experiments.reproduce --only none --real-cluster`" in text
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(table) == 3  # the header and one line per finished rule
     assert all(line.count("|") == table[0].count("|") for line in table)

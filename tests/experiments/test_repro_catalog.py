@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.repro_catalog import experiments
-from benchmarks.reproduce import main
+from experiments.repro_catalog import experiments
+from experiments.reproduce import main
 
 CLAIMS = ("agn", "ab32", "ga", "gem", "ormo", "ttt")
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.repro_common import Aggregates, Experiment, as_float
-from benchmarks.repro_plots import plot
+from experiments.repro_common import Aggregates, Experiment, as_float
+from experiments.repro_plots import plot
 
 Runs = dict[int, dict[int, dict[str, Any]]]  # point index -> seed -> one run's summary
 
@@ -237,7 +237,7 @@ def report(
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(
         "# Reproductions\n\n"
-        "Made by `python -m benchmarks.reproduce`; each section names the command that produced it, and "
+        "Made by `python -m experiments.reproduce`; each section names the command that produced it, and "
         f"this document was assembled by `{assembled_by}`. The commands behind its sections:\n\n{made}\n\n"
         f"{PREAMBLE}\n\n" + table + "\n\n" + "\n".join(sections)
     )

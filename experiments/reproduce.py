@@ -1,11 +1,11 @@
 """Reproduce every paper's claim in the simulator; write JSON, PNG plots and a markdown report.
 
-    python -m benchmarks.reproduce [--quick] [--out DIR] [--doc docs/reproduction.md] [--jobs 2]
+    python -m experiments.reproduce [--quick] [--out DIR] [--doc docs/reproduction.md] [--jobs 2]
         [--tasks digits,fashion] [--only ab32,ttt-fashion,...]
-    python -m benchmarks.reproduce --only none --reuse A/reproduction.json,B/reproduction.json \\
+    python -m experiments.reproduce --only none --reuse A/reproduction.json,B/reproduction.json \\
         --keep docs/reproduction.md --doc docs/reproduction.md --img-dir docs/img
         # one report from earlier runs (each section names its command), nothing re-run
-    python -m benchmarks.reproduce --only none --real-cluster [--updates 300] [--check-seeds 8]
+    python -m experiments.reproduce --only none --real-cluster [--updates 300] [--check-seeds 8]
         # only the gRPC check: each rule on a real local cluster, then the simulator replaying it
         # with the step times that cluster measured (written to OUT/real_cluster.json)
 
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.processes import use_one_torch_thread
-from benchmarks.repro_catalog import TASKS, experiments
-from benchmarks.repro_common import Experiment, Point
-from benchmarks.repro_real_cluster import CHECK_SEEDS, real_cluster_check, real_cluster_section
-from benchmarks.repro_report import Outcome, kept_sections, load_reused, report
+from experiments.repro_catalog import TASKS, experiments
+from experiments.repro_common import Experiment, Point
+from experiments.repro_real_cluster import CHECK_SEEDS, real_cluster_check, real_cluster_section
+from experiments.repro_report import Outcome, kept_sections, load_reused, report
 from pstools.simulate import simulate
 
 SEEDS = (0, 1, 2)
@@ -128,7 +128,7 @@ def _task_list(text: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tiny subset (the smoke test)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=Path("experiments/results"))
     parser.add_argument("--doc", type=Path, default=None, help="markdown report (default OUT/reproduction.md)")
     parser.add_argument("--img-dir", type=Path, default=None, help="plots (default OUT)")
     parser.add_argument("--jobs", type=int, default=2, help="processes")
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     kept = kept_sections(args.keep) if args.keep else None
     done_before = {o.exp.key for o in reused}
     exps = [e for e in experiments(args.quick, only, args.tasks) if e.key not in done_before]
-    command = "python -m benchmarks.reproduce " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python -m experiments.reproduce " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     started = time.perf_counter()
     print(f"{sum(len(e.points) for e in exps) * len(seeds)} runs in {len(exps)} experiments", flush=True)
     results = run_all(exps, args.jobs, seeds)
