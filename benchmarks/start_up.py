@@ -8,9 +8,9 @@ programs taking turns round after round; wall seconds and the process's CPU seco
 system, from ``resource.getrusage`` of the finished child) are recorded for each:
 
 - ``torch``: ``import torch`` alone, the floor every worker and server pays;
-- ``digits task``: loading the ``digits`` task as a worker does (``psworker.tasks.load_task``);
+- ``digits task``: loading the ``digits`` task as a worker does (``pstasks.tasks.load_task``);
 - ``digits through scikit-learn``: the same images and split made by scikit-learn's
-  ``load_digits`` and ``train_test_split``, as the task did before ``psworker.digits``: the peer
+  ``load_digits`` and ``train_test_split``, as the task did before ``pstasks.digits``: the peer
   the task is compared with in the same run;
 - ``psserver status --help``: an admin command, which imports neither torch nor the server;
 - ``psserver serve --help``: the command that serves, which imports both (as every ``psserver``
@@ -36,7 +36,7 @@ from benchmarks.harness.stats import summarize
 
 PROGRAMS: dict[str, list[str]] = {
     "torch": ["-c", "import torch"],
-    "digits task": ["-c", "import torch; from psworker.tasks import load_task; load_task('digits')"],
+    "digits task": ["-c", "import torch; from pstasks.tasks import load_task; load_task('digits')"],
     "digits through scikit-learn": [
         "-c",
         "import torch; from sklearn.datasets import load_digits; from sklearn.model_selection import "

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from benchmarks.harness.report import print_targets, run_header, target, write_results
 from benchmarks.harness.stats import scaled, summarize
-from psworker.tasks import load_task
+from pstasks.tasks import load_task
 
 STEP_TARGET_MS = 100.0
 WARMUP = 5

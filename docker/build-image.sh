@@ -86,7 +86,7 @@ BUILD_ARGS=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "TORCH_VERSION=$TOR
 if [ "$ONLINE" != 1 ]; then
     say "pip download into docker/wheels/"
     # One resolution for both, so the project's torch range is met by the pinned torch.
-    "$PYTHON" -m pip download --quiet --dest docker/wheels "torch==$TORCH_VERSION" . \
+    "$PYTHON" -m pip download --quiet --dest docker/wheels "torch==$TORCH_VERSION" ".[server,tasks]" \
         2> >(grep -v -e "^WARNING: Location" >&2)
     BUILD_ARGS+=(--build-arg "PIP_INSTALL_OPTS=--no-index")
 fi

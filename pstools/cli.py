@@ -1,7 +1,7 @@
 """The tools' commands of ``psworker``: ``cluster``, ``export`` and ``simulate``, added to psworker's group.
 
 They run both sides on one machine (or read the server's checkpoints), so they live here and
-not in :mod:`psworker.cli`; :data:`main` is psworker's click group with them added, which the
+not in :mod:`pstasks.cli`; :data:`main` is psworker's click group with them added, which the
 ``psworker`` console script runs (:mod:`pstools.entry`).
 """
 
@@ -18,15 +18,15 @@ from rich.console import Console
 from rich.table import Table
 
 from psproto.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
+from pstasks.cli import DataFileError, data_dir_option, main, server_failure
+from pstasks.idx import IdxError
+from pstasks.task_error import TaskError
+from pstasks.tasks import load_task
 from pstools.export import ExportError, named_tensors, save_state_dict, state_dict_from_checkpoints
 from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
-from psworker.cli import DataFileError, data_dir_option, main, server_failure
 from psworker.client import PSClient, ServerMismatchError
-from psworker.idx import IdxError
-from psworker.task_error import TaskError
-from psworker.tasks import load_task
 
 __all__ = ["main"]
 

@@ -1,6 +1,6 @@
-"""The ``psworker`` console script: psworker's commands and the tools' (cluster, simulate, export).
+"""The ``psworker`` console script: ``train`` (:mod:`pstasks.cli`) and the tools' commands (cluster, simulate, export).
 
-It prepares the process as :mod:`psworker.entry` does (allocator tuning, SIGINT) before
+It prepares the process (:func:`psworker.entry.prepare_process`: allocator tuning, SIGINT) before
 anything heavy is imported, then runs :data:`pstools.cli.main`.
 """
 

@@ -24,10 +24,11 @@ import torch
 from psproto.layout import LayoutError
 from psproto.v1 import ps_pb2
 from psserver.ready import ReadyFileError, wait_for_ready_file
+from pstasks.task_error import TaskError
+from pstasks.tasks import load_task
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
-from psworker.task_error import TaskError
-from psworker.tasks import Task, evaluate, load_task, metric_named, perplexity
+from psworker.task import Task, evaluate, metric_named, perplexity
 
 SERVER_START_TIMEOUT_S = 60.0
 
@@ -82,7 +83,7 @@ class ClusterReport:
     wall_seconds: float
     workers: list[WorkerReport] = field(default_factory=list)
     rejected: dict[str, int] = field(default_factory=dict)
-    # The task's metric (psworker.tasks.Metric) and its value; perplexity beside a loss metric.
+    # The task's metric (psworker.task.Metric) and its value; perplexity beside a loss metric.
     metric: str = "accuracy"
     higher_is_better: bool = True
     metric_value: float = math.nan
@@ -172,7 +173,7 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
     if len(config.slowdowns) != config.workers:
         raise ValueError(f"{len(config.slowdowns)} slowdowns for {config.workers} workers; give one per worker")
     # Before any process starts: a model that cannot be split this way fails here, not in every
-    # worker. Missing or malformed data files raise psworker.idx.IdxError, unwrapped.
+    # worker. Missing or malformed data files raise pstasks.idx.IdxError, unwrapped.
     try:
         task = load_task(config.task, config.data_dir)
         ModelBinding(task.build_model(), num_shards=config.shards)

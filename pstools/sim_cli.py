@@ -11,11 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from psproto import codec
+from pstasks.cli import DataFileError, data_dir_option
+from pstasks.idx import IdxError
+from pstasks.task_error import TaskError
 from pstools.sim_tasks import sim_task
 from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
-from psworker.cli import DataFileError, data_dir_option
-from psworker.idx import IdxError
-from psworker.task_error import TaskError
 
 
 @click.command("simulate")

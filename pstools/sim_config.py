@@ -123,7 +123,7 @@ class SimConfig:
     max_updates: int | None = None  # also stop once the shard's clock reaches this
     eval_every: int = 100  # in steps
     seed: int = 0
-    # The task's metric to reach (psworker.tasks.Metric): an accuracy at least this high, or a
+    # The task's metric to reach (psworker.task.Metric): an accuracy at least this high, or a
     # loss at most this low; time_to_target_s is when an evaluation first got there.
     target: float | None = None
     stop_at_target: bool = False

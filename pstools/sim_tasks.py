@@ -11,7 +11,8 @@ from pathlib import Path
 
 from torch import nn
 
-from psworker.tasks import BUILTIN_TASKS, Task, digits, load_task
+from pstasks.tasks import BUILTIN_TASKS, digits, load_task
+from psworker.task import Task
 
 
 def digits_mlp(seed: int = 0) -> Task:

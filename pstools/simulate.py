@@ -66,7 +66,7 @@ from pstools.sim_tasks import sim_task
 from psworker.binding import ModelBinding
 from psworker.procedures import Procedure, StepOutcome
 from psworker.startup import start_worker
-from psworker.tasks import Task, evaluate
+from psworker.task import Task, evaluate
 
 __all__ = [
     "CurvePoint",

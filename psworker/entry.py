@@ -18,11 +18,3 @@ def prepare_process() -> None:
     # under some supervisors) inherits SIGINT ignored, and Python then never raises
     # KeyboardInterrupt: `kill -INT` would not make the worker leave its shards and stop.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def run() -> None:
-    """``python -m psworker``: psworker's own commands (the console script adds the tools', pstools.entry)."""
-    prepare_process()
-    from psworker.cli import main
-
-    main()

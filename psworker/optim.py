@@ -19,7 +19,7 @@ from psworker.channels import DEFAULT_KEEPALIVE_S
 from psworker.client import PSClient
 from psworker.procedures import StepOutcome
 from psworker.startup import start_worker
-from psworker.tasks import OptimizerFactory
+from psworker.task import OptimizerFactory
 
 
 class ParameterServerOptimizer:

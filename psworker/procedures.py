@@ -35,7 +35,7 @@ from psworker.procedure_options import (
     parse_options,
 )
 from psworker.service import ParameterService, PushResult
-from psworker.tasks import OptimizerFactory
+from psworker.task import OptimizerFactory
 
 __all__ = [
     "PROCEDURES",

@@ -12,7 +12,7 @@ from typing import Any
 from psworker.binding import ModelBinding
 from psworker.procedures import Procedure, build_procedure
 from psworker.service import ParameterService
-from psworker.tasks import OptimizerFactory
+from psworker.task import OptimizerFactory
 
 
 def start_worker(

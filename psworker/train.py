@@ -22,7 +22,7 @@ from psworker.client import DeadlinePolicy, PSClient, RetryPolicy
 from psworker.pacing import Pace
 from psworker.push_encoding import wire_dtypes
 from psworker.startup import start_worker
-from psworker.tasks import Task, evaluate, load_task, perplexity
+from psworker.task import Task, evaluate, perplexity
 
 # Where a GPU worker's 8-bit push is encoded (TrainConfig.encode_on).
 ENCODE_PLACES = ("device", "host")
@@ -100,7 +100,7 @@ class TrainSummary:
     rollbacks: list[list[int]] = field(default_factory=list)
     # Steps whose compute took longer than the emulated device's step time (--step-time).
     overrun_steps: int = 0
-    # The task's metric (psworker.tasks.Metric): its name, direction and final value; for a
+    # The task's metric (psworker.task.Metric): its name, direction and final value; for a
     # loss metric also the perplexity exp(loss).
     metric: str = "accuracy"
     higher_is_better: bool = True
@@ -148,20 +148,16 @@ def _progress(enabled: bool, total: int | None, description: str) -> Iterator[Pr
         yield progress
 
 
-def train(config: TrainConfig, task: Task | None = None) -> TrainSummary:
-    """Train until ``max_steps``, the server clock reaching ``until_clock`` or ``max_seconds``, whichever is first.
+def train(config: TrainConfig, task: Task) -> TrainSummary:
+    """Train ``task`` until ``max_steps``, the clock reaching ``until_clock`` or ``max_seconds``, whichever comes first.
 
-    A ``task`` given is used as it is (already sharded if it should be); without one the task is
-    loaded from ``config.task`` and ``config.data_dir`` and cut to ``config.shard_data``."""
+    The task is used as it is (already cut to ``config.shard_data`` if it should be): finding a
+    task by name is the command's business (:mod:`pstasks`), not the library's."""
     if config.max_steps is None and config.until_clock is None and config.max_seconds is None:
         raise ValueError("give max_steps, until_clock or max_seconds, or training never ends")
     if config.encode_on not in ENCODE_PLACES:
         raise ValueError(f"encode_on {config.encode_on!r} is not one of {', '.join(ENCODE_PLACES)}")
     pace = Pace(config.slowdown, config.step_seconds)
-    if task is None:
-        task = load_task(config.task, config.data_dir)
-        if config.shard_data is not None:
-            task = task.shard(*config.shard_data)
     device = pick_device(config.device)
     model = task.build_model().to(device)
     push, _ = wire_dtypes(config.wire_dtype, config.push_dtype, config.pull_dtype)

@@ -1,16 +1,23 @@
 """The dependency direction of DESIGN.md, checked on the source (parsed, never imported).
 
-``psproto`` <- ``psserver`` and ``psproto`` <- ``psworker``, and ``pstools`` above both: the
-server never imports the worker, the worker never imports the server, neither imports the
-tools, and there are no exceptions. The server's core (shard state, rules, consistency)
-imports neither grpc nor the wire (generated messages, wire bytes).
+``psproto`` <- ``psserver`` and ``psproto`` <- ``psworker`` <- ``pstasks``, and ``pstools`` above
+them: the server never imports the worker, the worker never imports the server, the tasks or
+the tools, the tasks never import the server, and there are no exceptions. The server's core
+(shard state, rules, consistency) imports neither grpc nor the wire (generated messages, wire
+bytes). What the client library imports from outside the standard library is in the base
+install (no extras), so ``pip install hetps`` gives a working client without scikit-learn.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from collections.abc import Iterator
+from importlib.metadata import packages_distributions
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,16 +97,56 @@ def test_the_server_core_never_imports_the_wire() -> None:
 
 
 def test_the_wire_contract_imports_neither_side() -> None:
-    assert _violations("psproto", ("psserver", "psworker", "pstools")) == []
+    assert _violations("psproto", ("psserver", "psworker", "pstasks", "pstools")) == []
 
 
-def test_the_server_never_imports_the_worker_or_the_tools() -> None:
-    assert _violations("psserver", ("psworker", "pstools")) == []
+def test_the_server_never_imports_the_worker_the_tasks_or_the_tools() -> None:
+    assert _violations("psserver", ("psworker", "pstasks", "pstools")) == []
 
 
-def test_the_worker_never_imports_the_server_or_the_tools() -> None:
-    found = _violations("psworker", ("psserver", "pstools"))
-    assert found == [], "the worker rests on psproto alone; what runs both sides lives in pstools"
+def test_the_worker_never_imports_the_server_the_tasks_or_the_tools() -> None:
+    found = _violations("psworker", ("psserver", "pstasks", "pstools"))
+    assert found == [], "the worker rests on psproto alone; built-in tasks live in pstasks, both sides in pstools"
+
+
+def test_the_tasks_never_import_the_server_or_the_tools() -> None:
+    assert _violations("pstasks", ("psserver", "pstools")) == []
+
+
+def test_nothing_imports_the_experiments() -> None:
+    """Reproductions and races use everything (the benchmarks' harness too); nothing uses them."""
+    packages = ("psproto", "psserver", "psworker", "pstasks", "pstools", "benchmarks")
+    assert [line for package in packages for line in _violations(package, ("experiments",))] == []
+
+
+_OURS = ("psproto", "psserver", "psworker", "pstasks", "pstools", "benchmarks", "experiments", "tests")
+
+
+def _base_requirements() -> set[str]:
+    """The distributions ``pip install hetps`` brings, without extras (normalised names)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = (re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0] for requirement in project["dependencies"])
+    return {name.lower().replace("_", "-") for name in names}
+
+
+def test_the_client_library_needs_only_the_base_install() -> None:
+    """Every third-party module psproto and psworker import comes with the base install: no extra
+    (scikit-learn, prometheus-client, ...) is needed to import the client library."""
+    base = _base_requirements()
+    assert "scikit-learn" not in base, "scikit-learn belongs in the tasks extra"
+    providers = packages_distributions()
+    outside = sorted(
+        {
+            f"{path.relative_to(ROOT)}:{line} imports {name} ({', '.join(providers.get(top, ['no distribution']))})"
+            for package in ("psproto", "psworker")
+            for path in _sources(package)
+            for line, name in _imports(path)
+            if (top := name.split(".")[0]) not in sys.stdlib_module_names
+            and top not in _OURS
+            and not {dist.lower().replace("_", "-") for dist in providers.get(top, [])} & base
+        }
+    )
+    assert outside == [], "the client library imports what only an extra installs"
 
 
 def test_the_walker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """ResNet-18 for 3×224×224 images, as a trainable module without torchvision: its tensors, names and order.
 
 ``benchmarks.harness.models.resnet18_shapes`` lists its 11,689,512 parameters; this is the
-network those shapes belong to (He et al. 2016, torchvision's layout): ``psworker.models.resnet``'s
+network those shapes belong to (He et al. 2016, torchvision's layout): ``pstasks.models.resnet``'s
 network, which the ``fashion-resnet18`` task uses with a small-image stem, given the ImageNet stem
 (a 7×7 stride-2 convolution and a max-pool). Like that task's model it keeps no batch-norm
 running statistics (a parameter server carries parameters, not buffers), so a worker step runs
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from psworker.models import resnet
+from pstasks.models import resnet
 
 
 class ResNet18(resnet.ResNet18):

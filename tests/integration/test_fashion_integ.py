@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pstasks.fashion import FILES, data_dir_or_default
 from pstools.launcher import ClusterConfig, run_cluster
-from psworker.fashion import FILES, data_dir_or_default
 
 DATA_DIR = data_dir_or_default()
 HAVE_DATA = all(

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from psserver.core.checkpoint import list_checkpoints
+from pstasks.tasks import load_task
 from pstools.launcher import start_server, stop_process
-from psworker.tasks import evaluate, load_task
+from psworker.task import evaluate
 from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import TcpProxy
 from tests.integration.workers import start_train, train_command

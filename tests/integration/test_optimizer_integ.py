@@ -8,8 +8,9 @@ import sys
 import pytest
 import torch
 
+from pstasks.tasks import digits
 from psworker.optim import ParameterServerOptimizer
-from psworker.tasks import digits, evaluate
+from psworker.task import evaluate
 from tests.integration.conftest import StartServer
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,10 @@ import pytest
 
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from pstasks.tasks import load_task
 from pstools.launcher import ClusterConfig, ClusterError, ClusterReport, run_cluster
 from psworker.binding import ModelBinding
 from psworker.client import NO_RETRY, PSClient, ServerMismatchError
-from psworker.tasks import load_task
 from tests.integration.conftest import StartServer
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from psserver.cli import main as psserver_main
-from psworker.cli import main as psworker_main
+from pstasks.cli import main as psworker_main
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from pstasks.cli import main as worker_main
 from pstools import cli
 from pstools.cli import main
 from pstools.launcher import ClusterConfig, ClusterError
-from psworker.cli import main as worker_main
 
 
 def test_the_command_has_every_command() -> None:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from pstools.cli import main
 from pstools.sim_tasks import digits_mlp
 from pstools.simulate import SimConfig, simulate
-from psworker.tasks import LOSS, Task
+from psworker.task import LOSS, Task
 
 
 def loss_mlp() -> Task:

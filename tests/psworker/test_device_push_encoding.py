@@ -79,8 +79,13 @@ def test_a_cpu_binding_pushes_its_host_gradients_even_when_asked_to_push_on_the_
     assert torch.equal(grads, torch.cat([weight.flatten(), bias]))
 
 
-def test_a_wrong_encode_place_is_refused_before_anything_loads_or_connects() -> None:
+def test_a_wrong_encode_place_is_refused_before_anything_is_built_or_connects() -> None:
+    from psworker.task import Task
     from psworker.train import TrainConfig, train
 
+    def never_built() -> torch.nn.Module:
+        raise AssertionError("the model was built before the config was checked")
+
+    task = Task("unbuilt", never_built, *(torch.zeros(1),) * 4)
     with pytest.raises(ValueError, match="encode_on 'gpu' is not one of device, host"):
-        train(TrainConfig(["127.0.0.1:9"], task="no-such-task", encode_on="gpu"))
+        train(TrainConfig(["127.0.0.1:9"], encode_on="gpu"), task)

@@ -43,7 +43,7 @@ def test_impossible_speeds_are_refused(slowdown: float, step: float | None) -> N
 def test_the_train_command_refuses_a_step_time_or_time_limit_that_is_not_positive(flag: str, value: str) -> None:
     from click.testing import CliRunner
 
-    from psworker.cli import main
+    from pstasks.cli import main
 
     result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", flag, value])
     assert result.exit_code == 2

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from psworker.tasks import ACCURACY, LOSS, digits, metric_named, perplexity
+from pstasks.tasks import digits
+from psworker.task import ACCURACY, LOSS, metric_named, perplexity
 
 
 def test_accuracy_is_higher_is_better_and_the_default() -> None:

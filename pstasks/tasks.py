@@ -1,0 +1,155 @@
+"""The built-in tasks and how a task is found by name: a model, its data and its loss.
+
+Built in: ``digits`` (scikit-learn's bundled 8×8 digits, no set-up), ``fashion`` (a CNN on
+Fashion-MNIST), ``fashion-resnet18`` (ResNet-18 on Fashion-MNIST, about 11M parameters) and
+``tinylm`` (a byte-level transformer on Python's own pydoc text, :mod:`pstasks.tinylm`);
+the Fashion-MNIST files are read from a data directory (:mod:`pstasks.fashion`). Each task
+names its :class:`~psworker.task.Metric`: test accuracy for the classifiers, validation loss for
+``tinylm``. A user task is any ``module:function`` returning a :class:`~psworker.task.Task`;
+nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from pstasks.digits import load_digits, stratified_split
+from pstasks.task_error import TaskError
+from psworker.task import Task
+
+
+class DigitsCNN(nn.Module):
+    """A small CNN for 8×8 digit images (about 40k parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))  # type: ignore[no-any-return]
+
+
+def digits(seed: int = 0, data_dir: Path | None = None) -> Task:
+    """scikit-learn's bundled handwritten digits (1,797 8×8 images), 80/20 stratified split.
+
+    ``data_dir`` is ignored: the data ships inside scikit-learn."""
+    pixels, targets = load_digits()
+    images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(targets, dtype=torch.long)
+    train_idx, test_idx = (torch.from_numpy(part) for part in stratified_split(targets, 0.2, seed))
+    model_seed = seed
+
+    def build() -> nn.Module:
+        torch.manual_seed(model_seed)
+        return DigitsCNN()
+
+    return Task(
+        name="digits",
+        build_model=build,
+        train_inputs=images[train_idx],
+        train_targets=labels[train_idx],
+        test_inputs=images[test_idx],
+        test_targets=labels[test_idx],
+    )
+
+
+def fashion(seed: int = 0, data_dir: Path | None = None) -> Task:
+    """Fashion-MNIST (60,000 training, 10,000 test images) and a ~420k-parameter CNN."""
+    from pstasks.fashion import FashionCNN, load_fashion
+
+    data = load_fashion(data_dir)
+
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        return FashionCNN()
+
+    return Task(
+        "fashion",
+        build,
+        data.train_inputs,
+        data.train_targets,
+        data.test_inputs,
+        data.test_targets,
+        batch_size=64,
+        disjoint_shards=True,
+    )
+
+
+def fashion_resnet18(seed: int = 0, data_dir: Path | None = None) -> Task:
+    """Fashion-MNIST and ResNet-18 adapted to 1×28×28 (about 11M parameters)."""
+    from pstasks.fashion import load_fashion
+    from pstasks.models.resnet import ResNet18
+
+    data = load_fashion(data_dir)
+
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        return ResNet18(in_channels=1, num_classes=10)
+
+    return Task(
+        "fashion-resnet18",
+        build,
+        data.train_inputs,
+        data.train_targets,
+        data.test_inputs,
+        data.test_targets,
+        batch_size=64,
+        disjoint_shards=True,
+    )
+
+
+class TaskFactory(Protocol):
+    def __call__(self, seed: int = 0, data_dir: Path | None = None) -> Task: ...
+
+
+def tinylm(seed: int = 0, data_dir: Path | None = None) -> Task:
+    """A ~0.9M-parameter byte-level transformer on the pydoc topics text (:mod:`pstasks.tinylm`)."""
+    from pstasks.tinylm import tinylm as build_tinylm
+
+    return build_tinylm(seed, data_dir)
+
+
+BUILTIN_TASKS: dict[str, TaskFactory] = {
+    "digits": digits,
+    "fashion": fashion,
+    "fashion-resnet18": fashion_resnet18,
+    "tinylm": tinylm,
+}
+
+
+def load_task(spec: str, data_dir: Path | None = None) -> Task:
+    """A built-in task by name, or ``module:function`` returning a Task.
+
+    ``data_dir`` is where built-in tasks read data files from (see :mod:`pstasks.fashion`);
+    a missing or malformed file raises :class:`pstasks.idx.IdxError`."""
+    if spec in BUILTIN_TASKS:
+        return BUILTIN_TASKS[spec](data_dir=data_dir)
+    module_name, sep, function_name = spec.partition(":")
+    if not sep:
+        raise TaskError(f"unknown task {spec!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}, or give module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise TaskError(f"cannot import {module_name!r} for task {spec!r}: {error}") from None
+    factory = getattr(module, function_name, None)
+    if not callable(factory):
+        raise TaskError(f"{module_name} has no function {function_name!r}")
+    try:
+        task = factory()
+    except TypeError as error:
+        raise TaskError(f"{spec} must be callable with no arguments: {error}") from None
+    if not isinstance(task, Task):
+        raise TaskError(f"{spec} returned {type(task).__name__}, expected psworker.task.Task")
+    return task
