@@ -27,6 +27,11 @@ from psproto import inline_ops
 
 INTEGRATION_SUFFIX = "_integ.py"
 
+# Tests run torch on one intra-op thread (``two_threads`` gives a test two): their tensors are small,
+# and where the cores are shared a second OpenMP thread spins waiting for one (a simulation test that
+# takes 0.6 s on one thread took 16 s on two on a busy 2-core machine).
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
