@@ -2,7 +2,7 @@
 runs ``rule_apply --smoke`` and ``server_memory`` alone).
 
 The scripts that start servers run, section by section, in ``throughput --smoke``
-(test_throughput_smoke.py); running each again on its own here would only repeat that.
+(test_throughput_smoke_integ.py); running each again on its own here would only repeat that.
 """
 
 from __future__ import annotations
