@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck proto clean test-tools deploy-tools image
+.PHONY: demo test test-fast lint typecheck proto clean test-tools deploy-tools image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,18 +41,24 @@ examples/node-worker/node_modules/.package-lock.json: examples/node-worker/packa
 
 deploy-tools: $(DEPLOY_STAMP) examples/node-worker/node_modules/.package-lock.json
 
-# Build the container image with podman (no Docker daemon) and unpack it for tests/docker/test_image.py.
+# Build the container image with podman (no Docker daemon) and unpack it for tests/docker/test_image_integ.py.
 image: $(DEPLOY_STAMP)
 	PYTHON=$(BIN)/python docker/build-image.sh
 
 demo: $(STAMP)
 	$(BIN)/psworker cluster --workers 4 --slowdowns 1,1,2,4 --updates 1500
 
+# Everything CI runs: lint, types, then every test (the unit tier first, then files named *_integ.py).
 test: $(STAMP) test-tools deploy-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# The unit tier alone: every test file not named *_integ.py (never imported here, so neither are the
+# integration tests' tools); no process, socket or gRPC server (tests/conftest.py fails a test that makes one).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore-glob="*_integ.py"
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

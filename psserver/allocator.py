@@ -32,7 +32,6 @@ from 1,218 to 1,021 MB).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import sys
 from collections.abc import Mapping, Sequence
@@ -62,7 +61,8 @@ def map_large_buffers(threshold_mib: int) -> bool:
     if threshold_mib == 0 or not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        # The process's own symbols hold libc's (find_library would start ldconfig to look it up).
+        libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False

@@ -1,19 +1,15 @@
-"""Each measurement is a script of its own: it answers ``--help``, and ``rule_apply --smoke`` runs alone.
+"""Each measurement is a script of its own: it answers ``--help`` (test_measurement_scripts_integ.py
+runs ``rule_apply --smoke`` and ``server_memory`` alone).
 
 The scripts that start servers run, section by section, in ``throughput --smoke``
-(test_throughput_smoke.py); running each again on its own here would only repeat that.
+(test_throughput_smoke_integ.py); running each again on its own here would only repeat that.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-from pathlib import Path
 
 import pytest
-
-from benchmarks.rule_apply import main as rule_apply
-from psserver.core.rules import RULES
 
 SCRIPTS = [
     "step_round_trip",
@@ -36,29 +32,3 @@ def test_every_script_explains_its_options(name: str, capsys: pytest.CaptureFixt
         script.main(["--help"])
     assert exited.value.code == 0
     assert f"python -m benchmarks.{name}" in capsys.readouterr().out
-
-
-def test_rule_apply_alone_measures_every_rule_and_judges_its_targets(tmp_path: Path) -> None:
-    out = tmp_path / "rule_apply.json"
-    returned = rule_apply(["--smoke", "--out", str(out)])
-    results = json.loads(out.read_text())
-    assert results["targets"] == json.loads(json.dumps(returned["targets"]))
-    assert results["command"] == f"python -m benchmarks.rule_apply --smoke --out {out}"
-    assert set(results["apply"]["rules"]) == set(RULES)
-    assert [target["target"] for target in results["targets"]] == [
-        "momentum apply vs fused SGD (time)",
-        "gap-aware apply vs fused SGD (time)",
-    ]
-
-
-def test_server_memory_alone_passes_its_server_args_on_and_counts_what_the_servers_refused(tmp_path: Path) -> None:
-    from benchmarks.server_memory import main as server_memory
-
-    out = tmp_path / "server_memory.json"
-    server_memory(["--smoke", "--server-args", "--max-receiving-pushes 1", "--out", str(out)])
-    results = json.loads(out.read_text())
-    assert results["server_args"] == ["--max-receiving-pushes", "1"]
-    for load in results["asgd_load"].values():
-        assert load["errors"] == 0 and load["aggregate_steps_per_s"] > 0
-        assert all(count > 0 for count in load["refused"].values())
-        assert set(load["refused"]) <= {"limit_reached"}

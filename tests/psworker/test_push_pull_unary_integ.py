@@ -23,7 +23,7 @@ from psworker.channels import open_channel
 from psworker.client import PSClient
 from psworker.transfer import refuses_unary
 from tests.psworker.live import serving
-from tests.psworker.test_recovery import FakeRpcError, _BareStatus
+from tests.psworker.test_recovery_integ import FakeRpcError, _BareStatus
 
 SHAPES = [("w", (30, 40)), ("b", (40,))]
 LAYOUT = Layout.from_named_shapes(SHAPES)
