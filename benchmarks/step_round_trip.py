@@ -4,15 +4,8 @@
 
 For a ResNet-18-sized model (11,689,512 fp32 parameters) and a ~100k-parameter model, one
 worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on the wire, and 1
-shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with the reply's messages built
-ahead of their sending (``ahead``: ``psserver serve --build-replies-ahead``), with the update
-applied during that reply as well (``during``: ``--apply-during-reply`` too), and with the
-worker's push messages built ahead against a plain server (``pushahead``: ``--build-pushes-ahead``),
-the worker encoding 8-bit chunks on several threads (``wide``: ``--encode-threads``), each side
-receiving a stream's next message while it decodes the last (``receive``: ``psserver serve
---receive-pushes-ahead``, ``psworker train --receive-replies-ahead``), and all of these together
-(``all``);
-a bare gRPC byte mover with the same chunking and bytes
+shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with every PushPull sent as two
+streams (``streams``); a bare gRPC byte mover with the same chunking and bytes
 (``benchmarks.harness.bare_grpc``, the transport's ceiling), and the same mover doing the
 arithmetic of an SGD step too (``arith`` rows: 8-bit encode with error feedback, decode, apply,
 reply conversion, and hetps's header and acknowledgement messages; ``overlap`` rows: its apply made
@@ -146,10 +139,8 @@ def measure_steps(
                 if spec.kind in HETPS_KINDS:
                     variant = HETPS_VARIANTS.get(spec.kind, PLAIN)
                     system = HetpsStep(
-                        addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat,
-                        build_pushes_ahead=variant.pushes_ahead, encode_threads=variant.encode_threads,
-                        receive_replies_ahead=variant.replies_received_ahead, unary=variant.unary,
-                    )  # fmt: skip
+                        addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat, unary=variant.unary
+                    )
                 elif spec.kind in MOVER_KINDS:
                     key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"
                     system = BareStep(

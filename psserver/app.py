@@ -28,7 +28,7 @@ from psproto.security import SecurityConfigError, read_token_file
 from psserver.core import checkpoint
 from psserver.core.consistency import Consistency
 from psserver.core.pace import MIB, TransferPace
-from psserver.core.rules import RULES, RuleSpec
+from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig, StateError
 from psserver.metrics import DEFAULT_METRICS_PORT, MetricsServer, ShardMetrics, serve_metrics
 from psserver.ready import ReadyInfo, write_ready_file
@@ -61,15 +61,6 @@ class MetricsBindError(ServerAppError):
 
 class BindError(ServerAppError):
     """The gRPC server cannot listen on its address (port in use, address not local)."""
-
-
-def apply_during_reply_refusal(rule: RuleSpec) -> str:
-    """Why ``rule`` cannot have its updates applied as the reply is built (``--apply-during-reply``)."""
-    spannable = ", ".join(sorted(name for name, rule_type in RULES.items() if rule_type.spannable))
-    return (
-        f"--apply-during-reply needs a rule whose update touches each element on its own ({spannable}); "
-        f"{rule.rule.name}'s update does not: leave the flag off"
-    )
 
 
 def _require(holds: bool, problem: str) -> None:
@@ -180,12 +171,6 @@ class ServerConfig:
     torch_threads: int | None = None
     # How long in-progress RPCs may run on after a drain starts before they are cancelled.
     drain_seconds: float = 10.0
-    # A spannable rule's update of a PushPull applied span by span as its reply is built.
-    apply_during_reply: bool = False
-    # Replies serialised ahead of their sending, on a thread of their own.
-    build_replies_ahead: bool = False
-    # A push's chunks received on a thread of their own while the handler decodes.
-    receive_pushes_ahead: bool = False
     transport: ServerLimits = field(default_factory=ServerLimits)
     limits: ShardLimits = field(default_factory=ShardLimits)
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -206,7 +191,6 @@ class ServerConfig:
         _require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         _require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads must be >= 1")
         _require(self.drain_seconds >= 0, f"drain_seconds must be >= 0, got {self.drain_seconds}")
-        _require(not self.apply_during_reply or self.rule.rule.spannable, apply_during_reply_refusal(self.rule))
 
     @property
     def metrics_port(self) -> int | None:
@@ -230,9 +214,6 @@ class ServerConfig:
             receive_idle_seconds=self.limits.receive_idle_seconds,
             transfer_pace=self.limits.transfer_pace,
             pull_versions=self.limits.pull_versions,
-            apply_during_reply=self.apply_during_reply,
-            build_replies_ahead=self.build_replies_ahead,
-            receive_pushes_ahead=self.receive_pushes_ahead,
             # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
             chunk_bytes=self.transport.reply_chunk_bytes,
         )

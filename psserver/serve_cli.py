@@ -44,7 +44,6 @@ from psserver.app import (
     ServerConfig,
     ServerConfigError,
     ShardLimits,
-    apply_during_reply_refusal,
 )
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.pull_hold import consistency_refusal
@@ -192,25 +191,6 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
     "limit an async pull gets the newest of them, whose clock tells the worker its staleness (bounds memory)",
 )
 @click.option(
-    "--apply-during-reply",
-    is_flag=True,
-    help="with a rule whose update touches each element on its own (asgd, sa, dynsgd), apply a PushPull's "
-    "update span by span as its reply is built instead of whole before the reply's first byte (same "
-    "result; with --build-replies-ahead the apply leaves the step's critical path); other rules apply as usual",
-)
-@click.option(
-    "--build-replies-ahead",
-    is_flag=True,
-    help="serialise each reply's messages on a thread of their own, ahead of the thread sending them, so "
-    "the copies (and with --apply-during-reply the update) overlap the sending; needs a spare core",
-)
-@click.option(
-    "--receive-pushes-ahead",
-    is_flag=True,
-    help="receive each push's next chunk on a thread of its own while the handler decodes the last one, "
-    "so the decoding overlaps the receiving; needs a spare core",
-)
-@click.option(
     "--receive-idle-seconds",
     default=30.0,
     show_default=True,
@@ -301,9 +281,6 @@ def serve(
     receive_buffers: int,
     max_receiving_pushes: int,
     pull_versions: int,
-    apply_during_reply: bool,
-    build_replies_ahead: bool,
-    receive_pushes_ahead: bool,
     receive_idle_seconds: float,
     min_transfer_rate: float,
     transfer_grace_seconds: float,
@@ -334,8 +311,6 @@ def serve(
     if shard_index >= num_shards:
         raise click.BadParameter(f"must be below --num-shards ({num_shards})", param_hint="--shard-index")
     rule = parse_rule(rule_name, lr, rule_opts)
-    if apply_during_reply and not rule.rule.spannable:
-        raise click.BadParameter(apply_during_reply_refusal(rule), param_hint="--apply-during-reply")
     refusal = consistency_refusal(rule.options, ConsistencyModel(consistency))
     if refusal is not None:
         raise click.BadParameter(refusal, param_hint="--consistency")
@@ -350,9 +325,6 @@ def serve(
         threads=threads,
         torch_threads=torch_threads,
         drain_seconds=drain_seconds,
-        apply_during_reply=apply_during_reply,
-        build_replies_ahead=build_replies_ahead,
-        receive_pushes_ahead=receive_pushes_ahead,
         transport=ServerLimits(
             max_message_mb * 1024 * 1024,
             max_concurrent_rpcs,

@@ -149,9 +149,6 @@ def test_every_failure_to_build_or_start_is_a_typed_error(tmp_path: Path) -> Non
     with pytest.raises(ServerConfigError, match="every shard limit must be positive"):
         ShardLimits(pull_versions=0)
     assert _config(limits=ShardLimits(pull_versions=1, receive_buffers=3)).shard_config().pull_versions == 1
-    with pytest.raises(ServerConfigError, match="--apply-during-reply needs a rule whose update touches"):
-        _config(rule=RuleSpec.parse("momentum", {"lr": "0.1"}), apply_during_reply=True)
-    assert _config(apply_during_reply=True).shard_config().apply_during_reply
     with pytest.raises(ServerConfigError, match="minimum transfer rate must be > 0 MiB/s"):
         ShardLimits(min_transfer_mib_per_s=0)
     with pytest.raises(ServerConfigError, match="transfer grace must be >= 0 s"):
@@ -192,20 +189,3 @@ def test_a_server_without_metrics_reports_none() -> None:
         assert app.metrics is None and app.metrics_port is None and app.ready_info.metrics_port is None
         with grpc.insecure_channel(app.address) as channel:
             assert ps_pb2_grpc.ParameterServerStub(channel).Status(ps_pb2.StatusRequest(), timeout=10).clock == 0
-
-
-def _reply_builders() -> list[threading.Thread]:
-    return [thread for thread in threading.enumerate() if thread.name.startswith("reply-builder")]
-
-
-def test_stopping_a_server_that_builds_replies_ahead_leaves_no_builder_thread() -> None:
-    # Shards of other tests, never closed, may still hold builder threads of their own.
-    before = set(_reply_builders())
-    with ServerApp.build(_config(build_replies_ahead=True)) as app:
-        with grpc.insecure_channel(app.address) as channel:
-            stub = ps_pb2_grpc.ParameterServerStub(channel)
-            worker_id = _join_and_init(stub)
-            pulled = list(stub.Pull(ps_pb2.PullRequest(worker_id=worker_id), timeout=10))
-            assert sum(len(reply.chunk.data) for reply in pulled) == 64 * 4
-        assert set(_reply_builders()) - before, "the pull's reply was not built ahead"
-    assert not set(_reply_builders()) - before

@@ -70,10 +70,6 @@ def test_rules_lists_every_rule_with_its_options() -> None:
         ),
         (["--rule", "diloco-dn", "--rule-opt", "pull_grace=-1"], "option pull_grace=-1 is out of range"),
         (["--rule", "diloco", "--rule-opt", "pull_grace=1"], "unknown option pull_grace"),
-        (
-            ["--rule", "momentum", "--apply-during-reply"],
-            "needs a rule whose update touches each element on its own (asgd, dynsgd, sa); momentum's",
-        ),
     ],
 )
 def test_serve_refuses_bad_configuration_with_exit_2(args: list[str], message: str) -> None:
@@ -163,28 +159,6 @@ def test_serve_maps_the_memory_flags_into_the_server(
     assert [config.shard_config().pull_versions for config in configs] == [versions]
     assert [config.shard_config().max_receiving_pushes for config in configs] == [receiving]
     assert thresholds == [mmap_mib]
-
-
-@pytest.mark.parametrize(
-    ("flags", "during", "ahead", "receiving"),
-    [
-        ([], False, False, False),
-        (["--rule", "sa", "--apply-during-reply"], True, False, False),
-        (["--rule", "momentum", "--build-replies-ahead"], False, True, False),
-        (["--rule", "gap-aware", "--receive-pushes-ahead"], False, False, True),
-    ],
-)
-def test_serve_applies_during_the_reply_and_builds_replies_or_receives_pushes_ahead_only_when_asked(
-    flags: list[str], during: bool, ahead: bool, receiving: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    configs: list[ServerConfig] = []
-    monkeypatch.setattr(serve_cli, "map_large_buffers", lambda mib: None)
-    monkeypatch.setattr(serve_cli, "run", configs.append)
-    result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *flags], terminal_width=200)
-    assert result.exit_code == 0, result.output
-    assert [config.shard_config().apply_during_reply for config in configs] == [during]
-    assert [config.shard_config().build_replies_ahead for config in configs] == [ahead]
-    assert [config.shard_config().receive_pushes_ahead for config in configs] == [receiving]
 
 
 @pytest.mark.parametrize(("environment", "warned"), [({}, True), ({"MALLOC_ARENA_MAX": "1"}, False)])
