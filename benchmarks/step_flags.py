@@ -12,9 +12,8 @@ a fresh (seeded) order every round, as in ``step_round_trip``.
 
 The verdict per variant and wire form compares the variant's step with plain hetps's, repeat by
 repeat: ``faster`` when it was faster in every repeat, ``slower`` when slower in every one, else
-``level`` (within this run's spread). The bare movers are checked against their own repeats and
-the servers' allocator settings against each other; a verdict in a run whose checks failed is
-marked so.
+``level`` (within this run's spread). The bare movers are checked against their own repeats; a
+verdict in a run whose checks failed is marked so.
 """
 
 from __future__ import annotations
@@ -44,9 +43,9 @@ from benchmarks.harness.step_systems import (
     start_movers,
 )
 from benchmarks.harness.step_tables import print_step_tables
-from benchmarks.harness.validity import repeat_spread_check, settings_check, summarize_checks
-from benchmarks.step_round_trip import measure_steps, server_settings
-from psproto.tuning import apply_malloc_tuning
+from benchmarks.harness.validity import repeat_spread_check, summarize_checks
+from benchmarks.step_round_trip import measure_steps
+from psserver.allocator import WORKER, apply_allocator
 
 WIRE_FORMS = ("fp32", "bf16", "int8/bf16")
 # The movers give each row its scale: the transport's ceiling, and that ceiling doing the arithmetic.
@@ -147,15 +146,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 settings, fleet.start_all(hetps_jobs(settings, two_shards=False, variants=variants))
             )
             movers = start_movers(fleet, systems)
-        results["server_settings"] = server_settings(fleet)
         server_pids = {server.address: server.pid for server in fleet.servers}
         addresses = {group: [server.address for server in servers] for group, servers in movers.items()}
         results["steps"] = measure_steps(settings, hetps, addresses, server_pids, console, systems=systems)
     finally:
         fleet.stop()
     ((model, data),) = results["steps"].items()
-    checks = [settings_check(results["server_settings"], next(iter(results["server_settings"])))]
-    checks += [
+    checks = [
         repeat_spread_check(f"{model}:{name}", system["repeat_medians_ms"])
         for name, system in data["systems"].items()
         if system["kind"] in MOVERS
@@ -171,5 +168,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

@@ -43,7 +43,7 @@ from rich.console import Console
 
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.peer_remote import RemotePeerStep, RemoteWorker
-from benchmarks.harness.processes import Fleet, allocator_environment, cpu_of, vm_mb
+from benchmarks.harness.processes import Fleet, cpu_of, vm_mb
 from benchmarks.harness.report import (
     parse_settings,
     prepare_output,
@@ -78,12 +78,11 @@ from benchmarks.harness.validity import (
     ceiling_check,
     invalidate,
     repeat_spread_check,
-    settings_check,
     summarize_checks,
 )
 from psproto import codec
 from psproto.layout import Layout
-from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import WORKER, apply_allocator
 
 PEER_FP32, PEER_BF16 = 0.8, 1.3
 # 8-bit pushes with bf16 pulls against the peer's fp32 step; their bytes per step against fp32's.
@@ -266,20 +265,12 @@ def step_results(
     return results
 
 
-def server_settings(fleet: Fleet) -> dict[str, dict[str, str]]:
-    """The allocator settings every live server of ``fleet`` runs under, by label."""
-    return {s.label: allocator_environment(s.pid) for s in fleet.servers if s.process.poll() is None}
-
-
-def step_validity(settings: Settings, steps: dict[str, Any], environments: dict[str, dict[str, str]]) -> dict[str, Any]:
+def step_validity(settings: Settings, steps: dict[str, Any]) -> dict[str, Any]:
     """The checks of ``benchmarks.harness.validity`` on the baselines the targets are judged against.
 
-    Systems are named ``MODEL:SYSTEM``. The servers' settings are compared with the first hetps
-    server's; each bare mover and the peer against its own repeats; the peer against the bare
-    mover (1 shard, fp32)."""
+    Systems are named ``MODEL:SYSTEM``. Each bare mover and the peer against its own repeats; the
+    peer against the bare mover (1 shard, fp32)."""
     checks = []
-    if environments:
-        checks.append(settings_check(environments, next(iter(environments))))
     for model in settings.models:
         systems = steps[model]["systems"]
         for name, system in systems.items():
@@ -397,7 +388,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with console.status("starting servers"):
             hetps = hetps_addresses(settings, fleet.start_all(hetps_jobs(settings)))
             comparisons = start_comparisons(fleet)
-        results["server_settings"] = server_settings(fleet)
         server_pids = {server.address: server.pid for server in fleet.servers} | comparisons.pids()
         movers = comparisons.mover_addresses()
         results["steps"] = measure_steps(settings, hetps, movers, server_pids, console, comparisons.remote)
@@ -407,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if comparisons is not None:
             comparisons.leave(graceful=False)
         fleet.stop()
-    results["validity"] = step_validity(settings, results["steps"], results["server_settings"])
+    results["validity"] = step_validity(settings, results["steps"])
     results["targets"] = step_targets(settings, results["steps"], results["validity"])
     results["limits"] = step_limits(results["steps"], results["validity"])
     results["wall_seconds"] = time.perf_counter() - started
@@ -420,5 +410,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

@@ -1,4 +1,6 @@
-"""What one shard is configured with: its rule, its place in the model, and every limit."""
+"""What one shard is configured with: its rule, its place in the model, and every limit.
+
+The ``[shard]`` table of ``psserver serve --config`` (psserver.app); checked once, here, when made."""
 
 from __future__ import annotations
 
@@ -53,3 +55,25 @@ class ShardConfig:
     # A push's next chunk is received (asked of gRPC) on a thread of its own while the handler decodes
     # the last one (``psserver.rpc.servicer``), so the two overlap.
     receive_pushes_ahead: bool = False
+
+    def __post_init__(self) -> None:
+        # Imported here: the scheduling components import this module.
+        from psserver.core.pull_hold import consistency_refusal
+
+        if not 0 <= self.shard_index < self.num_shards:
+            raise ValueError(
+                f"shard_index {self.shard_index} must be 0..{self.num_shards - 1} ({self.num_shards} shards)"
+            )
+        at_least_one = ("max_workers", "max_parameters", "receive_buffers", "snapshot_memory_bytes", "pull_versions")
+        for name in at_least_one:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
+        if self.max_receiving_pushes < 0:
+            raise ValueError(f"max_receiving_pushes must be >= 0 (0: no cap), not {self.max_receiving_pushes}")
+        positive = ("lease_seconds", "receive_idle_seconds", "receive_wait_seconds", "reservation_seconds")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, not {getattr(self, name)}")
+        refusal = consistency_refusal(self.rule.options, self.consistency.model)
+        if refusal is not None:
+            raise ValueError(refusal)

@@ -56,7 +56,7 @@ from psserver.core.local_steps import LocalSteps
 from psserver.core.membership import Membership
 from psserver.core.model import Model
 from psserver.core.observer import NullObserver, Observers, ShardObserver
-from psserver.core.pull_hold import PullHold, PullHolds, consistency_refusal
+from psserver.core.pull_hold import PullHold, PullHolds
 from psserver.core.pull_versions import PullEncoder, PullResult, PullVersions
 from psserver.core.receiving import PendingPush, PushReceiver, check_complete, decode_into
 from psserver.core.refusals import Refusals
@@ -91,9 +91,6 @@ class Shard:
         self._receiver = PushReceiver(self._refusals, clock_source, config)
         self._versions = PullVersions(config.chunk_bytes, config.pull_versions, config.build_replies_ahead)
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
-        refusal = consistency_refusal(config.rule.options, config.consistency.model)
-        if refusal is not None:
-            raise ValueError(refusal)
         self._local_steps = LocalSteps.of(config)
         self._model = Model(
             config, self._refusals, self.snapshots, self._versions.freeze_before_update, self.observer.update_applied

@@ -55,11 +55,9 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
         assert ratios["overlap vs arith"] == overlap and (overlap is None) == row.startswith("2shard")
         assert all(f"tiny:{name}" in results["validity"]["out_of_line"] for name in ratios["out_of_line"])
 
-    # Every server ran under the allocator settings of the hetps servers, and the baselines were checked.
-    settings = list(results["server_settings"].values())
-    assert len(settings) == len(results["memory"]["servers"]) and all(env == settings[0] for env in settings)
+    # The baselines were checked.
     validity = results["validity"]
-    assert {check["check"] for check in validity["checks"]} == {"settings", "repeats", "ceiling"}
+    assert {check["check"] for check in validity["checks"]} == {"repeats", "ceiling"}
     assert validity["valid"] == all(check["ok"] for check in validity["checks"])
 
     levels = results["concurrency"]["tiny"]["workers"]
