@@ -74,7 +74,9 @@ def _require(holds: bool, problem: str) -> None:
 class SecurityConfig:
     """TLS (mutual when ``tls.client_ca`` is set) and the bearer token every RPC but health must carry."""
 
+    # TLS on (mutual with client_ca); false or left out: plaintext.
     tls: ServerTls | None = None
+    # A file holding the token every RPC but health must carry as 'authorization: Bearer <token>'.
     auth_token_file: Path | None = None
 
 
@@ -82,9 +84,13 @@ class SecurityConfig:
 class CheckpointConfig:
     """Where checkpoints go (the newest is restored on build), how many are kept and how often."""
 
+    # Checkpoints are written here, and the newest is restored on start.
     directory: Path
+    # How many checkpoints are kept.
     keep: int = 3
+    # Updates between checkpoints (0: not by updates).
     every_updates: int = 1000
+    # Seconds between checkpoints (0: not by time).
     every_seconds: float = 0.0
 
     def __post_init__(self) -> None:
@@ -126,6 +132,7 @@ class ServerConfig:
     log_level: str = "INFO"
     # Message, stream and flow-control limits of the gRPC transport.
     transport: ServerLimits = field(default_factory=ServerLimits)
+    # TLS and the bearer token.
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # None (false in the file): no Prometheus endpoint.
     metrics: MetricsConfig | None = field(default_factory=MetricsConfig)

@@ -15,11 +15,17 @@ from psserver.core.rules import RuleSpec
 @dataclass(frozen=True)
 class ShardConfig:
     rule: RuleSpec
+    # Which shard of the model this server holds, 0 to num_shards - 1.
     shard_index: int = 0
+    # How many servers the model is split over; every server and worker must say the same.
     num_shards: int = 1
+    # A worker silent for this long is evicted (a heartbeat, pull or push renews it).
     lease_seconds: float = 30.0
+    # Largest payload of a reply message (pulled parameters): at most half the largest message.
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    # Async, SSP (with its bound) or BSP, in front of the rule.
     consistency: Consistency = field(default_factory=Consistency)
+    # Cap on parameter versions kept for gap-measuring rules (GA, DC-ASGD).
     snapshot_memory_bytes: int = 2 * 1024**3
     # A GEM atomic reservation lapses after this long if its holder never pushes.
     reservation_seconds: float = 10.0
