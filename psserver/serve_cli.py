@@ -25,7 +25,6 @@ import click
 from click.core import ParameterSource
 
 from psproto import codec
-from psproto.config_file import ConfigFileError, Converters, build, merged, read_toml
 from psserver.allocator import apply_allocator
 from psserver.app import (
     BindError,
@@ -36,6 +35,7 @@ from psserver.app import (
     ServerConfig,
     ServerConfigError,
 )
+from psserver.config_file import ConfigFileError, Converters, build, merged, read_toml
 from psserver.core.consistency import ConsistencyModel
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.flags import parse_checkpoint_every, parse_rule_options

@@ -17,13 +17,13 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from psproto.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
-from psproto.config_file import ConfigFileError, merged, read_toml
+from psserver.config_file import ConfigFileError, merged, read_toml
 from pstools.export import ExportError, named_tensors, save_state_dict, state_dict_from_checkpoints
 from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
 from psworker.cli import DataFileError, data_dir_option, main, server_failure
+from psworker.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
 from psworker.client import PSClient, ServerMismatchError
 from psworker.idx import IdxError
 from psworker.task_error import TaskError

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from psproto.config_file import dump_toml, merged
 from psproto.layout import LayoutError
 from psproto.v1 import ps_pb2
+from psserver.config_file import dump_toml, merged
 from psserver.ready import ReadyFileError, wait_for_ready_file
 from psworker.binding import ModelBinding
 from psworker.client import PSClient

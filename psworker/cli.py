@@ -16,8 +16,8 @@ import click
 import grpc
 import torch
 
-from psproto.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
 from psworker.channels import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S
+from psworker.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
 from psworker.client import DeadlinePolicy, ServerMismatchError
 from psworker.idx import IdxError
 from psworker.procedures import ProcedureError

@@ -1,7 +1,7 @@
-"""The configuration files of ``psserver serve --config`` and ``psworker train --config``: TOML tables
-read into a frozen dataclass tree, every key and type checked.
+"""The configuration file of ``psserver serve --config``: TOML tables read into a frozen dataclass
+tree, every key and type checked.
 
-Both sides read their files the same way, so the format is described once: a table per nested
+The format: a table per nested
 dataclass (``[transport]``, ``[shard.consistency]``), a key per field, sizes in bytes given as a
 whole number or as ``"4MiB"`` (any ``*_bytes`` key), paths as strings, an optional table as
 ``false`` to turn it off (``metrics = false``), an optional value as ``"auto"`` for its automatic

@@ -1,9 +1,5 @@
-"""Command-line options shared by the ``psserver`` and ``psworker`` commands that call a server,
-and the wire dtype options of the commands that run workers.
-
-They live beside the wire contract so that both sides can use them without the worker
-importing the server (or the other way round).
-"""
+"""Command-line options of the ``psworker`` commands: the TLS files and token of the commands that
+call a server, and the wire dtype options of the commands that run workers."""
 
 from __future__ import annotations
 
