@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from psworker import cli
 from psworker.cli import main
-from psworker.train import TrainConfig, TrainSummary
 
 
 @pytest.mark.parametrize(
@@ -57,19 +55,3 @@ def test_the_dtype_flags_are_documented() -> None:
         "--encode-on [device|host]",
     ):
         assert flag in text
-
-
-def _train_config(flags: list[str], monkeypatch: pytest.MonkeyPatch) -> TrainConfig:
-    """The TrainConfig ``psworker train`` builds from ``flags`` (training stopped before any call)."""
-    configs: list[TrainConfig] = []
-
-    def train(config: TrainConfig, loaded: object) -> TrainSummary:
-        configs.append(config)
-        raise ValueError("stopped before any call")
-
-    monkeypatch.setattr(cli, "load_task", lambda task, data_dir: object())
-    monkeypatch.setattr(cli, "train", train)
-    result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", *flags])
-    assert result.exit_code == 1 and "stopped before any call" in result.output, result.output
-    (config,) = configs
-    return config
