@@ -145,6 +145,19 @@ def test_every_setting_comes_from_the_file_and_a_flag_given_overrides_it(
     assert other.rule.name == "asgd" and "momentum" not in other.options.as_strings()
 
 
+def test_the_shard_index_from_the_hostname_counts_the_shards_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text("[shard]\nnum_shards = 3\n")
+    monkeypatch.setenv("HOSTNAME", "psserver-2")
+    config = _config_of(["--config", str(path), "--shard-index-from-hostname"], monkeypatch)
+    assert (config.shard.shard_index, config.shard.num_shards) == (2, 3)
+    path.write_text("[shard]\nnum_shards = 2\n")
+    result = CliRunner().invoke(main, ["serve", "--config", str(path), "--shard-index-from-hostname"])
+    assert result.exit_code == 2 and "--shard-index-from-hostname" in result.output, result.output
+
+
 def test_without_a_file_every_setting_has_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
     config = _config_of([], monkeypatch)
     assert config.shard.rule.rule.name == "asgd" and config.shard.chunk_bytes == 1024**2
