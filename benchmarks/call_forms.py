@@ -52,8 +52,8 @@ from benchmarks.harness.stats import speed_ratio, summarize, verdict
 from psproto import codec
 from psproto.dtypes import WIRE_DTYPE_NAMES
 from psproto.layout import Layout
-from psproto.tuning import apply_malloc_tuning
 from psproto.v1 import ps_pb2
+from psserver.allocator import WORKER, apply_allocator
 from psworker import transfer
 from psworker.channels import channel_options
 from psworker.client import PSClient
@@ -250,5 +250,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

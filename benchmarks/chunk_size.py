@@ -30,7 +30,7 @@ from benchmarks.harness.settings import TORCH_THREADS
 from benchmarks.harness.stats import summarize
 from benchmarks.harness.steps import BareStep, HetpsStep, StepSystem, seeded_parameters, warm_up
 from psproto import codec
-from psproto.cli_options import parse_byte_size
+from psproto.dtypes import parse_byte_size
 from psproto.layout import Layout
 
 WIRES = ("fp32", "bf16", "fp16")  # what both systems send
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         bare = fleet.start_helper("bare-grpc", "bare", "benchmarks.harness.bare_grpc")
         for size in sizes:
             name = label("hetps", size)
-            server = fleet.start_hetps(name, model, "asgd", (), 0, 1, extra_args=("--chunk-size", str(size)))
+            server = fleet.start_hetps(name, model, "asgd", (), 0, 1, config={"shard": {"chunk_bytes": size}})
             systems[name] = HetpsStep([server.address], layout, name, args.wire, flat, size)
             systems[label("bare", size)] = BareStep([bare.address], layout, label("bare", size), args.wire, flat, size)
         for system in systems.values():

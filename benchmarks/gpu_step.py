@@ -20,7 +20,7 @@ the model. Each phase is timed on its own. Variants:
 - ``cpu``: the same model and batch on CPU tensors (no crossing at all).
 
 The benchmark process runs under the allocator settings of a ``psworker`` process
-(``psproto.tuning``), with torch's intra-op threads at ``--torch-threads`` (default: torch's own
+(``psserver.allocator.WORKER``), with torch's intra-op threads at ``--torch-threads`` (default: torch's own
 count, the cores; the CPU variant computes on them, and the worker moves its chunks on one thread
 whatever the count, ``psproto.inline_ops``). Variants take turns step by step, so a busy
 machine slows them alike. ``--cpu-steps`` bounds the CPU variant's timed steps (a 224×224 batch
@@ -46,7 +46,7 @@ from benchmarks.harness.report import prepare_output, run_header, write_results
 from benchmarks.harness.resnet import ResNet18
 from benchmarks.harness.stats import Summary, scaled, summarize
 from benchmarks.harness.steps import hetps_client, wire_problem
-from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import WORKER, apply_allocator
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
 
@@ -223,5 +223,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()  # the allocator settings a psworker process runs under
+    apply_allocator(WORKER)  # the allocator settings a psworker process runs under
     main()

@@ -4,11 +4,10 @@
     python -m benchmarks.receive_window --windows 4MiB,4MiB+MALLOC_MMAP_THRESHOLD_=131072
 
 One hetps shard (ResNet-18 size, ASGD unless ``--rule``, fp32 on the wire) per window setting
-(``psserver serve --receive-window``), all running at once on loopback. A setting may add
-environment variables for its server after ``+`` (``4MiB+MALLOC_MMAP_THRESHOLD_=131072``), so
-the same comparison weighs the allocator settings of ``psproto/tuning.py``, which the environment
-overrides. The server's arenas are the exception: ``psserver serve --malloc-arenas`` (default 1)
-replaces any ``MALLOC_ARENA_MAX`` it inherits, so ``+MALLOC_ARENA_MAX=...`` no longer changes them.
+(``receive_window_bytes`` in the ``[transport]`` table of ``psserver serve --config``), all
+running at once on loopback. A setting may add environment variables for its server after ``+``;
+``psserver serve`` sets its allocator with ``mallopt`` as it starts (psserver.allocator), over
+what glibc read from ``MALLOC_*`` variables.
 
 1. **steps** — one worker in this process per server, one step (push + pull) of each in
    turn, the order rotated every round; every window's speed against the first window's
@@ -28,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -53,7 +51,7 @@ from benchmarks.harness.settings import TORCH_THREADS
 from benchmarks.harness.stats import summarize
 from benchmarks.harness.steps import HetpsStep, initialize_parameters, time_steps
 from psproto.layout import Layout
-from psproto.tuning import MALLOC_SETTINGS, apply_malloc_tuning
+from psserver.allocator import WORKER, AllocatorConfig, apply_allocator
 from psserver.flags import parse_receive_window
 
 DEFAULT_WINDOWS = ("auto", "64KiB", "1MiB", "4MiB")
@@ -213,7 +211,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
     results: dict[str, Any] = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "settings": asdict(settings),
-        "malloc_tuning": {key: os.environ.get(key, "") for key in MALLOC_SETTINGS},
+        "allocator": asdict(AllocatorConfig()),
         "must_hold_mb": must_hold_mb,
         "rss_limit_mb": rss_limit_mb(must_hold_mb),
     }
@@ -229,7 +227,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
                     settings.rule_opts,
                     0,
                     1,
-                    extra_args=("--receive-window", setting.window),
+                    config={"transport": {"receive_window_bytes": setting.window_bytes or "auto"}},
                     environment=setting.environment,
                 )
                 for label, setting in chosen.items()
@@ -237,13 +235,12 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
             for server in servers.values():
                 initialize_parameters(settings.model, [server.address])
         results["server_commands"] = {window: list(map(str, s.process.args)) for window, s in servers.items()}  # type: ignore[arg-type]
-        # What each server process really runs with: its entry point adds the allocator settings
-        # the environment does not set, so an added variable must survive that.
+        # What each server process really runs with.
         results["server_environment"] = {
             label: {
                 name: value
                 for name, value in process_environment(server.pid).items()
-                if name in MALLOC_SETTINGS or name in chosen[label].environment
+                if name in chosen[label].environment
             }
             for label, server in servers.items()
         }
@@ -342,5 +339,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

@@ -33,7 +33,7 @@ from benchmarks.harness.report import (
 from benchmarks.harness.settings import LR, TORCH_THREADS, Settings
 from benchmarks.harness.stats import scaled, summarize
 from psproto.layout import Layout
-from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import WORKER, apply_allocator
 from psserver.core.rules import RULES, PayloadKind, PushContext, RuleSpec
 
 MOMENTUM_APPLY, GAP_AWARE_APPLY = 1.3, 2.5
@@ -176,5 +176,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

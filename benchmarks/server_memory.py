@@ -1,7 +1,7 @@
 """Peak RSS (VmHWM) of hetps servers against the bytes they must hold, under concurrent workers.
 
     python -m benchmarks.server_memory [--quick] [--out benchmarks/results/server_memory.json]
-        [--server-args "--receive-buffers 1 --pull-versions 1"]
+        [--server-config server.toml]
 
 What a server must hold: its parameters, its rule's state (``state_tensors``: the momentum
 buffer, gap-aware's average gap...) and, for a rule whose equation reads θ at each worker's
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import shlex
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,7 +39,8 @@ from benchmarks.harness.report import parse_settings, prepare_output, print_targ
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.steps import initialize_parameters
 from psproto.layout import Layout
-from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import WORKER, apply_allocator
+from psserver.config_file import merged, read_toml
 
 
 def gap_aware_job(settings: Settings) -> HetpsJob:
@@ -151,21 +152,23 @@ def asgd_workers(settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--server-args", default="", help="more `psserver serve` flags for every hetps server")
+    extra.add_argument(
+        "--server-config", type=Path, default=None, help="a `psserver serve --config` TOML file for every hetps server"
+    )
     known, rest = extra.parse_known_args(argv)
-    server_args = tuple(shlex.split(known.server_args))
+    server_config = read_toml(known.server_config) if known.server_config is not None else {}
     settings, out = parse_settings("server_memory", __doc__, rest)
     console, log_dir = prepare_output(out)
     torch.set_num_threads(TORCH_THREADS)
     started = time.perf_counter()
     results = run_header(settings)
-    results["server_args"] = list(server_args)
+    results["server_config"] = server_config
     fleet = Fleet(log_dir)
     try:
         with console.status("starting servers"):
             jobs = [HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1) for model in settings.models]
             by_label = {
-                j.label: fleet.start_hetps(*j._replace(extra_args=(*j.extra_args, *server_args)))
+                j.label: fleet.start_job(j._replace(config=merged(j.config or {}, server_config)))
                 for j in [*jobs, gap_aware_job(settings)]
             }
             targets = [
@@ -216,5 +219,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

@@ -7,7 +7,7 @@ workers (real ``PSClient``s in this process, one thread each) push a small model
 gradient as fast as they can. For each count of trickling clients the honest pushes applied
 in ``--seconds`` are counted while that many trickling clients run: each joins under its own
 name and sends a push header, then one element (4 bytes) every ``--interval`` seconds, just
-inside the server's ``--receive-idle-seconds``; with ``--retry`` it sends a new push whenever
+inside the server's ``receive_idle_seconds``; with ``--retry`` it sends a new push whenever
 one is ended, as a persistent hostile client would (after the backoff of psworker, 0.1 s,
 or the ``retry_after_s`` the server gives). Each count's rate is compared with the
 rate with no trickler (the first count) measured in the same round (``--repeats`` rounds; the
@@ -36,6 +36,7 @@ from psproto import codec
 from psproto.errors import error_info
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.config_file import merged
 from pstools.launcher import start_server, stop_process
 from psworker.client import PSClient
 from psworker.deadlines import DeadlinePolicy
@@ -47,9 +48,10 @@ LAYOUT = Layout.from_named_shapes([("w", (250, 400))])
 IDLE_S = 1.0
 MIN_RATE_MIB_S = 4.0
 GRACE_S = 0.5
-PACE_ARGS = ("--min-transfer-rate", str(MIN_RATE_MIB_S), "--transfer-grace-seconds", str(GRACE_S))
-BASE_ARGS = ("--receive-buffers", "2", "--receive-idle-seconds", str(IDLE_S), "--lease-seconds", "60")
-SERVER_ARGS = (*BASE_ARGS, *PACE_ARGS)
+BASE_CONFIG = {"shard": {"receive_buffers": 2, "receive_idle_seconds": IDLE_S, "lease_seconds": 60.0}}
+SERVER_CONFIG = merged(
+    BASE_CONFIG, {"shard": {"transfer_pace": {"min_bytes_per_s": MIN_RATE_MIB_S * 2**20, "grace_s": GRACE_S}}}
+)
 
 
 class Trickler(threading.Thread):
@@ -203,7 +205,7 @@ def measure(
 
 
 def print_table(rows: list[dict[str, Any]], console: Any) -> None:
-    title = f"Honest push rate with trickling clients (--receive-buffers 2, {MIN_RATE_MIB_S} MiB/s; median, min–max)"
+    title = f"Honest push rate with trickling clients (receive_buffers = 2, {MIN_RATE_MIB_S} MiB/s; median, min–max)"
     table = Table(title=title)
     for column in ("tricklers", "honest pushes/s", "vs alone", "trickling pushes ended (code/reason/limit)", "counted"):
         table.add_column(column, justify="right")
@@ -243,19 +245,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     counts = [int(part) for part in args.tricklers.split(",")]
     console, log_dir = prepare_output(args.out)
     started = time.perf_counter()
-    server_args, environment = list(SERVER_ARGS), None
+    server_config, environment = SERVER_CONFIG, None
     if args.server_source is not None:
         # PYTHONSAFEPATH: the working directory must not come before the tree on the path.
         environment = {"PYTHONPATH": str(args.server_source.resolve()), "PYTHONSAFEPATH": "1"}
         if not (args.server_source / "psserver/core/pace.py").exists():
-            server_args = list(BASE_ARGS)
-    process, address = start_server(log_dir, "asgd", 0.01, (), extra_args=server_args, environment=environment)
+            server_config = BASE_CONFIG
+    process, address = start_server(log_dir, "asgd", 0.01, (), environment=environment, config=server_config)
     try:
         rows = measure(address, args.workers, counts, args.seconds, args.interval, args.retry, args.repeats)
     finally:
         stop_process(process)
     results: dict[str, Any] = {
-        "server_args": server_args,
+        "server_config": server_config,
         "server_source": str(args.server_source or "."),
         "parameters": LAYOUT.total_length,
         "workers": args.workers,

@@ -1,30 +1,19 @@
-"""Whether hetps's step flags pay on this host: one worker's steps through plain hetps and each set of flags.
+"""Whether hetps's step variants pay on this host: one worker's steps through plain hetps and each variant.
 
     python -m benchmarks.step_flags [--quick | --smoke] [--model resnet18] [--repeats N]
-                                    [--variants receive,all] [--out benchmarks/results/step_flags.json]
+                                    [--variants streams] [--out benchmarks/results/step_flags.json]
 
-The flags that take work off a step's path are off by default (docs/operations.md): replies built
-ahead of their sending (``psserver serve --build-replies-ahead``), the update applied during that
-reply (``--apply-during-reply``), a push's chunks received while the last is decoded
-(``--receive-pushes-ahead``), a worker's pushes built ahead (``psworker train
---build-pushes-ahead``), its 8-bit chunks encoded on several threads (``--encode-threads``), and
-its replies received while the last message is decoded (``--receive-replies-ahead``).
-They move work to other threads, so whether they pay depends on the cores a host has to spare.
-``benchmarks.step_round_trip`` measures them among its 40-odd systems; this measures only what
-decides them, so the same time buys more repeats: for one model, one worker steps through plain
-hetps and each of ``HETPS_VARIANTS`` (``ahead``, ``during``, ``pushahead``, ``wide``, ``receive``,
-``all``), each
-on a 1-shard ASGD server of its own, and through the bare gRPC mover and that mover doing the step's
+``benchmarks.step_round_trip`` measures the variants among its 30-odd systems; this measures only
+what decides them, so the same time buys more repeats: for one model, one worker steps through
+plain hetps and each of ``HETPS_VARIANTS`` (``streams``: every PushPull as two streams), each on a
+1-shard ASGD server of its own, and through the bare gRPC mover and that mover doing the step's
 arithmetic (``arith``) for scale, at fp32, bf16, and 8-bit pushes with bf16 pulls. Systems step in
-a fresh (seeded) order every round, as in ``step_round_trip``. ``wide`` changes only the 8-bit
-encode, so its fp32 and bf16 rows are plain hetps against itself: how far apart two equal systems
-land in this run.
+a fresh (seeded) order every round, as in ``step_round_trip``.
 
 The verdict per variant and wire form compares the variant's step with plain hetps's, repeat by
 repeat: ``faster`` when it was faster in every repeat, ``slower`` when slower in every one, else
-``level`` (within this run's spread). The bare movers are checked against their own repeats and
-the servers' allocator settings against each other; a verdict in a run whose checks failed is
-marked so.
+``level`` (within this run's spread). The bare movers are checked against their own repeats; a
+verdict in a run whose checks failed is marked so.
 """
 
 from __future__ import annotations
@@ -54,9 +43,9 @@ from benchmarks.harness.step_systems import (
     start_movers,
 )
 from benchmarks.harness.step_tables import print_step_tables
-from benchmarks.harness.validity import repeat_spread_check, settings_check, summarize_checks
-from benchmarks.step_round_trip import measure_steps, server_settings
-from psproto.tuning import apply_malloc_tuning
+from benchmarks.harness.validity import repeat_spread_check, summarize_checks
+from benchmarks.step_round_trip import measure_steps
+from psserver.allocator import WORKER, apply_allocator
 
 WIRE_FORMS = ("fp32", "bf16", "int8/bf16")
 # The movers give each row its scale: the transport's ceiling, and that ceiling doing the arithmetic.
@@ -64,7 +53,7 @@ MOVERS = ("bare", "arith")
 
 
 def row_name(kind: str, wire: str) -> str:
-    """A system's name as ``step_round_trip`` gives it (``ahead-1shard-bf16``, ``all-1shard-int8push-bf16pull``)."""
+    """A system's name as ``step_round_trip`` gives it (``streams-1shard-bf16``)."""
     return f"{kind}-{INT8}" if wire == "int8/bf16" else f"{kind}-1shard-{wire}"
 
 
@@ -101,7 +90,7 @@ def steps_ratio(data: dict[str, Any], first: str, other: str) -> float:
 
 
 def print_verdicts(verdicts: dict[str, dict[str, dict[str, Any]]], valid: bool, console: Console) -> None:
-    table = Table(title="Each set of flags against plain hetps (speed, > 1: the flags are faster)")
+    table = Table(title="Each variant against plain hetps (speed, > 1: the variant is faster)")
     for column in ("variant", "wire", "median", "min–max", "verdict", "hetps vs bare", "variant vs bare"):
         table.add_column(column, justify="left" if column in ("variant", "wire", "verdict") else "right")
     for variant, rows in verdicts.items():
@@ -127,7 +116,7 @@ def parse(argv: Sequence[str] | None) -> tuple[Settings, Path, tuple[str, ...]]:
     parser.add_argument(
         "--variants",
         default=",".join(HETPS_VARIANTS),
-        help="the flag sets to step, comma-separated (default: all of them; fewer leave time for more repeats)",
+        help="the variants to step, comma-separated (default: all of them; fewer leave time for more repeats)",
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_flags.json"))
     args = parser.parse_args(argv)
@@ -157,15 +146,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 settings, fleet.start_all(hetps_jobs(settings, two_shards=False, variants=variants))
             )
             movers = start_movers(fleet, systems)
-        results["server_settings"] = server_settings(fleet)
         server_pids = {server.address: server.pid for server in fleet.servers}
         addresses = {group: [server.address for server in servers] for group, servers in movers.items()}
         results["steps"] = measure_steps(settings, hetps, addresses, server_pids, console, systems=systems)
     finally:
         fleet.stop()
     ((model, data),) = results["steps"].items()
-    checks = [settings_check(results["server_settings"], next(iter(results["server_settings"])))]
-    checks += [
+    checks = [
         repeat_spread_check(f"{model}:{name}", system["repeat_medians_ms"])
         for name, system in data["systems"].items()
         if system["kind"] in MOVERS
@@ -181,5 +168,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

@@ -4,15 +4,8 @@
 
 For a ResNet-18-sized model (11,689,512 fp32 parameters) and a ~100k-parameter model, one
 worker in this process steps through: hetps (1 and 2 shards, fp32 and bf16 on the wire, and 1
-shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with the reply's messages built
-ahead of their sending (``ahead``: ``psserver serve --build-replies-ahead``), with the update
-applied during that reply as well (``during``: ``--apply-during-reply`` too), and with the
-worker's push messages built ahead against a plain server (``pushahead``: ``--build-pushes-ahead``),
-the worker encoding 8-bit chunks on several threads (``wide``: ``--encode-threads``), each side
-receiving a stream's next message while it decodes the last (``receive``: ``psserver serve
---receive-pushes-ahead``, ``psworker train --receive-replies-ahead``), and all of these together
-(``all``);
-a bare gRPC byte mover with the same chunking and bytes
+shard with 8-bit pushes and bf16 pulls); the same 1-shard rows with every PushPull sent as two
+streams (``streams``); a bare gRPC byte mover with the same chunking and bytes
 (``benchmarks.harness.bare_grpc``, the transport's ceiling), and the same mover doing the
 arithmetic of an SGD step too (``arith`` rows: 8-bit encode with error feedback, decode, apply,
 reply conversion, and hetps's header and acknowledgement messages; ``overlap`` rows: its apply made
@@ -50,7 +43,7 @@ from rich.console import Console
 
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.peer_remote import RemotePeerStep, RemoteWorker
-from benchmarks.harness.processes import Fleet, allocator_environment, cpu_of, vm_mb
+from benchmarks.harness.processes import Fleet, cpu_of, vm_mb
 from benchmarks.harness.report import (
     parse_settings,
     prepare_output,
@@ -85,12 +78,11 @@ from benchmarks.harness.validity import (
     ceiling_check,
     invalidate,
     repeat_spread_check,
-    settings_check,
     summarize_checks,
 )
 from psproto import codec
 from psproto.layout import Layout
-from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import WORKER, apply_allocator
 
 PEER_FP32, PEER_BF16 = 0.8, 1.3
 # 8-bit pushes with bf16 pulls against the peer's fp32 step; their bytes per step against fp32's.
@@ -146,10 +138,8 @@ def measure_steps(
                 if spec.kind in HETPS_KINDS:
                     variant = HETPS_VARIANTS.get(spec.kind, PLAIN)
                     system = HetpsStep(
-                        addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat,
-                        build_pushes_ahead=variant.pushes_ahead, encode_threads=variant.encode_threads,
-                        receive_replies_ahead=variant.replies_received_ahead, unary=variant.unary,
-                    )  # fmt: skip
+                        addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat, unary=variant.unary
+                    )
                 elif spec.kind in MOVER_KINDS:
                     key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"
                     system = BareStep(
@@ -275,20 +265,12 @@ def step_results(
     return results
 
 
-def server_settings(fleet: Fleet) -> dict[str, dict[str, str]]:
-    """The allocator settings every live server of ``fleet`` runs under, by label."""
-    return {s.label: allocator_environment(s.pid) for s in fleet.servers if s.process.poll() is None}
-
-
-def step_validity(settings: Settings, steps: dict[str, Any], environments: dict[str, dict[str, str]]) -> dict[str, Any]:
+def step_validity(settings: Settings, steps: dict[str, Any]) -> dict[str, Any]:
     """The checks of ``benchmarks.harness.validity`` on the baselines the targets are judged against.
 
-    Systems are named ``MODEL:SYSTEM``. The servers' settings are compared with the first hetps
-    server's; each bare mover and the peer against its own repeats; the peer against the bare
-    mover (1 shard, fp32)."""
+    Systems are named ``MODEL:SYSTEM``. Each bare mover and the peer against its own repeats; the
+    peer against the bare mover (1 shard, fp32)."""
     checks = []
-    if environments:
-        checks.append(settings_check(environments, next(iter(environments))))
     for model in settings.models:
         systems = steps[model]["systems"]
         for name, system in systems.items():
@@ -406,7 +388,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with console.status("starting servers"):
             hetps = hetps_addresses(settings, fleet.start_all(hetps_jobs(settings)))
             comparisons = start_comparisons(fleet)
-        results["server_settings"] = server_settings(fleet)
         server_pids = {server.address: server.pid for server in fleet.servers} | comparisons.pids()
         movers = comparisons.mover_addresses()
         results["steps"] = measure_steps(settings, hetps, movers, server_pids, console, comparisons.remote)
@@ -416,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if comparisons is not None:
             comparisons.leave(graceful=False)
         fleet.stop()
-    results["validity"] = step_validity(settings, results["steps"], results["server_settings"])
+    results["validity"] = step_validity(settings, results["steps"])
     results["targets"] = step_targets(settings, results["steps"], results["validity"])
     results["limits"] = step_limits(results["steps"], results["validity"])
     results["wall_seconds"] = time.perf_counter() - started
@@ -429,5 +410,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

@@ -55,9 +55,9 @@ from benchmarks.harness.step_tables import print_step_limits, print_step_tables
 from benchmarks.harness.steps import initialize_parameters
 from benchmarks.rule_apply import apply_targets, measure_apply, print_apply_table
 from benchmarks.server_memory import gap_aware_job, load_gap_aware, measure_memory, memory_targets, print_memory_table
-from benchmarks.step_round_trip import measure_steps, server_settings, step_limits, step_targets, step_validity
+from benchmarks.step_round_trip import measure_steps, step_limits, step_targets, step_validity
 from benchmarks.worker_scaling import concurrency_targets, measure_concurrency, print_concurrency_table, scaling_targets
-from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import WORKER, apply_allocator
 
 
 def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
@@ -76,7 +76,6 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
             gap = by_label[gap_job.label]
             gap_target = PoolTarget("gap-aware", gap.model, (gap.address,), settings.rss_workers)
             comparisons = start_comparisons(fleet)
-        results["server_settings"] = server_settings(fleet)
         server_pids = {server.address: server.pid for server in fleet.servers} | comparisons.pids()
         movers = comparisons.mover_addresses()
         results["steps"] = measure_steps(settings, hetps, movers, server_pids, console, comparisons.remote)
@@ -107,7 +106,7 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
         if comparisons is not None:
             comparisons.leave(graceful=False)
         fleet.stop()
-    results["validity"] = step_validity(settings, results["steps"], results["server_settings"])
+    results["validity"] = step_validity(settings, results["steps"])
     results["targets"] = [
         *step_targets(settings, results["steps"], results["validity"]),
         *apply_targets(results["apply"]),
@@ -139,5 +138,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

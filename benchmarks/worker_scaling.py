@@ -34,7 +34,7 @@ from benchmarks.harness.report import (
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.stats import scaled, summarize
 from benchmarks.harness.steps import initialize_parameters
-from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import WORKER, apply_allocator
 
 
 def scaling_targets(settings: Settings, addresses: dict[str, str]) -> list[PoolTarget]:
@@ -188,5 +188,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

@@ -17,13 +17,39 @@ from rich.console import Console
 from rich.table import Table
 
 from psproto import security
-from psproto.cli_options import client_security_from_flags, client_security_options
 from psproto.security import bearer_metadata
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.top import run_top
 
 if TYPE_CHECKING:
     from psserver.core.checkpoint import FileReport
+
+
+_FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
+_CommandT = TypeVar("_CommandT", bound=Callable[..., Any])
+
+
+def client_security_options(command: _CommandT) -> _CommandT:
+    """--tls-ca, --tls-cert, --tls-key, --auth-token-file of the commands that call a server."""
+    options = (
+        click.option("--tls-ca", type=_FILE, help="CA certificate that signed the server's certificate (turns TLS on)"),
+        click.option("--tls-cert", type=_FILE, help="this client's certificate, for a server that requires mutual TLS"),
+        click.option("--tls-key", type=_FILE, help="the private key of --tls-cert"),
+        click.option("--auth-token-file", type=_FILE, help="file holding the server's bearer token"),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def client_security_from_flags(
+    tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None, auth_token_file: Path | None
+) -> tuple[security.ClientTls | None, str | None]:
+    """Validated TLS files and token from the options above; a usage error (exit 2) says what to fix."""
+    try:
+        return security.client_security(tls_ca, tls_cert, tls_key, auth_token_file)
+    except security.SecurityConfigError as error:
+        raise click.UsageError(str(error)) from None
 
 
 def open_channel(

@@ -1,32 +1,31 @@
-"""The server process's glibc allocator: one arena, and shard-sized buffers mapped and given back
-when freed.
+"""The one glibc allocator policy of hetps's processes, applied at start-up with ``mallopt``.
 
-One arena. The entry points cap glibc at two arenas (psproto.tuning); ``psserver serve`` runs on
-one (``--malloc-arenas``, default 1), which the entry point sets as ``MALLOC_ARENA_MAX`` before it
-re-executes the process (``arenas_override``), replacing a value inherited from a tuned parent:
-glibc reads it once, at start. With two, memory freed in one arena (a version's reply bytes, a
-push's chunks, gRPC's receive slices) does not serve a request from a thread of the other, so each
-arena keeps its own high-water mark resident: with 16 concurrent ResNet-18-sized workers the ASGD
-server peaked about 100 MB lower on one arena, and one worker stepped as fast
-(``benchmarks.server_memory --quick``, docs/performance.md has the runs).
+Moving tens of MB per step through gRPC allocates and frees the same sizes over and over. glibc
+left alone maps each large buffer on its own and unmaps it when freed, so every message faults
+its pages in again (3-4x slower transfers when measured), and each thread's arena keeps its own
+free memory. The policy:
 
-Mapped buffers.
-The entry points' settings (psproto.tuning) keep every freed buffer in the heap, however
-large, because faulting tens of MB in again per gRPC message made transfers 3-4x slower.
-A server also allocates buffers of the shard's size (gap-aware's snapshots, a version's
-private copy, an Init upload) that come and go with its workers; kept in the heap they
-leave holes the next message does not fill, and the process keeps them resident. Above a
-threshold the server maps each such buffer on its own (glibc ``M_MMAP_THRESHOLD``), so it
-goes back to the system when freed; messages, far smaller, stay in the heap as before. The
-heap's free top is then given back past twice the threshold (``M_TRIM_THRESHOLD``), with no
-extra padding when it grows (``M_TOP_PAD``). The entry point's start-up padding has by then
-left hundreds of MB free at the heap's top, from which a shard-sized buffer would still be cut
-(and kept), so the settings end by trimming the heap once (``malloc_trim``).
-``psserver serve --malloc-mmap-mib`` sets the threshold (default 32); 0 leaves the process's
-settings alone. Measured (before the trim was added) with ``benchmarks.server_memory --quick``:
-gap-aware under 4 workers peaked at 866-888 MB in five runs with it and at 877 and 1,037 MB in
-two without it (before a version of a snapshot kept no reply bytes, it had lowered that peak
-from 1,218 to 1,021 MB).
+- **Messages stay in the heap.** Below ``mmap_threshold_bytes`` an allocation comes from the
+  heap and its memory serves the next one; every gRPC message and chunk is far smaller than the
+  server's 32 MiB.
+- **A server gives shard-sized buffers back.** At and above the threshold (a shard's snapshots, a
+  version's private copy, an Init upload) a buffer is mapped on its own and returned to the
+  system when freed, so those that come and go with workers leave no holes the process keeps
+  resident; the heap's free top goes back past ``trim_threshold_bytes`` (twice the threshold),
+  with no padding when it grows (``top_pad_bytes``).
+- **A worker keeps what it freed** (``WORKER``): its buffers are the same sizes step after step,
+  so nothing is mapped or trimmed, and the heap grows 256 MiB at a time.
+- **Few arenas.** Memory freed in one arena does not serve a thread of another, so each keeps its
+  own high-water mark. A server runs on one (with 16 concurrent ResNet-18-sized workers its peak
+  was about 100 MB lower than on two, and one worker stepped as fast:
+  ``benchmarks.server_memory --quick``); a worker, whose client fans out to the shards on
+  threads of its own, on two.
+
+``mallopt`` changes the running process (nothing re-executes it). It takes a C ``int``, so a
+value is at most 2 GiB - 1, and a glibc may refuse a setting (older ones refuse a mapping
+threshold above half their largest heap, 32 MiB): each refusal is logged and left out of what
+``apply_allocator`` returns, which the server logs at start-up. ``psserver serve`` applies the
+``[allocator]`` table of its configuration; the ``psworker`` entry point applies ``WORKER``.
 """
 
 from __future__ import annotations
@@ -34,86 +33,80 @@ from __future__ import annotations
 import ctypes
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 _LOGGER = logging.getLogger(__name__)
 
-ARENAS_VARIABLE = "MALLOC_ARENA_MAX"
-DEFAULT_ARENAS = 1
-MAX_ARENAS = 64
-_ARENAS_FLAG = "--malloc-arenas"
-
 # mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_TOP_PAD = -2
-_M_MMAP_THRESHOLD = -3
-# glibc refuses a mapping threshold above half its largest heap (32 MiB on 64-bit systems).
-MAX_MMAP_MIB = 32
-DEFAULT_MMAP_MIB = 32
-_MIB = 1024 * 1024
+M_TRIM_THRESHOLD = -1
+M_TOP_PAD = -2
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+MIB = 1024 * 1024
+# mallopt's values are C ints.
+MAX_VALUE = 2**31 - 1
 
 
-def map_large_buffers(threshold_mib: int) -> bool:
-    """Map (and give back when freed) every allocation of at least ``threshold_mib`` MiB; whether
-    the allocator took the settings (False off glibc, or for 0, which changes nothing)."""
-    if not 0 <= threshold_mib <= MAX_MMAP_MIB:
-        raise ValueError(f"the mapping threshold is 0 to {MAX_MMAP_MIB} MiB, not {threshold_mib}")
-    if threshold_mib == 0 or not sys.platform.startswith("linux"):
-        return False
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """glibc malloc settings of one process (the module's docstring says why these)."""
+
+    # Apply the settings below at start-up; false leaves glibc's own.
+    enabled: bool = True
+    # Arenas (M_ARENA_MAX): memory freed in one does not serve the others.
+    arenas: int = 1
+    # Allocations at least this large are mapped on their own and given back when freed.
+    mmap_threshold_bytes: int = 32 * MIB
+    # Free memory at the heap's top past this much goes back to the system.
+    trim_threshold_bytes: int = 64 * MIB
+    # Extra memory asked of the system each time the heap grows.
+    top_pad_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.arenas <= 64:
+            raise ValueError(f"arenas must be 1..64, not {self.arenas}")
+        for name in ("mmap_threshold_bytes", "trim_threshold_bytes", "top_pad_bytes"):
+            if not 0 <= getattr(self, name) <= MAX_VALUE:
+                raise ValueError(f"{name} must be 0..{MAX_VALUE} (2GiB - 1), not {getattr(self, name)}")
+
+    def settings(self) -> dict[str, tuple[int, int]]:
+        """Each setting's name and its (mallopt parameter, value)."""
+        return {
+            "arenas": (M_ARENA_MAX, self.arenas),
+            "mmap_threshold_bytes": (M_MMAP_THRESHOLD, self.mmap_threshold_bytes),
+            "trim_threshold_bytes": (M_TRIM_THRESHOLD, self.trim_threshold_bytes),
+            "top_pad_bytes": (M_TOP_PAD, self.top_pad_bytes),
+        }
+
+
+# A worker process: what it frees stays for its next step (the module's docstring says why).
+WORKER = AllocatorConfig(
+    arenas=2, mmap_threshold_bytes=MAX_VALUE, trim_threshold_bytes=MAX_VALUE, top_pad_bytes=256 * MIB
+)
+
+
+def apply_allocator(config: AllocatorConfig) -> dict[str, int]:
+    """Set ``config``'s settings on this process's allocator; returns those glibc took (none off
+    glibc, or when ``config.enabled`` is false) and logs each one it refused."""
+    if not config.enabled or not sys.platform.startswith("linux"):
+        return {}
     try:
         # The process's own symbols hold libc's (find_library would start ldconfig to look it up).
         libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
+        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
     except (OSError, AttributeError):
-        return False
+        _LOGGER.info("no glibc allocator here: its settings are not applied")
+        return {}
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    threshold = threshold_mib * _MIB
-    settings = ((_M_MMAP_THRESHOLD, threshold), (_M_TRIM_THRESHOLD, 2 * threshold), (_M_TOP_PAD, 0))
-    applied = all(mallopt(parameter, value) == 1 for parameter, value in settings)
-    if applied:
-        libc.malloc_trim.argtypes = (ctypes.c_size_t,)
-        libc.malloc_trim(0)
-    else:
-        _LOGGER.warning("the allocator refused a setting of --malloc-mmap-mib %d; its defaults stay", threshold_mib)
+    malloc_trim.argtypes = (ctypes.c_size_t,)
+    applied: dict[str, int] = {}
+    for name, (parameter, value) in config.settings().items():
+        if mallopt(parameter, value) == 1:
+            applied[name] = value
+        else:
+            _LOGGER.warning("the allocator refused %s = %d; glibc's own value stays", name, value)
+    if config.top_pad_bytes == 0:
+        # Padding left at the heap's top by earlier growth would otherwise be cut into (and kept).
+        malloc_trim(0)
+    _LOGGER.info("allocator settings applied: %s", applied)
     return applied
-
-
-def requested_arenas(argv: Sequence[str]) -> int | None:
-    """The arenas a ``psserver serve`` command line asks for (``--malloc-arenas``, else the default);
-    None for another command, or for a value the flag's parser will refuse (it then says why)."""
-    if "serve" not in argv:
-        return None
-    value: str | None = None
-    for index, argument in enumerate(argv):
-        if argument == _ARENAS_FLAG and index + 1 < len(argv):
-            value = argv[index + 1]
-        elif argument.startswith(_ARENAS_FLAG + "="):
-            value = argument.partition("=")[2]
-    if value is None:
-        return DEFAULT_ARENAS
-    try:
-        arenas = int(value)
-    except ValueError:
-        return None
-    return arenas if 1 <= arenas <= MAX_ARENAS else None
-
-
-def default_server_environment() -> dict[str, str]:
-    """The allocator variables a ``psserver serve`` with default flags replaces at start (one arena):
-    what a baseline server in a benchmark passes to ``apply_malloc_tuning`` to run as hetps does."""
-    return {ARENAS_VARIABLE: str(DEFAULT_ARENAS)}
-
-
-def arenas_override(argv: Sequence[str]) -> dict[str, str]:
-    """What the entry point sets before it re-executes ``psserver serve``: the arenas asked for,
-    replacing a ``MALLOC_ARENA_MAX`` inherited from the parent (a tuned parent passes down 2)."""
-    arenas = requested_arenas(argv)
-    return {} if arenas is None else {ARENAS_VARIABLE: str(arenas)}
-
-
-def arenas_in_effect(environ: Mapping[str, str]) -> int | None:
-    """The arena cap this process started with (None: glibc's own, 8 per core)."""
-    try:
-        return int(environ[ARENAS_VARIABLE])
-    except (KeyError, ValueError):
-        return None

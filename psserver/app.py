@@ -24,11 +24,10 @@ from types import TracebackType
 
 import torch
 
+from psproto.codec import chunk_bytes_problem
 from psproto.security import SecurityConfigError, read_token_file
+from psserver.allocator import AllocatorConfig
 from psserver.core import checkpoint
-from psserver.core.consistency import Consistency
-from psserver.core.pace import MIB, TransferPace
-from psserver.core.rules import RULES, RuleSpec
 from psserver.core.shard import Shard, ShardConfig, StateError
 from psserver.metrics import DEFAULT_METRICS_PORT, MetricsServer, ShardMetrics, serve_metrics
 from psserver.ready import ReadyInfo, write_ready_file
@@ -41,6 +40,9 @@ _LOGGER = logging.getLogger(__name__)
 
 class ServerAppError(Exception):
     """The server could not be built or started; the message says why."""
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class ServerConfigError(ServerAppError, ValueError):
@@ -63,15 +65,6 @@ class BindError(ServerAppError):
     """The gRPC server cannot listen on its address (port in use, address not local)."""
 
 
-def apply_during_reply_refusal(rule: RuleSpec) -> str:
-    """Why ``rule`` cannot have its updates applied as the reply is built (``--apply-during-reply``)."""
-    spannable = ", ".join(sorted(name for name, rule_type in RULES.items() if rule_type.spannable))
-    return (
-        f"--apply-during-reply needs a rule whose update touches each element on its own ({spannable}); "
-        f"{rule.rule.name}'s update does not: leave the flag off"
-    )
-
-
 def _require(holds: bool, problem: str) -> None:
     if not holds:
         raise ServerConfigError(problem)
@@ -81,67 +74,23 @@ def _require(holds: bool, problem: str) -> None:
 class SecurityConfig:
     """TLS (mutual when ``tls.client_ca`` is set) and the bearer token every RPC but health must carry."""
 
+    # TLS on (mutual with client_ca); false or left out: plaintext.
     tls: ServerTls | None = None
+    # A file holding the token every RPC but health must carry as 'authorization: Bearer <token>'.
     auth_token_file: Path | None = None
-
-
-@dataclass(frozen=True)
-class ShardLimits:
-    """What one shard admits at once; past each, requests wait or are refused with RESOURCE_EXHAUSTED."""
-
-    # Workers and observers joined at once.
-    max_workers: int = 1024
-    # Parameters this shard may hold; a larger model's Join is refused.
-    max_parameters: int = 2**31
-    # Pushes decoded at once, each into a buffer of the shard's size.
-    receive_buffers: int = 2
-    # Pushes open at once (each holds its stream's transport buffers); 0: no cap.
-    max_receiving_pushes: int = 0
-    # A push holding a receive buffer that sends nothing for this long is cancelled.
-    receive_idle_seconds: float = 30.0
-    # A push holding a receive buffer must move this many MiB a second on average after
-    # ``transfer_grace_seconds`` (psserver.core.pace), or it is ended and its buffer given back.
-    min_transfer_mib_per_s: float = 0.1
-    transfer_grace_seconds: float = 5.0
-    # Cap on parameter versions kept for gap-measuring rules (GA, DC-ASGD).
-    snapshot_memory_bytes: int = 2048 * 1024 * 1024
-    # Serialised parameter versions (each the shard's size) being sent at once, per reply form;
-    # at the limit a pull shares the newest of them (asynchronous training only).
-    pull_versions: int = 2
-
-    def __post_init__(self) -> None:
-        counts = (
-            self.max_workers,
-            self.max_parameters,
-            self.receive_buffers,
-            self.snapshot_memory_bytes,
-            self.pull_versions,
-        )
-        _require(min(counts) >= 1 and self.receive_idle_seconds > 0, f"every shard limit must be positive: {self}")
-        _require(
-            self.max_receiving_pushes >= 0,
-            f"--max-receiving-pushes must be >= 0 (0: no cap), not {self.max_receiving_pushes}",
-        )
-        _require(
-            self.min_transfer_mib_per_s > 0,
-            f"the minimum transfer rate must be > 0 MiB/s, not {self.min_transfer_mib_per_s}",
-        )
-        _require(
-            self.transfer_grace_seconds >= 0, f"the transfer grace must be >= 0 s, not {self.transfer_grace_seconds}"
-        )
-
-    @property
-    def transfer_pace(self) -> TransferPace:
-        return TransferPace(self.min_transfer_mib_per_s * MIB, self.transfer_grace_seconds)
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Where checkpoints go (the newest is restored on build), how many are kept and how often."""
 
+    # Checkpoints are written here, and the newest is restored on start.
     directory: Path
+    # How many checkpoints are kept.
     keep: int = 3
+    # Updates between checkpoints (0: not by updates).
     every_updates: int = 1000
+    # Seconds between checkpoints (0: not by time).
     every_seconds: float = 0.0
 
     def __post_init__(self) -> None:
@@ -164,75 +113,53 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Every setting of one shard server; ``psserver serve``'s flags map onto it one to one."""
+    """Every setting of one shard server: ``psserver serve --config FILE`` (TOML) holds any of them,
+    its flags override the file, and the rest keep these defaults (docs/configuration.md lists all)."""
 
-    rule: RuleSpec
+    # The rule, the shard's place in the model and every limit of the shard ([shard] in the file).
+    shard: ShardConfig
+    # Address to bind.
     host: str = "0.0.0.0"
     # 0 picks a free port (``ServerApp.port`` tells which).
     port: int = 50051
-    shard_index: int = 0
-    num_shards: int = 1
-    lease_seconds: float = 30.0
-    consistency: Consistency = field(default_factory=Consistency)
-    # RPC worker threads; under ssp/bsp a waiting request holds one.
+    # RPC worker threads; under ssp/bsp a waiting request holds one, so keep it above the worker count.
     threads: int = 128
-    # Threads torch uses for updates; None leaves the process's setting alone (in-process use).
-    torch_threads: int | None = None
+    # Threads torch uses for updates; None ("auto") leaves the process's setting alone.
+    torch_threads: int | None = 2
     # How long in-progress RPCs may run on after a drain starts before they are cancelled.
     drain_seconds: float = 10.0
-    # A spannable rule's update of a PushPull applied span by span as its reply is built.
-    apply_during_reply: bool = False
-    # Replies serialised ahead of their sending, on a thread of their own.
-    build_replies_ahead: bool = False
-    # A push's chunks received on a thread of their own while the handler decodes.
-    receive_pushes_ahead: bool = False
+    # DEBUG, INFO, WARNING or ERROR: what ``psserver serve`` logs.
+    log_level: str = "INFO"
+    # Message, stream and flow-control limits of the gRPC transport.
     transport: ServerLimits = field(default_factory=ServerLimits)
-    limits: ShardLimits = field(default_factory=ShardLimits)
+    # TLS and the bearer token.
     security: SecurityConfig = field(default_factory=SecurityConfig)
-    # None: no Prometheus endpoint.
+    # None (false in the file): no Prometheus endpoint.
     metrics: MetricsConfig | None = field(default_factory=MetricsConfig)
     # None: no checkpoints, nothing restored.
     checkpoints: CheckpointConfig | None = None
+    # glibc's allocator settings, applied when ``psserver serve`` starts (psserver.allocator).
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     # Written (atomically) once the server accepts RPCs; removed when it drains.
     ready_file: Path | None = None
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, f"port {self.port} is not 0..65535")
-        _require(
-            0 <= self.shard_index < self.num_shards,
-            f"shard index {self.shard_index} must be 0..{self.num_shards - 1} ({self.num_shards} shards)",
-        )
-        _require(self.lease_seconds > 0, f"lease_seconds must be > 0, got {self.lease_seconds}")
         _require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         _require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads must be >= 1")
         _require(self.drain_seconds >= 0, f"drain_seconds must be >= 0, got {self.drain_seconds}")
-        _require(not self.apply_during_reply or self.rule.rule.spannable, apply_during_reply_refusal(self.rule))
+        _require(
+            self.log_level in LOG_LEVELS, f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}"
+        )
+        problem = chunk_bytes_problem(self.shard.chunk_bytes, self.transport.max_message_bytes)
+        _require(problem is None, f"shard.chunk_bytes: {problem} (transport.max_message_bytes)")
 
     @property
     def metrics_port(self) -> int | None:
         """The port the metrics endpoint is asked to bind (None: no endpoint)."""
         if self.metrics is None:
             return None
-        return DEFAULT_METRICS_PORT + self.shard_index if self.metrics.port is None else self.metrics.port
-
-    def shard_config(self) -> ShardConfig:
-        return ShardConfig(
-            self.rule,
-            shard_index=self.shard_index,
-            num_shards=self.num_shards,
-            lease_seconds=self.lease_seconds,
-            consistency=self.consistency,
-            snapshot_memory_bytes=self.limits.snapshot_memory_bytes,
-            max_workers=self.limits.max_workers,
-            max_parameters=self.limits.max_parameters,
-            receive_buffers=self.limits.receive_buffers,
-            max_receiving_pushes=self.limits.max_receiving_pushes,
-            receive_idle_seconds=self.limits.receive_idle_seconds,
-            transfer_pace=self.limits.transfer_pace,
-            pull_versions=self.limits.pull_versions,
-            # Pulled chunks plus their headers must fit under the largest message, or Pull fails.
-            chunk_bytes=self.transport.reply_chunk_bytes,
-        )
+        return DEFAULT_METRICS_PORT + self.shard.shard_index if self.metrics.port is None else self.metrics.port
 
 
 class _Reaper:
@@ -305,12 +232,12 @@ class ServerApp:
         metrics = None
         if config.metrics is not None:
             info = {
-                "rule": config.rule.rule.name,
-                "consistency": config.consistency.model.value,
-                "num_shards": str(config.num_shards),
+                "rule": config.shard.rule.rule.name,
+                "consistency": config.shard.consistency.model.value,
+                "num_shards": str(config.shard.num_shards),
             }
-            metrics = ShardMetrics(config.shard_index, info, process_metrics=config.metrics.process_metrics)
-        shard = Shard(config.shard_config(), observer=metrics)
+            metrics = ShardMetrics(config.shard.shard_index, info, process_metrics=config.metrics.process_metrics)
+        shard = Shard(config.shard, observer=metrics)
         checkpointer = None
         if config.checkpoints is not None:
             every = config.checkpoints
@@ -361,9 +288,9 @@ class ServerApp:
             raise BindError(f"cannot listen on {config.host}:{config.port}: {error}") from None
         if self.checkpointer is not None:
             self.checkpointer.start()
-        limits = config.limits
+        limits = config.shard
         # Often enough that a push is ended within a quarter of its shortest limit past it.
-        shortest = min(config.lease_seconds, limits.receive_idle_seconds, limits.transfer_grace_seconds or math.inf)
+        shortest = min(limits.lease_seconds, limits.receive_idle_seconds, limits.transfer_pace.grace_s or math.inf)
         self._reaper = _Reaper(self.shard, max(0.05, shortest / 4))
         if config.ready_file is not None:
             write_ready_file(config.ready_file, self.ready_info)
@@ -401,9 +328,9 @@ class ServerApp:
             host=self.config.host,
             port=self.port,
             pid=os.getpid(),
-            shard_index=self.config.shard_index,
-            num_shards=self.config.num_shards,
-            rule=self.config.rule.rule.name,
+            shard_index=self.config.shard.shard_index,
+            num_shards=self.config.shard.num_shards,
+            rule=self.config.shard.rule.rule.name,
             clock=self.shard.clock,
             metrics_port=self.metrics_port,
         )

@@ -1,18 +1,9 @@
-"""The ``psserver`` command: tunes glibc's allocator before anything heavy is imported.
-
-The settings must be in the environment when the process starts (psproto.tuning), so this
-module imports nothing large before it may re-execute the process. ``psserver serve`` also
-gets the arena cap of its ``--malloc-arenas`` (psserver.allocator), read from the command line
-here, before the flags are parsed.
-"""
+"""The ``psserver`` command (``psserver serve`` applies its allocator settings as it starts)."""
 
 from __future__ import annotations
 
 import sys
 from importlib.util import find_spec
-
-from psproto.tuning import apply_malloc_tuning
-from psserver.allocator import arenas_override
 
 # What only the server imports; the base install (the client library) comes without them.
 SERVER_MODULES = ("prometheus_client", "grpc_health", "grpc_reflection")
@@ -31,7 +22,6 @@ def require_server_extra() -> None:
 
 def run() -> None:
     require_server_extra()
-    apply_malloc_tuning(arenas_override(sys.argv[1:]))
     from psserver.cli import main
 
     main()

@@ -11,12 +11,12 @@ import re
 
 import click
 
-from psproto.cli_options import parse_byte_size
+from psproto.dtypes import parse_byte_size
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.rpc.server import MAX_RECEIVE_WINDOW_BYTES, MIN_RECEIVE_WINDOW_BYTES
 
 
-def _parse_rule_options(pairs: tuple[str, ...]) -> dict[str, str]:
+def parse_rule_options(pairs: tuple[str, ...]) -> dict[str, str]:
     options: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -28,7 +28,7 @@ def _parse_rule_options(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def parse_rule(name: str, lr: float | None, pairs: tuple[str, ...]) -> RuleSpec:
     """Validated rule choice from CLI flags; errors name what is valid."""
-    raw = _parse_rule_options(pairs)
+    raw = parse_rule_options(pairs)
     if lr is not None:
         raw["lr"] = repr(lr)
     try:

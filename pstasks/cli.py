@@ -17,11 +17,11 @@ import click
 import grpc
 import torch
 
-from psproto.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
 from pstasks.idx import IdxError
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
 from psworker.channels import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S
+from psworker.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
 from psworker.client import DeadlinePolicy, ServerMismatchError
 from psworker.procedures import ProcedureError
 from psworker.train import ENCODE_PLACES, TrainConfig, train
@@ -163,26 +163,6 @@ def main() -> None:
     help="where a GPU worker encodes int8 pushes: on the GPU (only the 8-bit values cross to the host) "
     "or on the host CPU after the fp32 gradients cross",
 )
-@click.option(
-    "--build-pushes-ahead",
-    is_flag=True,
-    help="make each push's messages (chunk copies, int8 encoding) on a thread of their own, ahead of the "
-    "thread sending them, so the making overlaps the sending; needs a spare core",
-)
-@click.option(
-    "--encode-threads",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="threads encoding a push's int8 chunks at once on the host (the bytes are the same); more than 1 "
-    "pays only with cores to spare",
-)
-@click.option(
-    "--receive-replies-ahead",
-    is_flag=True,
-    help="receive the pulled parameters' next message on a thread of its own while the last is decoded, so "
-    "the decoding overlaps the receiving; needs a spare core",
-)
 @client_security_options
 def train_command(
     servers: tuple[str, ...],
@@ -210,9 +190,6 @@ def train_command(
     keepalive_seconds: float,
     min_transfer_rate: float,
     encode_on: str,
-    build_pushes_ahead: bool,
-    encode_threads: int,
-    receive_replies_ahead: bool,
     tls_ca: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
@@ -264,9 +241,6 @@ def train_command(
         error_feedback=error_feedback,
         chunk_bytes=chunk_size,
         encode_on=encode_on,
-        build_pushes_ahead=build_pushes_ahead,
-        encode_threads=encode_threads,
-        receive_replies_ahead=receive_replies_ahead,
     )
     try:
         summary = train(config, loaded)

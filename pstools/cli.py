@@ -17,7 +17,7 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from psproto.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
+from psserver.config_file import ConfigFileError, merged, read_toml
 from pstasks.cli import DataFileError, data_dir_option, main, server_failure
 from pstasks.idx import IdxError
 from pstasks.task_error import TaskError
@@ -26,6 +26,7 @@ from pstools.export import ExportError, named_tensors, save_state_dict, state_di
 from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
+from psworker.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
 from psworker.client import PSClient, ServerMismatchError
 
 __all__ = ["main"]
@@ -102,6 +103,12 @@ def _dtype_args(
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--log-dir", default=Path("runs/latest"), show_default=True, type=click.Path(path_type=Path))
 @click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1))
+@click.option(
+    "--server-config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="a `psserver serve --config` TOML file, passed on to every shard",
+)
 def cluster(
     workers: int,
     slowdowns: str,
@@ -124,6 +131,7 @@ def cluster(
     seed: int,
     log_dir: Path,
     timeout: float,
+    server_config: Path | None,
 ) -> None:
     """Run a server and WORKERS workers of different speeds on this machine, then report."""
     speeds = _parse_slowdowns(slowdowns)
@@ -134,6 +142,10 @@ def cluster(
     from psserver.flags import parse_rule
 
     parse_rule(rule, lr, rule_opts)
+    try:
+        server_table = read_toml(server_config) if server_config is not None else {}
+    except ConfigFileError as error:
+        raise click.BadParameter(str(error), param_hint="--server-config") from None
     config = ClusterConfig(
         workers,
         speeds,
@@ -147,9 +159,10 @@ def cluster(
         log_dir,
         device,
         seed,
+        server_args=("--consistency", consistency, "--ssp-bound", str(ssp_bound)),
         timeout_s=timeout,
         # One chunk size both ways: the servers cut pulled parameters as the workers cut pushes.
-        server_args=("--consistency", consistency, "--ssp-bound", str(ssp_bound), "--chunk-size", str(chunk_size)),
+        server_config=merged(server_table, {"shard": {"chunk_bytes": chunk_size}}),
         data_dir=data_dir,
         shard_data=shard_data,
         worker_args=_dtype_args(push_dtype, pull_dtype, error_feedback, chunk_size),

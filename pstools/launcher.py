@@ -18,11 +18,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from psproto.layout import LayoutError
 from psproto.v1 import ps_pb2
+from psserver.config_file import dump_toml, merged
 from psserver.ready import ReadyFileError, wait_for_ready_file
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
@@ -54,6 +56,8 @@ class ClusterConfig:
     eval_every: int = 0
     timeout_s: float = 600.0
     server_args: Sequence[str] = ()
+    # A ``psserver serve --config`` table for every shard (psserver.app.ServerConfig).
+    server_config: Mapping[str, Any] = field(default_factory=dict)
     # Where built-in tasks read their data (None: the workers' $HETPS_DATA_DIR or the system's directory).
     data_dir: Path | None = None
     # Whether worker r trains on part r of `workers` disjoint parts of the training set; None: as
@@ -108,11 +112,13 @@ def start_server(
     extra_args: Sequence[str] = (),
     log_name: str | None = None,
     environment: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``psserver serve`` on a free loopback port; returns the process and its address.
 
     Its log goes to ``log_dir/server-<shard>.log`` (or ``log_dir/<log_name>``, e.g. for a restart).
-    ``environment`` adds to (or overrides) this process's environment for the server."""
+    ``environment`` adds to (or overrides) this process's environment for the server; ``config``
+    is a ``psserver serve --config`` table, written beside the log (one torch thread unless it says)."""
     command = [
         *_python(),
         "psserver",
@@ -127,8 +133,6 @@ def start_server(
         str(shard_index),
         "--num-shards",
         str(num_shards),
-        "--torch-threads",
-        "1",
         # Any free port: local shards and tests must not fight over the default; extra_args may override.
         "--metrics-port",
         "0",
@@ -139,6 +143,10 @@ def start_server(
         command += ["--rule-opt", opt]
     command += list(extra_args)
     log_path = log_dir / (log_name or f"server-{shard_index}.log")
+    # One torch thread: local shards and workers share this machine's cores.
+    config_file = log_path.with_suffix(".toml")
+    config_file.write_text(dump_toml(merged({"torch_threads": 1}, config or {})))
+    command += ["--config", str(config_file)]
     # The server writes its address here once it accepts RPCs (psserver.ready).
     ready_file = log_path.with_suffix(".ready.json")
     ready_file.unlink(missing_ok=True)
@@ -188,14 +196,21 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
         addresses = []
         for index in range(config.shards):
             process, address = start_server(
-                config.log_dir, config.rule, config.lr, config.rule_opts, index, config.shards, config.server_args
+                config.log_dir,
+                config.rule,
+                config.lr,
+                config.rule_opts,
+                index,
+                config.shards,
+                config.server_args,
+                config=config.server_config,
             )
             servers.append(process)
             addresses.append(address)
         for rank, slowdown in enumerate(config.slowdowns):
             command = [
                 *_python(),
-                "psworker",
+                "pstools",
                 "train",
                 "--task",
                 config.task,

@@ -113,19 +113,14 @@ class Simulation:
         self.task = task or sim_task(config.task, Path(config.data_dir) if config.data_dir else None)
         consistency = Consistency(ConsistencyModel(config.consistency), config.ssp_bound)
         spec = RuleSpec.parse(config.rule, dict(config.options))
-        refusal = spec.options.consistency_refusal(consistency.model)
-        if refusal is not None:
-            raise SimulationError(refusal)
+        try:
+            shard_config = ShardConfig(
+                spec, lease_seconds=_NEVER_S, consistency=consistency, exclusive_pull_seconds=_NEVER_S
+            )
+        except ValueError as error:  # the rule's scheduling cannot run under this consistency
+            raise SimulationError(str(error)) from None
         self.now = 0.0
-        self.shard = Shard(
-            ShardConfig(
-                spec,
-                lease_seconds=_NEVER_S,
-                consistency=consistency,
-                exclusive_pull_seconds=_NEVER_S,
-            ),
-            clock_source=lambda: self.now,
-        )
+        self.shard = Shard(shard_config, clock_source=lambda: self.now)
         self.rng = random.Random(config.seed)
         # Workers whose parked pull is being made now (``_release``): not parked again.
         self._resuming: set[int] = set()

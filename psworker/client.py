@@ -112,16 +112,10 @@ class PSClient:
         pull_dtype: str | None = None,
         error_feedback: bool = True,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
-        build_pushes_ahead: bool = False,
-        encode_threads: int = 1,
-        receive_replies_ahead: bool = False,
     ) -> None:
         """``wire_dtype``: pushes' and pulls' dtype unless ``push_dtype``/``pull_dtype`` says otherwise
         (``int8`` pushes only; ``error_feedback``: its residual, ``psworker.push_encoding``);
         ``chunk_bytes``: what pushes and Init are cut into (``codec.chunk_bytes_problem`` bounds it);
-        ``build_pushes_ahead``: a push's messages made on threads of their own (``psproto.ahead``);
-        ``encode_threads``: threads encoding a push's 8-bit chunks at once (``push_encoding.BlockPush``);
-        ``receive_replies_ahead``: each next message of pulled parameters asked for while the last is decoded.
         ``connect_timeout``: how long the first Join waits for each shard to come up.
         ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
         ``deadlines``: how long each call may take (``psworker.deadlines``)."""
@@ -135,7 +129,7 @@ class PSClient:
         self.device = device
         self.observer = observer
         self.wire_dtype = pull  # what pulls (and PushPull's parameters) come back in
-        self.push_encoder = PushEncoder(push, error_feedback, chunk_bytes, encode_threads)
+        self.push_encoder = PushEncoder(push, error_feedback, chunk_bytes)
         self.connect_timeout = connect_timeout
         self.retry = retry or RetryPolicy()
         # Called for the current parameters when a shard came back empty (restarted without a checkpoint).
@@ -151,7 +145,6 @@ class PSClient:
         self._push_id_lock = threading.Lock()
         self._session_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(addresses)), thread_name_prefix="psclient")
-        self.build_pushes_ahead, self.receive_replies_ahead = build_pushes_ahead, receive_replies_ahead
         # Set when close() starts: a call still in flight then fails instead of retrying or joining
         # again, or a worker stopped with Ctrl-C would come back to life on the shard it just left.
         self._closing = threading.Event()
@@ -346,7 +339,7 @@ class PSClient:
         request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype, reserve=reserve)
         timeout = self._held_deadline(session, self.wire_dtype)
         messages = session.data.pull(request, timeout=timeout, metadata=self._metadata)
-        clock = transfer.receive_params(messages, out[session.range.span], self.receive_replies_ahead)
+        clock = transfer.receive_params(messages, out[session.range.span])
         self.pulled_clocks[session.range.index] = clock
         self._observe_clock(session.range.index, pulled_shard_clock(clock, transfer.shard_clock(messages)))
         return clock
@@ -418,16 +411,14 @@ class PSClient:
         chunks: Iterable[codec.ChunkPayload],
         pull_into: torch.Tensor | None,
     ) -> PushResult:
-        index, ahead = session.range.index, self.build_pushes_ahead
+        index = session.range.index
         if pull_into is None:
             timeout, unary = self._held_deadline(session, self.push_encoder.dtype), self.unary_pushes
-            reply = transfer.push(session.data, header, chunks, timeout, self._metadata, unary, index, ahead)
+            reply = transfer.push(session.data, header, chunks, timeout, self._metadata, unary, index)
             return PushResult.of(reply)
         timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
         part, unary = pull_into[session.range.span], self.unary_push_pulls
-        ack, clock, call = transfer.push_pull(
-            session.data, header, chunks, part, timeout, self._metadata, unary, index, ahead, self.receive_replies_ahead
-        )
+        ack, clock, call = transfer.push_pull(session.data, header, chunks, part, timeout, self._metadata, unary, index)
         self.pulled_clocks[index] = clock
         # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.
         ack_clock = None if ack.duplicate else ack.clock

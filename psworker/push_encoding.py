@@ -17,12 +17,10 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, wait
 
 import torch
 
 from psproto import blocks, codec
-from psproto.ahead import threads_for
 from psproto.layout import ShardRange
 from psworker.channels import MAX_MESSAGE_BYTES
 
@@ -65,13 +63,8 @@ class BlockPush:
     (a whole ResNet-18-sized push is one pass over 47 MB, made before the first byte left when it
     was encoded at once). With error feedback, each chunk's new residual goes into a buffer of its
     own; it replaces the shard's residual when the last chunk is taken, and only if every scale
-    is finite (a push the server will refuse leaves the residual as it was).
-
-    With ``encode_threads`` above 1 the chunks are encoded on that many threads at once (the
-    compiled encode releases the GIL), up to twice as many chunks ahead of the one taken; each
-    writes its own span of the new residual, so the bytes are those of one thread's encode. The
-    encodes started ahead are waited for when the iteration ends, however it ends, so none writes
-    after the push's caller goes on; a retry takes what they made."""
+    is finite (a push the server will refuse leaves the residual as it was); a retry sends the
+    chunks already made."""
 
     def __init__(self, encoder: PushEncoder, shard: int, part: torch.Tensor) -> None:
         self._encoder = encoder
@@ -85,32 +78,18 @@ class BlockPush:
         self._spans = codec.chunk_spans(part.numel(), codec.INT8_BLOCK, encoder.chunk_bytes)
         self._encoded: list[codec.ChunkPayload] = []
         self._finite = True
-        threads = encoder.encode_threads
-        self._pool = threads_for("push-encoder", threads) if threads > 1 and len(self._spans) > 1 else None
-        self._window = 2 * threads
-        # Encodes started ahead of the chunk taken, by chunk index.
-        self._started: dict[int, Future[tuple[codec.ChunkPayload, bool]]] = {}
 
     def __iter__(self) -> Iterator[codec.ChunkPayload]:
-        try:
-            for index in range(len(self._spans)):
-                if index == len(self._encoded):
-                    self._encoded.append(self._take(index))
-                yield self._encoded[index]
-        finally:
-            wait(list(self._started.values()))
+        for index in range(len(self._spans)):
+            if index == len(self._encoded):
+                self._encoded.append(self._take(index))
+            yield self._encoded[index]
 
     def _take(self, index: int) -> codec.ChunkPayload:
-        """Chunk ``index`` encoded (here, or by the pool), counted towards the residual's replacement."""
+        """Chunk ``index`` encoded, counted towards the residual's replacement."""
         if self._encoder.error_feedback and self._updated is None:
             self._updated = self._encoder.residual_buffer(self._shard, self._part.numel())
-        if self._pool is None:
-            payload, finite = self._encode(self._spans[index])
-        else:
-            for ahead in range(index, min(index + self._window, len(self._spans))):
-                if ahead not in self._started:
-                    self._started[ahead] = self._pool.submit(self._encode, self._spans[ahead])
-            payload, finite = self._started.pop(index).result()
+        payload, finite = self._encode(self._spans[index])
         self._finite = self._finite and finite
         if self._updated is not None and self._finite and index == len(self._spans) - 1:
             self._encoder.keep_residual(self._shard, self._updated, self._generation)
@@ -168,17 +147,12 @@ class PushEncoder:
         dtype: codec.DTypeValue,
         error_feedback: bool = True,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
-        encode_threads: int = 1,
     ) -> None:
-        """``encode_threads``: threads that encode a host's 8-bit chunks at once (``BlockPush``)."""
         problem = codec.chunk_bytes_problem(chunk_bytes, MAX_MESSAGE_BYTES)
         if problem is not None:
             raise ValueError(problem)
-        if encode_threads < 1:
-            raise ValueError(f"encode_threads must be at least 1, got {encode_threads}")
         self.dtype = dtype
         self.chunk_bytes = chunk_bytes
-        self.encode_threads = encode_threads
         self.error_feedback = error_feedback and dtype == codec.INT8_BLOCK
         self._residuals: dict[int, torch.Tensor] = {}
         # A residual that was replaced, kept to be written over by the next push's.

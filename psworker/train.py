@@ -71,12 +71,6 @@ class TrainConfig:
     # Where a GPU worker encodes its 8-bit pushes: "device" (only the 8-bit values cross to the
     # host) or "host" (the fp32 gradients cross, then the host's CPU encodes them).
     encode_on: str = "device"
-    # Whether a push's messages are made ahead of their sending, on a thread of their own (PSClient).
-    build_pushes_ahead: bool = False
-    # Threads encoding a push's 8-bit chunks at once on the host (PSClient's encode_threads).
-    encode_threads: int = 1
-    # Whether pulled parameters' next message is received on a thread of its own while the last is decoded.
-    receive_replies_ahead: bool = False
 
 
 @dataclass
@@ -178,9 +172,6 @@ def train(config: TrainConfig, task: Task) -> TrainSummary:
             pull_dtype=config.pull_dtype,
             error_feedback=config.error_feedback,
             chunk_bytes=config.chunk_bytes,
-            build_pushes_ahead=config.build_pushes_ahead,
-            encode_threads=config.encode_threads,
-            receive_replies_ahead=config.receive_replies_ahead,
             tls=config.tls,
             auth_token=config.auth_token,
             retry=RetryPolicy(give_up_seconds=config.retry_seconds),

@@ -18,7 +18,6 @@ import grpc
 import torch
 
 from psproto import codec, metadata, wire
-from psproto.ahead import made_ahead
 from psproto.errors import limit_of, reason_of
 from psproto.inline_ops import inline_each, inline_torch_ops
 from psproto.reasons import UNARY_REPLY_LIMIT, Reason
@@ -109,15 +108,14 @@ def _one_call_or_streams(
     header: ps_pb2.PushHeader,
     chunks: Iterable[codec.ChunkPayload],
     timeout: float,
-    build_ahead: bool,
     one_call: Callable[[bytes, float], ResultT],
     streams: Callable[[Iterator[ps_pb2.PushRequest | bytes], float], ResultT],
 ) -> ResultT:
     """``one_call(request, seconds left)`` with the push as one request (:func:`unary_push_request`)
-    while ``unary[shard]``, else ``streams(requests, seconds left)`` with its stream's messages (made
-    ahead with ``build_ahead``, ``psproto.ahead``). A server that refuses the one call
-    (:func:`refuses_unary`) clears ``unary[shard]`` and gets the same push as streams at once. Either
-    gets what is left of ``timeout`` once the chunks are made (an 8-bit push is encoded as they are)."""
+    while ``unary[shard]``, else ``streams(requests, seconds left)`` with its stream's messages. A
+    server that refuses the one call (:func:`refuses_unary`) clears ``unary[shard]`` and gets the
+    same push as streams at once. Either gets what is left of ``timeout`` once the chunks are made
+    (an 8-bit push is encoded as they are)."""
     deadline = time.monotonic() + timeout
     if unary[shard]:
         made = list(inline_each(chunks))  # kept: sent again as streams if the call is refused
@@ -128,8 +126,7 @@ def _one_call_or_streams(
                 raise
             unary[shard] = False  # before the streams: a retry of this push goes as streams too
         chunks = made
-    with made_ahead(push_requests(header, chunks), "push-builder", build_ahead) as requests:
-        return streams(requests, max(deadline - time.monotonic(), 0.0))
+    return streams(push_requests(header, chunks), max(deadline - time.monotonic(), 0.0))
 
 
 def push(
@@ -140,7 +137,6 @@ def push(
     call_metadata: tuple[tuple[str, str], ...],
     unary: list[bool],
     shard: int,
-    build_ahead: bool = False,
 ) -> ps_pb2.PushResponse:
     """A Push of shard ``shard``: as one PushUnary call while ``unary[shard]`` (:func:`unary_forms`),
     else as a stream; a refused call falls back to the stream (:func:`_one_call_or_streams`)."""
@@ -153,7 +149,7 @@ def push(
         reply: ps_pb2.PushResponse = data.push(requests, timeout=seconds, metadata=call_metadata)
         return reply
 
-    return _one_call_or_streams(unary, shard, header, chunks, timeout, build_ahead, one_call, stream)
+    return _one_call_or_streams(unary, shard, header, chunks, timeout, one_call, stream)
 
 
 def push_pull(
@@ -165,11 +161,9 @@ def push_pull(
     call_metadata: tuple[tuple[str, str], ...],
     unary: list[bool],
     shard: int,
-    build_ahead: bool = False,
-    receive_ahead: bool = False,
 ) -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
     """A PushPull of shard ``shard``: as one PushPullUnary call while ``unary[shard]``
-    (:func:`fits_one_message`), else as two streams (``receive_ahead``: ``psproto.ahead``); a refused
+    (:func:`fits_one_message`), else as two streams; a refused
     call falls back to the streams (:func:`_one_call_or_streams`). Returns the acknowledgement, the
     parameters' clock (decoded into ``part``) and the call, for its trailing metadata."""
 
@@ -181,9 +175,9 @@ def push_pull(
         requests: Iterator[ps_pb2.PushRequest | bytes], seconds: float
     ) -> tuple[ps_pb2.PushResponse, int, grpc.Call]:
         call = data.push_pull(requests, timeout=seconds, metadata=call_metadata)
-        return (*push_pull_reply(call, part, receive_ahead), call)
+        return (*push_pull_reply(call, part), call)
 
-    return _one_call_or_streams(unary, shard, header, chunks, timeout, build_ahead, one_call, streams)
+    return _one_call_or_streams(unary, shard, header, chunks, timeout, one_call, streams)
 
 
 def unary_forms(
@@ -215,16 +209,12 @@ def refuses_unary(error: grpc.RpcError) -> bool:
     return no_such_call or (reason is Reason.LIMIT_REACHED and limit_of(error) == UNARY_REPLY_LIMIT)
 
 
-def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor, ahead: bool = False) -> int:
-    """Decode pulled chunks into ``part`` (one shard's slice of a flat fp32 buffer); returns their clock.
-
-    ``ahead``: each next message is asked of gRPC on a thread of its own while this one decodes the
-    last (``psproto.ahead``), so the two overlap."""
+def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor) -> int:
+    """Decode pulled chunks into ``part`` (one shard's slice of a flat fp32 buffer); returns their clock."""
     assembler = codec.Assembler(part, track_finite=False)
     clock = -1
-    # Not waited for: its thread only reads the call, which is ending.
-    with made_ahead(messages, "reply-receiver", ahead, wait=False) as received, inline_torch_ops():
-        for message in received:
+    with inline_torch_ops():
+        for message in messages:
             clock = message.clock
             assembler.add(message.chunk)
     assembler.finish()
@@ -232,7 +222,7 @@ def receive_params(messages: Iterable[wire.PulledChunk], part: torch.Tensor, ahe
 
 
 def push_pull_reply(
-    replies: Iterable[ps_pb2.PushResponse | wire.PulledChunk], part: torch.Tensor, ahead: bool = False
+    replies: Iterable[ps_pb2.PushResponse | wire.PulledChunk], part: torch.Tensor
 ) -> tuple[ps_pb2.PushResponse, int]:
     """Receive a PushPull's reply: its acknowledgement, then the parameters decoded into ``part`` (as
     :func:`receive_params`); returns the acknowledgement and the parameters' clock."""
@@ -243,7 +233,7 @@ def push_pull_reply(
     if not isinstance(ack, ps_pb2.PushResponse):
         raise ServerMismatchError("PushPull answered parameters before its acknowledgement")
     params = (message for message in messages if isinstance(message, wire.PulledChunk))
-    return ack, receive_params(params, part, ahead)
+    return ack, receive_params(params, part)
 
 
 def shard_clock(call: grpc.Call) -> int | None:

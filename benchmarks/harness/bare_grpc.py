@@ -50,8 +50,7 @@ import torch
 
 from psproto import blocks, codec
 from psproto.layout import Layout
-from psproto.tuning import apply_malloc_tuning
-from psserver.allocator import default_server_environment
+from psserver.allocator import AllocatorConfig, apply_allocator
 from psserver.ready import ReadyInfo, write_ready_file
 from psworker.push_encoding import OnePush, PushEncoder
 from psworker.transfer import fits_one_message
@@ -359,5 +358,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # The allocator settings of a hetps server (psserver serve applies them the same way).
-    apply_malloc_tuning(default_server_environment())
+    apply_allocator(AllocatorConfig())
     main()

@@ -38,7 +38,7 @@ from torch.distributed import rpc
 from benchmarks.harness import torch_rpc_peer
 from benchmarks.harness.processes import REPO_ROOT, child_environment
 from benchmarks.harness.settings import LR
-from psproto.tuning import apply_malloc_tuning
+from psserver.allocator import WORKER, apply_allocator
 from pstools.launcher import stop_process
 
 
@@ -168,5 +168,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning()
+    apply_allocator(WORKER)
     main()

@@ -3,7 +3,7 @@
 Every server writes a ready file (``psserver serve --ready-file``; the bare gRPC mover and the
 torch.distributed.rpc peer write the same format, ``psserver/ready.py``), and the harness waits
 for it with :func:`psserver.ready.wait_for_ready_file`: nothing reads a server's stdout.
-CPU time, memory and the allocator settings a process runs under come from ``/proc``.
+CPU time and memory of a process come from ``/proc``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from benchmarks.harness.settings import LR, SERVER_ARGS, TORCH_THREADS
-from psproto.tuning import DISABLE_VARIABLE, MALLOC_SETTINGS
+from benchmarks.harness.settings import LR, SERVER_CONFIG, TORCH_THREADS
+from psserver.config_file import dump_toml, merged
 from psserver.ready import ReadyInfo, wait_for_ready_file
 from pstools.launcher import stop_process
 
@@ -45,17 +45,6 @@ def vm_mb(pid: int, field_name: str) -> float:
         if line.startswith(field_name + ":"):
             return int(line.split()[1]) * 1024 / 1e6
     return math.nan
-
-
-def allocator_environment(pid: int) -> dict[str, str]:
-    """The glibc allocator variables ``pid`` runs under (``psproto.tuning``'s), from its environment."""
-    wanted = {*MALLOC_SETTINGS, DISABLE_VARIABLE}
-    found = {}
-    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-        key, _, value = entry.decode(errors="replace").partition("=")
-        if key in wanted:
-            found[key] = value
-    return found
 
 
 def use_one_torch_thread() -> None:
@@ -89,6 +78,8 @@ class HetpsJob(NamedTuple):
     shard_index: int
     num_shards: int
     extra_args: tuple[str, ...] = ()  # more ``psserver serve`` flags
+    # Set over SERVER_CONFIG in the server's ``--config`` file.
+    config: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -160,23 +151,32 @@ class Fleet:
         extra_args: Sequence[str] = (),
         environment: Mapping[str, str] | None = None,
         profile: Path | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> ServerProcess:
         """``psserver serve`` on a free loopback port; its log is ``LOG_DIR/LABEL.log``. With
         ``profile`` it runs under ``benchmarks.harness.profiled``, which writes its profile there."""
         command = [sys.executable, *_entry("psserver", profile), "serve", "--host", "127.0.0.1", "--port", "0"]
         command += ["--rule", rule, "--lr", repr(LR), "--shard-index", str(shard_index)]
-        command += ["--num-shards", str(num_shards), "--torch-threads", str(TORCH_THREADS), "--metrics-port", "0"]
+        command += ["--num-shards", str(num_shards), "--metrics-port", "0"]
+        config_file = self.log_dir / f"{label}.toml"
+        config_file.write_text(dump_toml(merged(SERVER_CONFIG, config or {})))
+        command += ["--config", str(config_file)]
         for option in rule_opts:
             command += ["--rule-opt", option]
-        process, ready = self._start(label, [*command, *SERVER_ARGS, *extra_args], environment)
+        process, ready = self._start(label, [*command, *extra_args], environment)
         return self._add(
             ServerProcess(label, "hetps", process, ready, rule, tuple(rule_opts), model, shard_index, num_shards)
         )
 
+    def start_job(self, job: HetpsJob) -> ServerProcess:
+        """``job``'s hetps server (:meth:`start_hetps`)."""
+        rule = (job.label, job.model, job.rule, job.rule_opts)
+        return self.start_hetps(*rule, job.shard_index, job.num_shards, job.extra_args, config=job.config)
+
     def start_all(self, jobs: Sequence[HetpsJob]) -> dict[str, ServerProcess]:
         """Start every job's hetps server at once (start-up is mostly imports); by label."""
         with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-            started = list(pool.map(lambda job: self.start_hetps(*job), jobs))
+            started = list(pool.map(self.start_job, jobs))
         return {server.label: server for server in started}
 
     def start_helper(

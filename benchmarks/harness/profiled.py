@@ -92,16 +92,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the server's own arguments")
     parsed = parser.parse_args(argv)
     out, server, args = parsed.stats, parsed.server, parsed.args
-    from psproto.tuning import apply_malloc_tuning
+    if server != "psserver":  # psserver serve applies its own
+        from psserver.allocator import AllocatorConfig, apply_allocator
 
-    if server == "psserver":
-        from psserver.allocator import arenas_override
-
-        apply_malloc_tuning(arenas_override(args))
-    else:
-        from psserver.allocator import default_server_environment
-
-        apply_malloc_tuning(default_server_environment())
+        apply_allocator(AllocatorConfig())
     signal.signal(signal.SIGUSR2, lambda *_: start_profile(out))
     signal.signal(signal.SIGUSR1, lambda *_: write_profile(out))
     if server == "psserver":

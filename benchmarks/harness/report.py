@@ -28,7 +28,7 @@ from rich.table import Table
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.stats import Summary
 from psproto import codec
-from psproto.tuning import MALLOC_SETTINGS
+from psserver.allocator import WORKER, AllocatorConfig
 
 
 def parse_settings(
@@ -85,7 +85,7 @@ def run_header(settings: Settings | None) -> dict[str, Any]:
             "python": platform.python_version(),
             "torch": torch.__version__,
             "grpc": grpc.__version__,
-            "malloc_tuning": {key: os.environ.get(key, "") for key in MALLOC_SETTINGS},
+            "allocator": {"server": asdict(AllocatorConfig()), "worker": asdict(WORKER)},
         },
         "torch_threads_per_process": TORCH_THREADS,
         "chunk_bytes": codec.DEFAULT_CHUNK_BYTES,

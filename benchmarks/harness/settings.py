@@ -9,8 +9,9 @@ from benchmarks.harness.models import REFERENCE_MODEL
 
 LR = 0.01
 # Workers of a benchmark idle between sections; they must not be evicted meanwhile.
-SERVER_ARGS = ("--lease-seconds", "3600")
-TORCH_THREADS = 1  # per process: servers run with --torch-threads 1, the clients too
+# What every benchmarked hetps server's ``--config`` file holds (benchmarks.harness.processes).
+SERVER_CONFIG = {"torch_threads": 1, "shard": {"lease_seconds": 3600.0}}
+TORCH_THREADS = 1  # per process: servers run with torch_threads = 1, the clients too
 
 
 @dataclass(frozen=True)

@@ -33,51 +33,28 @@ MOVER_KINDS = ("bare", "arith", "overlap")
 
 
 class HetpsVariant(NamedTuple):
-    """hetps run another way: its server's flags, whether its worker builds pushes ahead, the
-    kinds its rows are compared with (what the variant adds to each), how many threads its worker
-    encodes 8-bit chunks on, whether its worker receives replies ahead, and whether it sends a
-    PushPull that fits one message each way as one PushPullUnary call (as psworker does)."""
+    """hetps run another way: its server's flags, the kinds its rows are compared with (what the
+    variant adds to each), and whether it sends a PushPull that fits one message each way as one
+    PushPullUnary call (as psworker does)."""
 
     server_flags: tuple[str, ...]
-    pushes_ahead: bool
     compared_with: tuple[str, ...]
-    encode_threads: int = 1
-    replies_received_ahead: bool = False
     unary: bool = True
 
 
-# The encode threads of ``wide`` and ``all``: enough to outpace one sending thread on a host with cores to spare.
-WIDE_ENCODE_THREADS = 4
-
-# Each on a 1-shard ASGD server of its own beside the plain one: replies built ahead of their
-# sending; the update applied span by span as that reply is built, ahead of the sending too; the
-# worker building its pushes ahead against a plain server; only the worker's 8-bit chunks encoded
-# on several threads (``wide``: its fp32 and bf16 rows differ from plain hetps in nothing, which
-# shows the comparison's noise); each side receiving its next message while it decodes the last
-# (``receive``: the server a push's chunks, the worker a reply's); all of these together; and a worker
-# that sends every PushPull as two streams, also where one message each way would do (``streams``:
-# what PushPullUnary gains; its ResNet-18 rows are plain hetps's, whose pushes are many chunks).
-_SERVER_AHEAD = ("--build-replies-ahead", "--apply-during-reply")
-HETPS_VARIANTS = {
-    "ahead": HetpsVariant(("--build-replies-ahead",), False, ("hetps",)),
-    "during": HetpsVariant(_SERVER_AHEAD, False, ("hetps", "ahead")),
-    "pushahead": HetpsVariant((), True, ("hetps",)),
-    "wide": HetpsVariant((), False, ("hetps", "pushahead"), WIDE_ENCODE_THREADS),
-    "receive": HetpsVariant(("--receive-pushes-ahead",), False, ("hetps",), replies_received_ahead=True),
-    "all": HetpsVariant(
-        (*_SERVER_AHEAD, "--receive-pushes-ahead"), True, ("hetps", "during"), WIDE_ENCODE_THREADS, True
-    ),
-    "streams": HetpsVariant((), False, ("hetps",), unary=False),
-}
+# On a 1-shard ASGD server of its own beside the plain one: a worker that sends every PushPull as
+# two streams, also where one message each way would do (``streams``: what PushPullUnary gains;
+# its ResNet-18 rows are plain hetps's, whose pushes are many chunks).
+HETPS_VARIANTS = {"streams": HetpsVariant((), ("hetps",), unary=False)}
 HETPS_KINDS = ("hetps", *HETPS_VARIANTS)
 # Plain hetps, as a variant: no flags.
-PLAIN = HetpsVariant((), False, ())
+PLAIN = HetpsVariant((), ())
 
 
 @dataclass(frozen=True)
 class SystemSpec:
     name: str  # e.g. hetps-1shard-bf16
-    # hetps, ahead, during, pushahead and all (HETPS_VARIANTS), bare, arith (the bare mover doing the step's
+    # hetps, streams (HETPS_VARIANTS), bare, arith (the bare mover doing the step's
     # arithmetic), overlap (arith, its apply span by span as the reply is sent), peer, peer-default
     kind: str
     shards: int

@@ -39,18 +39,11 @@ def hetps_client(
     name: str,
     wire: str,
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
-    build_pushes_ahead: bool = False,
-    encode_threads: int = 1,
-    receive_replies_ahead: bool = False,
 ) -> PSClient:
     """A worker's client whose ``wire`` is a dtype for both ways or ``PUSH/PULL`` ("int8/bf16": 8-bit
     pushes, bf16 pulls); a ValueError names a dtype that does not exist (:func:`wire_problem`)."""
     push, _, pull = wire.partition("/")
-    return PSClient(
-        addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push, chunk_bytes=chunk_bytes,
-        build_pushes_ahead=build_pushes_ahead, encode_threads=encode_threads,
-        receive_replies_ahead=receive_replies_ahead,
-    )  # fmt: skip
+    return PSClient(addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push, chunk_bytes=chunk_bytes)
 
 
 def wire_problem(wire: str) -> str | None:
@@ -74,15 +67,10 @@ class HetpsStep:
         wire_dtype: str,
         flat: torch.Tensor,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
-        build_pushes_ahead: bool = False,
-        encode_threads: int = 1,
-        receive_replies_ahead: bool = False,
         unary: bool = True,
     ) -> None:
         """``unary``: False sends every PushPull as streams, also where psworker would make it one call."""
-        self.client = hetps_client(
-            addresses, layout, name, wire_dtype, chunk_bytes, build_pushes_ahead, encode_threads, receive_replies_ahead
-        )
+        self.client = hetps_client(addresses, layout, name, wire_dtype, chunk_bytes)
         if not unary:
             self.client.unary_push_pulls = [False] * len(self.client.sessions)
         if not self.client.initialized:

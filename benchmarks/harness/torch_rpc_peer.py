@@ -12,9 +12,8 @@ where the machine allows them): a reference row only, since its bytes need not c
 its worker runs in a process of its own (``benchmarks.harness.peer_remote``), because a process
 joins one rpc world only.
 
-The server runs under the same process settings as a hetps server: the glibc allocator settings
-of ``psproto.tuning`` and the server's one arena (``psserver.allocator.default_server_environment``;
-it re-executes itself with them, as ``psserver serve`` does) and the
+The server runs under the same process settings as a hetps server: its allocator settings
+(``psserver.allocator.AllocatorConfig``, applied as ``psserver serve`` applies them) and the
 torch thread count it is given.
 
 The server prints ``peer rendezvous on 127.0.0.1:PORT`` before it waits for the worker, and
@@ -35,8 +34,7 @@ from pathlib import Path
 import torch
 from torch.distributed import rpc
 
-from psproto.tuning import apply_malloc_tuning
-from psserver.allocator import default_server_environment
+from psserver.allocator import AllocatorConfig, apply_allocator
 from psserver.ready import ReadyInfo, write_ready_file
 
 SERVER_NAME = "ps"
@@ -129,5 +127,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    apply_malloc_tuning(default_server_environment())
+    apply_allocator(AllocatorConfig())
     main()

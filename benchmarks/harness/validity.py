@@ -1,12 +1,11 @@
 """Whether a run's baselines held still: each against its own repeats, the peer against the bare ceiling.
 
 A ratio against a baseline means something only when the baseline itself was measured well.
-On a shared machine a baseline can be caught by someone else's job, or run under other process
-settings than hetps (another allocator, more threads, not warmed up), and then a target passes
-or misses on the baseline's bad luck. The step benchmarks therefore check, after measuring:
+On a shared machine a baseline can be caught by someone else's job, or not be warmed up, and
+then a target passes or misses on the baseline's bad luck. (Every server process applies hetps's
+allocator settings itself, psserver.allocator.) The step benchmarks therefore check, after
+measuring:
 
-- **settings**: every server process ran with hetps's allocator settings (the ``MALLOC_*``
-  variables of ``psproto.tuning``, read from ``/proc/PID/environ``);
 - **repeats**: a baseline's per-repeat medians lie within ``REPEAT_SPREAD_BOUND`` of each
   other (max / min). Per-repeat medians of the bare mover moved by up to 1.25x within quick
   runs on the 2-core machine; a peer still warming up showed 5.4x (297.7 ms, then 55.8);
@@ -64,20 +63,6 @@ def ceiling_check(
     elif value > high:
         why = f"{peer} took {value:.2f}x the time of {bare}: slower than the bare byte mover by more than {high:.1f}x"
     return _check("ceiling", [peer], value, f"{low}..{high}", ok, why)
-
-
-def settings_check(environments: Mapping[str, Mapping[str, str]], reference: str) -> Check:
-    """Every server's allocator settings equal ``reference``'s (a server label in ``environments``)."""
-    wanted = environments[reference]
-    differ = sorted(label for label, env in environments.items() if dict(env) != dict(wanted))
-    ok = not differ
-    why = (
-        ""
-        if ok
-        else f"allocator settings differ from {reference}'s ({dict(wanted)}): "
-        + ", ".join(f"{label} {dict(environments[label])}" for label in differ)
-    )
-    return _check("settings", differ, float(len(differ)), "0 servers differ", ok, why)
 
 
 def _check(name: str, systems: list[str], value: float, bound: str, ok: bool, why: str) -> Check:

@@ -1,4 +1,6 @@
-"""What one shard is configured with: its rule, its place in the model, and every limit."""
+"""What one shard is configured with: its rule, its place in the model, and every limit.
+
+The ``[shard]`` table of ``psserver serve --config`` (psserver.app); checked once, here, when made."""
 
 from __future__ import annotations
 
@@ -13,11 +15,17 @@ from psserver.core.rules import RuleSpec
 @dataclass(frozen=True)
 class ShardConfig:
     rule: RuleSpec
+    # Which shard of the model this server holds, 0 to num_shards - 1.
     shard_index: int = 0
+    # How many servers the model is split over; every server and worker must say the same.
     num_shards: int = 1
+    # A worker silent for this long is evicted (a heartbeat, pull or push renews it).
     lease_seconds: float = 30.0
+    # Largest payload of a reply message (pulled parameters): at most half the largest message.
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    # Async, SSP (with its bound) or BSP, in front of the rule.
     consistency: Consistency = field(default_factory=Consistency)
+    # Cap on parameter versions kept for gap-measuring rules (GA, DC-ASGD).
     snapshot_memory_bytes: int = 2 * 1024**3
     # An exclusive pull (a rule's hold on the shard until its worker pushes) lapses after this long.
     exclusive_pull_seconds: float = 10.0
@@ -44,3 +52,22 @@ class ShardConfig:
     # pull gets the newest version already being sent instead of a newer one: the reply carries
     # that version's clock, so the worker's next push counts the extra staleness.
     pull_versions: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.shard_index < self.num_shards:
+            raise ValueError(
+                f"shard_index {self.shard_index} must be 0..{self.num_shards - 1} ({self.num_shards} shards)"
+            )
+        at_least_one = ("max_workers", "max_parameters", "receive_buffers", "snapshot_memory_bytes", "pull_versions")
+        for name in at_least_one:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
+        if self.max_receiving_pushes < 0:
+            raise ValueError(f"max_receiving_pushes must be >= 0 (0: no cap), not {self.max_receiving_pushes}")
+        positive = ("lease_seconds", "receive_idle_seconds", "receive_wait_seconds", "exclusive_pull_seconds")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, not {getattr(self, name)}")
+        refusal = self.rule.options.consistency_refusal(self.consistency.model)
+        if refusal is not None:
+            raise ValueError(refusal)

@@ -25,6 +25,7 @@ class ConsistencyModel(enum.Enum):
 
 @dataclass(frozen=True)
 class Consistency:
+    # async, ssp (bounded staleness) or bsp (bulk synchronous).
     model: ConsistencyModel = ConsistencyModel.ASYNC
     # SSP's bound s: how many pushes a worker may run ahead of the slowest live worker.
     staleness_bound: int = 3

@@ -23,7 +23,9 @@ MIB = 1024 * 1024
 class TransferPace:
     """``min_bytes_per_s`` on average after ``grace_s`` seconds for the first bytes."""
 
+    # Bytes a second a push, an Init upload or a pull reply must average after the grace.
     min_bytes_per_s: float = 0.1 * MIB
+    # Seconds for a stream's first bytes before the rate applies.
     grace_s: float = 5.0
 
     def __post_init__(self) -> None:

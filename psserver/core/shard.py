@@ -92,9 +92,6 @@ class Shard:
         self._receiver = PushReceiver(self._refusals, clock_source, config)
         self._versions = PullVersions(config.chunk_bytes, config.pull_versions)
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
-        refusal = config.rule.options.consistency_refusal(config.consistency.model)
-        if refusal is not None:
-            raise ValueError(refusal)
         self._model = Model(
             config, self._refusals, self.snapshots, self._versions.freeze_before_update, self.observer.update_applied
         )

@@ -35,8 +35,11 @@ UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)
 class ServerTls:
     """The server's certificate chain and key, and the CA its clients' certificates must chain to (mTLS)."""
 
+    # PEM certificate chain of this server.
     cert: Path
+    # PEM private key of the certificate.
     key: Path
+    # Require client certificates signed by this CA (mutual TLS).
     client_ca: Path | None = None
 
     def credentials(self) -> grpc.ServerCredentials:

@@ -83,26 +83,17 @@ class ServerLimits:
     # let 16 concurrently pushing workers add about 32 MiB each to the server's peak
     # (benchmarks/receive_window.py measures both).
     receive_window_bytes: int | None = DEFAULT_RECEIVE_WINDOW_BYTES
-    # Largest payload of a reply message (pulled parameters); None: ``codec.DEFAULT_CHUNK_BYTES``,
-    # or half the largest message when that is smaller, so a chunk and its header always fit.
-    chunk_bytes: int | None = None
-
-    @property
-    def reply_chunk_bytes(self) -> int:
-        """What pulled parameters are cut into."""
-        if self.chunk_bytes is not None:
-            return self.chunk_bytes
-        return min(codec.DEFAULT_CHUNK_BYTES, self.max_message_bytes // 2)
 
     def __post_init__(self) -> None:
-        if self.chunk_bytes is not None:
-            problem = codec.chunk_bytes_problem(self.chunk_bytes, self.max_message_bytes)
-            if problem is not None:
-                raise ValueError(problem)
+        if self.max_concurrent_rpcs is not None and self.max_concurrent_rpcs < 1:
+            raise ValueError(f"max_concurrent_rpcs must be >= 1, not {self.max_concurrent_rpcs}")
+        if not 1 <= self.max_message_bytes < 2**31 or self.max_streams_per_connection < 1:
+            raise ValueError(f"max_message_bytes must be 1..{2**31 - 1} and max_streams_per_connection >= 1: {self}")
         window = self.receive_window_bytes
         if window is not None and not MIN_RECEIVE_WINDOW_BYTES <= window <= MAX_RECEIVE_WINDOW_BYTES:
             raise ValueError(
-                f"a receive window of {window} bytes is outside {MIN_RECEIVE_WINDOW_BYTES}..{MAX_RECEIVE_WINDOW_BYTES}"
+                f"receive_window_bytes {window} is outside {MIN_RECEIVE_WINDOW_BYTES}..{MAX_RECEIVE_WINDOW_BYTES} "
+                "(64KiB to HTTP/2's largest window)"
             )
 
     def channel_options(self) -> list[tuple[str, int]]:

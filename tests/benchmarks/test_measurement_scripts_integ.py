@@ -22,13 +22,15 @@ def test_rule_apply_alone_measures_every_rule_and_judges_its_targets(tmp_path: P
     ]
 
 
-def test_server_memory_alone_passes_its_server_args_on_and_counts_what_the_servers_refused(tmp_path: Path) -> None:
+def test_server_memory_alone_passes_its_server_config_on_and_counts_what_the_servers_refused(tmp_path: Path) -> None:
     from benchmarks.server_memory import main as server_memory
 
     out = tmp_path / "server_memory.json"
-    server_memory(["--smoke", "--server-args", "--max-receiving-pushes 1", "--out", str(out)])
+    config = tmp_path / "server.toml"
+    config.write_text("[shard]\nmax_receiving_pushes = 1\n")
+    server_memory(["--smoke", "--server-config", str(config), "--out", str(out)])
     results = json.loads(out.read_text())
-    assert results["server_args"] == ["--max-receiving-pushes", "1"]
+    assert results["server_config"] == {"shard": {"max_receiving_pushes": 1}}
     for load in results["asgd_load"].values():
         assert load["errors"] == 0 and load["aggregate_steps_per_s"] > 0
         assert all(count > 0 for count in load["refused"].values())

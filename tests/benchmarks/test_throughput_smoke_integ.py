@@ -55,11 +55,9 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
         assert ratios["overlap vs arith"] == overlap and (overlap is None) == row.startswith("2shard")
         assert all(f"tiny:{name}" in results["validity"]["out_of_line"] for name in ratios["out_of_line"])
 
-    # Every server ran under the allocator settings of the hetps servers, and the baselines were checked.
-    settings = list(results["server_settings"].values())
-    assert len(settings) == len(results["memory"]["servers"]) and all(env == settings[0] for env in settings)
+    # The baselines were checked.
     validity = results["validity"]
-    assert {check["check"] for check in validity["checks"]} == {"settings", "repeats", "ceiling"}
+    assert {check["check"] for check in validity["checks"]} == {"repeats", "ceiling"}
     assert validity["valid"] == all(check["ok"] for check in validity["checks"])
 
     levels = results["concurrency"]["tiny"]["workers"]
@@ -113,10 +111,7 @@ def test_each_system_is_charged_the_cpu_of_its_own_servers() -> None:
         model: {
             ("hetps", 1): [f"{model}-1"],
             ("hetps", 2): [f"{model}-2a", f"{model}-2b"],
-            ("during", 1): [f"{model}-d"],
-            ("ahead", 1): [f"{model}-a"],
-            ("pushahead", 1): [f"{model}-p"],
-            ("all", 1): [f"{model}-all"],
+            ("streams", 1): [f"{model}-s"],
         }
         for model in ("resnet18", "small")
     }
@@ -125,10 +120,8 @@ def test_each_system_is_charged_the_cpu_of_its_own_servers() -> None:
     for model, servers in hetps.items():
         assert server_addresses(by_name["hetps-1shard-fp32"], model, hetps, movers) == servers[("hetps", 1)]
         assert server_addresses(by_name["hetps-2shard-bf16"], model, hetps, movers) == servers[("hetps", 2)]
-        assert server_addresses(by_name["during-1shard-int8push-bf16pull"], model, hetps, movers) == [f"{model}-d"]
-        assert server_addresses(by_name["ahead-1shard-fp32"], model, hetps, movers) == [f"{model}-a"]
-        assert server_addresses(by_name["pushahead-1shard-bf16"], model, hetps, movers) == [f"{model}-p"]
-        assert server_addresses(by_name["all-1shard-int8push-bf16pull"], model, hetps, movers) == [f"{model}-all"]
+        assert server_addresses(by_name["streams-1shard-int8push-bf16pull"], model, hetps, movers) == [f"{model}-s"]
+        assert server_addresses(by_name["streams-1shard-fp32"], model, hetps, movers) == [f"{model}-s"]
         assert server_addresses(by_name["bare-1shard-bf16"], model, hetps, movers) == ["b1"]
         assert server_addresses(by_name["bare-2shard-fp32"], model, hetps, movers) == ["b2a", "b2b"]
         assert server_addresses(by_name["arith-1shard-int8push-bf16pull"], model, hetps, movers) == ["a1"]
@@ -144,7 +137,7 @@ def test_every_kind_of_mover_has_servers_arranged_like_hetps() -> None:
     # As many rows share a mover's server as share hetps's with the same shards, so each server
     # idles as long between its steps.
     hetps_rows = {shards: sum(s.kind == "hetps" and s.shards == shards for s in specs) for shards in (1, 2)}
-    for variant in ("ahead", "during", "pushahead", "all", "streams"):
+    for variant in ("streams",):
         assert sum(s.kind == variant for s in specs) == hetps_rows[1], variant
     for kind, shards in groups:
         rows = sum(s.kind == kind and s.shards == shards for s in specs)

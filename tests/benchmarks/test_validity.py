@@ -13,11 +13,8 @@ from benchmarks.harness.validity import (
     ceiling_check,
     invalidate,
     repeat_spread_check,
-    settings_check,
     summarize_checks,
 )
-
-TUNED = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "4294967296"}
 
 
 def _passing_target(system: str = "resnet18:peer-torch-rpc-fp32") -> tuple[dict[str, object], list[str]]:
@@ -77,15 +74,6 @@ def test_the_ceiling_check_takes_the_median_of_per_repeat_ratios() -> None:
     assert not ceiling_check("p", "b", [300.0, 300.0, 52.0], [50.0, 50.0, 50.0])["ok"]
 
 
-def test_servers_under_other_allocator_settings_are_named() -> None:
-    same = settings_check({"hetps-a": TUNED, "bare-0": dict(TUNED), "peer": dict(TUNED)}, "hetps-a")
-    assert same["ok"]
-    untuned = settings_check({"hetps-a": TUNED, "bare-0": dict(TUNED), "peer": {}}, "hetps-a")
-    assert not untuned["ok"]
-    assert untuned["systems"] == ["peer"]
-    assert "peer {}" in untuned["why"]
-
-
 def test_a_target_against_an_out_of_line_baseline_is_invalid_never_pass() -> None:
     validity = summarize_checks(
         [
@@ -104,12 +92,6 @@ def test_a_target_against_an_out_of_line_baseline_is_invalid_never_pass() -> Non
     # A target judged against the baseline that held still keeps its result.
     other, bare = _passing_target("resnet18:bare-1shard-fp32")
     assert result_word(invalidate(other, bare, validity)) == "PASS"
-
-
-def test_a_settings_failure_invalidates_every_target() -> None:
-    validity = summarize_checks([settings_check({"hetps-a": TUNED, "bare-0": {}}, "hetps-a")])
-    judged, depends_on = _passing_target()
-    assert result_word(invalidate(judged, depends_on, validity)) == "INVALID"
 
 
 def test_the_tables_say_invalid_and_why() -> None:

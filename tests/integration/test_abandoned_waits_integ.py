@@ -45,7 +45,8 @@ def test_a_pull_whose_client_gave_up_frees_the_only_server_thread_and_its_worker
     address = start_psserver(
         "asgd",
         lr=0.1,
-        extra_args=("--consistency", "ssp", "--ssp-bound", "0", "--threads", "1", "--lease-seconds", str(LEASE_S)),
+        extra_args=("--consistency", "ssp", "--ssp-bound", "0"),
+        config={"threads": 1, "shard": {"lease_seconds": LEASE_S}},
     )
     stub = stub_for(address)
     ahead, behind = _join(stub, "ahead").worker_id, _join(stub, "behind").worker_id

@@ -48,7 +48,7 @@ def _ones() -> list[ps_pb2.Chunk]:
 
 @pytest.fixture
 def channel(start_psserver: StartServer) -> Iterator[grpc.Channel]:
-    address = start_psserver("asgd", lr=0.1, extra_args=("--max-workers", "2"))
+    address = start_psserver("asgd", lr=0.1, config={"shard": {"max_workers": 2}})
     with grpc.insecure_channel(address) as opened:
         yield opened
 

@@ -130,7 +130,8 @@ def test_a_killed_worker_never_holds_the_others_past_the_lease(
         "asgd",
         0.05,
         (),
-        extra_args=["--consistency", consistency, "--ssp-bound", "1", "--lease-seconds", str(lease)],
+        extra_args=["--consistency", consistency, "--ssp-bound", "1"],
+        config={"shard": {"lease_seconds": float(lease)}},
     )
     processes.append(server)
     workers = [start_worker(address, f"w{i}", tmp_path / f"w{i}.jsonl", 400, seed=i) for i in range(3)]

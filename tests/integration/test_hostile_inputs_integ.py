@@ -123,7 +123,7 @@ def _join_request(name: str, layout: Layout, **fields: object) -> ps_pb2.JoinReq
 def test_a_join_that_would_mix_models_or_bloat_status_is_refused(
     start_psserver: StartServer, stub_for: StubFor, case: str, request_fields: dict[str, object], words: str
 ) -> None:
-    stub = stub_for(start_psserver("asgd", lr=0.1, extra_args=["--max-message-mb", "16"]))
+    stub = stub_for(start_psserver("asgd", lr=0.1, config={"transport": {"max_message_bytes": 16 * 2**20}}))
     fields = dict(request_fields)
     tensors = fields.pop("tensors", None)
     layout = LAYOUT
@@ -222,7 +222,7 @@ def test_a_push_that_stalls_holding_the_receive_buffer_is_cancelled_and_frees_it
     start_psserver: StartServer, stub_for: StubFor
 ) -> None:
     address = start_psserver(
-        "asgd", lr=0.1, extra_args=["--receive-buffers", "1", "--receive-idle-seconds", "1", "--lease-seconds", "60"]
+        "asgd", lr=0.1, config={"shard": {"receive_buffers": 1, "receive_idle_seconds": 1.0, "lease_seconds": 60.0}}
     )
     stub = stub_for(address)
     staller = _join(stub, "staller").worker_id

@@ -71,7 +71,7 @@ def _refused() -> Iterator[pytest.ExceptionInfo[grpc.RpcError]]:
 def test_a_message_over_max_message_mb_is_refused_and_changes_nothing(
     start_psserver: StartServer, stub_for: StubFor
 ) -> None:
-    stub = stub_for(start_psserver("asgd", lr=0.1, extra_args=["--max-message-mb", "1"]))
+    stub = stub_for(start_psserver("asgd", lr=0.1, config={"transport": {"max_message_bytes": 2**20}}))
     worker_id = _join(stub, "w", BIG).worker_id
     values = torch.linspace(-1, 1, BIG.total_length)
     small = MIB // 4
@@ -121,7 +121,7 @@ def test_rpcs_past_max_concurrent_rpcs_are_refused_and_change_nothing(
     start_psserver: StartServer, stub_for: StubFor
 ) -> None:
     limit = 2
-    stub = stub_for(start_psserver("asgd", lr=0.1, extra_args=["--max-concurrent-rpcs", str(limit)]))
+    stub = stub_for(start_psserver("asgd", lr=0.1, config={"transport": {"max_concurrent_rpcs": limit}}))
     worker_id = _join(stub).worker_id
     start = torch.arange(N, dtype=torch.float32)
     assert _init(stub, worker_id, start).applied
@@ -170,7 +170,7 @@ def test_rpcs_past_max_concurrent_rpcs_are_refused_and_change_nothing(
 def test_a_join_past_max_workers_is_refused_and_the_first_worker_keeps_working(
     start_psserver: StartServer, stub_for: StubFor
 ) -> None:
-    stub = stub_for(start_psserver("asgd", lr=0.1, extra_args=["--max-workers", "1"]))
+    stub = stub_for(start_psserver("asgd", lr=0.1, config={"shard": {"max_workers": 1}}))
     worker_id = _join(stub, "first").worker_id
     start = torch.arange(N, dtype=torch.float32)
     assert _init(stub, worker_id, start).applied
@@ -206,7 +206,7 @@ def test_a_model_past_max_parameters_is_refused_and_changes_nothing(
     start_psserver: StartServer, stub_for: StubFor
 ) -> None:
     limit = N - 1
-    stub = stub_for(start_psserver("asgd", lr=0.1, extra_args=["--max-parameters", str(limit)]))
+    stub = stub_for(start_psserver("asgd", lr=0.1, config={"shard": {"max_parameters": limit}}))
     with _refused() as caught:
         _join(stub)
     details = caught.value.details() or ""
@@ -235,7 +235,7 @@ def test_a_push_past_max_receiving_pushes_is_refused_with_its_limit_and_psworker
     from psworker.client import PSClient
     from psworker.sessions import RetryPolicy
 
-    address = start_psserver("asgd", lr=0.1, extra_args=["--max-receiving-pushes", "1"])
+    address = start_psserver("asgd", lr=0.1, config={"shard": {"max_receiving_pushes": 1}})
     stub = stub_for(address)
     holder = _join(stub, name="holder").worker_id
     start = torch.arange(N, dtype=torch.float32)

@@ -58,7 +58,7 @@ class Server:
 @contextmanager
 def psserver(tmp_path: Path, *args: str) -> Iterator[Server]:
     ready_file = tmp_path / "psserver-ready.json"
-    command = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0", "--torch-threads", "1"]
+    command = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0"]
     process = subprocess.Popen(
         [*command, "--ready-file", str(ready_file), *args],
         stdout=subprocess.DEVNULL,

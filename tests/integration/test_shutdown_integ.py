@@ -79,7 +79,7 @@ def test_sigterm_finishes_the_push_in_flight_then_exits_zero(tmp_path: Path) -> 
 
 
 def test_while_draining_health_is_not_serving_and_new_rpcs_are_unavailable(tmp_path: Path) -> None:
-    process, address = start_server(tmp_path, "asgd", 1.0, (), extra_args=["--drain-seconds", "8"])
+    process, address = start_server(tmp_path, "asgd", 1.0, (), config={"drain_seconds": 8.0})
     try:
         with grpc.insecure_channel(address) as channel:
             stub = ps_pb2_grpc.ParameterServerStub(channel)
@@ -122,7 +122,7 @@ def test_while_draining_health_is_not_serving_and_new_rpcs_are_unavailable(tmp_p
 
 
 def test_a_worker_stopped_with_sigterm_leaves_the_shard_and_exits_143(tmp_path: Path) -> None:
-    process, address = start_server(tmp_path, "asgd", 0.05, (), extra_args=["--lease-seconds", "600"])
+    process, address = start_server(tmp_path, "asgd", 0.05, (), config={"shard": {"lease_seconds": 600.0}})
     channel = grpc.insecure_channel(address)
     stub = ps_pb2_grpc.ParameterServerStub(channel)
 

@@ -17,7 +17,7 @@ import grpc
 import pytest
 import torch
 
-from benchmarks.slow_senders import GRACE_S, IDLE_S, SERVER_ARGS, HonestWorkers, Trickler
+from benchmarks.slow_senders import GRACE_S, IDLE_S, SERVER_CONFIG, HonestWorkers, Trickler
 from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
@@ -34,7 +34,7 @@ INTERVAL_S = 0.8 * IDLE_S
 def test_two_trickling_clients_leave_honest_workers_at_least_half_their_push_rate(
     start_psserver: StartServer, stub_for: StubFor
 ) -> None:
-    address = start_psserver("asgd", lr=0.01, extra_args=list(SERVER_ARGS))
+    address = start_psserver("asgd", lr=0.01, config=SERVER_CONFIG)
     stub = stub_for(address)
     honest = HonestWorkers(address, count=2)
     tricklers = [Trickler(address, f"trickler-{i}", INTERVAL_S, retry=True) for i in range(2)]
@@ -85,7 +85,7 @@ def _init_requests(worker_id: int, chunks: Iterator[ps_pb2.Chunk], pause_s: floa
 
 
 def test_a_trickled_init_and_a_pull_nobody_reads_are_cancelled_and_counted(start_psserver: StartServer) -> None:
-    address = start_psserver("asgd", lr=0.01, extra_args=list(SERVER_ARGS))
+    address = start_psserver("asgd", lr=0.01, config=SERVER_CONFIG)
     with grpc.insecure_channel(address, options=BIG_CHANNEL) as channel:
         stub = ps_pb2_grpc.ParameterServerStub(channel)
         honest, trickler = _join(stub, "honest"), _join(stub, "trickler")

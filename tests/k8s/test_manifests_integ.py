@@ -15,9 +15,11 @@ from typing import Any
 
 import click
 import pytest
+import tomllib
 import yaml
 
 from psserver.cli import main as psserver_main
+from psserver.serve_cli import server_config
 from pstasks.cli import main as psworker_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,10 +94,13 @@ def test_every_object_validates_strictly(overlay: str) -> None:
 def test_shards_statefulset_service_and_budget_agree(overlay: str) -> None:
     statefulset = one(overlay, "StatefulSet", "psserver")
     service = one(overlay, "Service", "psserver")
-    rule = one(overlay, "ConfigMap", "hetps-rule")
+    config_map = one(overlay, "ConfigMap", "hetps-server-config")
+    server_toml = tomllib.loads(config_map["data"]["server.toml"])
     pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
 
-    assert statefulset["spec"]["replicas"] == int(rule["data"]["num-shards"]), "replicas must equal num-shards"
+    replicas = statefulset["spec"]["replicas"]
+    assert replicas == int(config_map["data"]["num-shards"]), "replicas must equal num-shards"
+    assert replicas == server_toml["shard"]["num_shards"], "replicas must equal shard.num_shards of server.toml"
     assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
     assert service["spec"]["clusterIP"] == "None", "shards need a headless Service (one DNS name per shard)"
     assert matches(service["spec"]["selector"], pod_labels)
@@ -117,12 +122,15 @@ def test_shards_statefulset_service_and_budget_agree(overlay: str) -> None:
     assert claims == ["checkpoints"] and mounts["checkpoints"] == "/var/lib/hetps/checkpoints"
     assert statefulset["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
-    env = {item["name"]: item for item in server["env"]}
-    for key in ("rule", "lr", "rule-opts", "consistency", "num-shards"):
-        assert any(
-            item.get("valueFrom", {}).get("configMapKeyRef", {}) == {"name": "hetps-rule", "key": key}
-            for item in env.values()
-        ), f"the rule configuration {key!r} does not reach the server"
+    # The server reads server.toml from the ConfigMap, mounted where --config says.
+    assert re.search(r"psserver serve --config /etc/hetps/config/server\.toml\b", script)
+    assert mounts["config"] == "/etc/hetps/config"
+    volumes = {volume["name"]: volume for volume in statefulset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "hetps-server-config"
+    assert volumes["config"]["configMap"]["items"] == [{"key": "server.toml", "path": "server.toml"}]
+    # The file is a configuration psserver serve accepts as it is.
+    config = server_config(server_toml)
+    assert config.shard.rule.rule.name == server_toml["shard"]["rule"]["name"]
 
 
 def test_demo_probes_are_native_grpc_and_tls_probes_speak_tls() -> None:

@@ -31,20 +31,22 @@ from psserver.app import (
     ServerAppError,
     ServerConfig,
     ServerConfigError,
-    ShardLimits,
 )
 from psserver.core.checkpoint import list_checkpoints, write_checkpoint
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.ready import read_ready_file
 from psserver.rpc.security import ServerTls
+from psserver.rpc.server import ServerLimits
 
 LAYOUT = Layout.from_named_shapes([("w", (64,))])
 ASGD = RuleSpec.parse("asgd", {"lr": "1.0"})
 
 
 def _config(**changes: object) -> ServerConfig:
-    base = ServerConfig(ASGD, host="127.0.0.1", port=0, threads=8, drain_seconds=5.0, metrics=None)
+    base = ServerConfig(
+        ShardConfig(ASGD), host="127.0.0.1", port=0, threads=8, torch_threads=None, drain_seconds=5.0, metrics=None
+    )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -140,25 +142,20 @@ def test_drain_finishes_the_push_in_flight_and_refuses_new_rpcs() -> None:
 
 
 def test_every_failure_to_build_or_start_is_a_typed_error(tmp_path: Path) -> None:
-    with pytest.raises(ServerConfigError, match=r"shard index 2 must be 0\.\.1"):
-        _config(shard_index=2, num_shards=2)
+    with pytest.raises(ValueError, match=r"shard_index 2 must be 0\.\.1"):
+        ShardConfig(ASGD, shard_index=2, num_shards=2)
     with pytest.raises(ServerConfigError, match="keep at least 1"):
         CheckpointConfig(tmp_path, keep=0)
-    with pytest.raises(ServerConfigError, match="every shard limit must be positive"):
-        ShardLimits(receive_buffers=0)
-    with pytest.raises(ServerConfigError, match="every shard limit must be positive"):
-        ShardLimits(pull_versions=0)
-    assert _config(limits=ShardLimits(pull_versions=1, receive_buffers=3)).shard_config().pull_versions == 1
-    with pytest.raises(ServerConfigError, match="--apply-during-reply needs a rule whose update touches"):
-        _config(rule=RuleSpec.parse("momentum", {"lr": "0.1"}), apply_during_reply=True)
-    with pytest.raises(ServerConfigError, match="minimum transfer rate must be > 0 MiB/s"):
-        ShardLimits(min_transfer_mib_per_s=0)
-    with pytest.raises(ServerConfigError, match="transfer grace must be >= 0 s"):
-        ShardLimits(transfer_grace_seconds=-1)
-    pace = (
-        _config(limits=ShardLimits(min_transfer_mib_per_s=2.0, transfer_grace_seconds=1.5)).shard_config().transfer_pace
-    )
-    assert (pace.min_bytes_per_s, pace.grace_s) == (2 * 1024 * 1024, 1.5)
+    with pytest.raises(ValueError, match="receive_buffers must be >= 1, not 0"):
+        ShardConfig(ASGD, receive_buffers=0)
+    with pytest.raises(ValueError, match="pull_versions must be >= 1, not 0"):
+        ShardConfig(ASGD, pull_versions=0)
+    with pytest.raises(ValueError, match="max_receiving_pushes must be >= 0"):
+        ShardConfig(ASGD, max_receiving_pushes=-1)
+    with pytest.raises(ServerConfigError, match=r"shard.chunk_bytes: .*above half the largest message"):
+        _config(transport=ServerLimits(max_message_bytes=1024**2))
+    with pytest.raises(ServerConfigError, match="log_level must be one of DEBUG, INFO, WARNING, ERROR, not 'LOUD'"):
+        _config(log_level="LOUD")
     with pytest.raises(ServerConfigError, match=r"--ready-file .*: its folder .* does not exist or is not writable"):
         ServerApp.build(_config(ready_file=tmp_path / "missing" / "ready.json"))
     with pytest.raises(SecurityFilesError, match="--auth-token-file"):

@@ -51,12 +51,25 @@ def test_unreadable_checkpoints_exit_2(tmp_path: Path) -> None:
     ("args", "hint"),
     [
         (("--checkpoint-every", "0"), "--checkpoint-every"),
-        (("--checkpoint-keep", "0"), "--checkpoint-keep"),
-        (("--max-workers", "0"), "--max-workers"),
-        (("--max-message-mb", "0"), "--max-message-mb"),
         (("--auth-token-file", "/nonexistent/token"), "--auth-token-file"),
     ],
 )
-def test_bad_limits_and_files_exit_2(args: tuple[str, ...], hint: str) -> None:
+def test_bad_flags_and_files_exit_2(args: tuple[str, ...], hint: str) -> None:
     code, output = _serve(*args)
     assert code == 2 and hint in output
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ('[checkpoints]\ndirectory = "ckpt"\nkeep = 0', "checkpoints: keep at least 1 checkpoint, not 0"),
+        ("[shard]\nmax_workers = 0", "shard: max_workers must be >= 1, not 0"),
+        ("[transport]\nmax_message_bytes = 0", "transport: max_message_bytes must be 1..2147483647"),
+        ('[security]\nauth_token_file = "/nonexistent/token"', "/nonexistent/token"),
+    ],
+)
+def test_bad_limits_and_files_in_the_config_file_exit_2(text: str, hint: str, tmp_path: Path) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text(text + "\n")
+    code, output = _serve("--config", str(path))
+    assert code == 2 and hint in output, output

@@ -18,7 +18,7 @@ import pytest
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.ready import READY_FORMAT, ReadyFileError, ReadyInfo, read_ready_file, wait_for_ready_file
 
-SERVE = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0", "--torch-threads", "1"]
+SERVE = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0"]
 
 
 @contextmanager

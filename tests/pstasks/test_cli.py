@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from pstasks import cli
 from pstasks.cli import main
-from psworker.train import TrainConfig, TrainSummary
 
 
 @pytest.mark.parametrize(
@@ -57,43 +55,3 @@ def test_the_dtype_flags_are_documented() -> None:
         "--encode-on [device|host]",
     ):
         assert flag in text
-
-
-def _train_config(flags: list[str], monkeypatch: pytest.MonkeyPatch) -> TrainConfig:
-    """The TrainConfig ``psworker train`` builds from ``flags`` (training stopped before any call)."""
-    configs: list[TrainConfig] = []
-
-    def train(config: TrainConfig, loaded: object) -> TrainSummary:
-        configs.append(config)
-        raise ValueError("stopped before any call")
-
-    monkeypatch.setattr(cli, "load_task", lambda task, data_dir: object())
-    monkeypatch.setattr(cli, "train", train)
-    result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", *flags])
-    assert result.exit_code == 1 and "stopped before any call" in result.output, result.output
-    (config,) = configs
-    return config
-
-
-@pytest.mark.parametrize(("flags", "ahead"), [([], False), (["--build-pushes-ahead"], True)])
-def test_pushes_are_built_ahead_only_when_asked(flags: list[str], ahead: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _train_config(flags, monkeypatch).build_pushes_ahead is ahead
-
-
-@pytest.mark.parametrize(("flags", "ahead"), [([], False), (["--receive-replies-ahead"], True)])
-def test_replies_are_received_ahead_only_when_asked(
-    flags: list[str], ahead: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assert _train_config(flags, monkeypatch).receive_replies_ahead is ahead
-
-
-@pytest.mark.parametrize(("flags", "threads"), [([], 1), (["--encode-threads", "3"], 3)])
-def test_encode_threads_reach_the_training_config(
-    flags: list[str], threads: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assert _train_config(flags, monkeypatch).encode_threads == threads
-
-
-def test_encode_threads_below_one_are_a_usage_error() -> None:
-    result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", "--encode-threads", "0"])
-    assert result.exit_code == 2 and "--encode-threads" in result.output and "x>=1" in result.output, result.output

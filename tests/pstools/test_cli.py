@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -31,7 +33,9 @@ def test_cluster_checks_the_slowdowns_before_starting_anything() -> None:
     assert result.exit_code == 2 and "3 slowdown(s) for 2 worker(s)" in result.output
 
 
-def test_cluster_passes_the_push_and_pull_dtypes_and_the_chunk_size_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_passes_the_push_and_pull_dtypes_the_chunk_size_and_the_server_config_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     configs: list[ClusterConfig] = []
 
     def stop_at_the_config(config: ClusterConfig) -> None:
@@ -44,6 +48,14 @@ def test_cluster_passes_the_push_and_pull_dtypes_and_the_chunk_size_on(monkeypat
     assert result.exit_code != 0 and len(configs) == 1
     chunk = ("--chunk-size", str(512 * 1024))
     assert configs[0].worker_args == (*chunk, "--no-error-feedback", "--push-dtype", "int8", "--pull-dtype", "bf16")
-    assert configs[0].server_args[-2:] == chunk  # the servers cut pulled parameters the same way
+    # The servers cut pulled parameters the same way.
+    assert configs[0].server_config == {"shard": {"chunk_bytes": 512 * 1024}}
+    server_toml = tmp_path / "server.toml"
+    server_toml.write_text("threads = 8\n[shard]\nreceive_buffers = 1\n")
+    CliRunner().invoke(main, ["cluster", "--workers", "1", "--slowdowns", "1", "--server-config", str(server_toml)])
+    assert configs[1].server_config == {"threads": 8, "shard": {"receive_buffers": 1, "chunk_bytes": 1024**2}}
+    server_toml.write_text("threads = \n")
+    refused = CliRunner().invoke(main, ["cluster", "--server-config", str(server_toml)])
+    assert refused.exit_code == 2 and "--server-config" in refused.output and "not valid TOML" in refused.output
     refused = CliRunner().invoke(main, ["cluster", "--pull-dtype", "int8"])
     assert refused.exit_code == 2 and "is for pushes only" in refused.output

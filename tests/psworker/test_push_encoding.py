@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterable
-from typing import Any
 
 import pytest
 import torch
@@ -84,12 +81,11 @@ def test_a_push_with_non_finite_values_leaves_the_residual_as_it_was() -> None:
     assert torch.equal(encoder.residual(0), kept)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("threads", [1, 2, 5])
-def test_a_push_of_many_chunks_is_encoded_as_it_is_sent_with_the_bytes_of_a_whole_encode(threads: int) -> None:
+def test_a_push_of_many_chunks_is_encoded_as_it_is_sent_with_the_bytes_of_a_whole_encode() -> None:
     length = 3 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop + 5  # three full chunks and a short one
     generator = torch.Generator().manual_seed(5)
     pushes = [torch.randn(length, generator=generator) for _ in range(2)]
-    encoder = PushEncoder(codec.INT8_BLOCK, encode_threads=threads)
+    encoder = PushEncoder(codec.INT8_BLOCK)
     list(encoder.chunks(0, pushes[0]))
     residual = encoder.residual(0)
     assert residual is not None
@@ -135,9 +131,8 @@ def test_a_push_given_up_before_its_first_chunk_leaves_the_spare_buffer_to_the_n
     assert first is not None and current is not None and current.data_ptr() == first.data_ptr()
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_push_begun_before_a_reset_resends_its_bytes_but_moves_no_residual(threads: int) -> None:
-    encoder = PushEncoder(codec.INT8_BLOCK, encode_threads=threads)
+def test_a_push_begun_before_a_reset_resends_its_bytes_but_moves_no_residual() -> None:
+    encoder = PushEncoder(codec.INT8_BLOCK)
     length = 2 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop
     list(encoder.chunks(0, torch.full((length,), 0.3)))
     push = encoder.chunks(0, torch.full((length,), 0.2))
@@ -148,62 +143,11 @@ def test_a_push_begun_before_a_reset_resends_its_bytes_but_moves_no_residual(thr
     assert encoder.residual(0) is None
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_push_sent_only_in_part_leaves_the_residual_as_it_was(threads: int) -> None:
-    encoder = PushEncoder(codec.INT8_BLOCK, encode_threads=threads)
+def test_a_push_sent_only_in_part_leaves_the_residual_as_it_was() -> None:
+    encoder = PushEncoder(codec.INT8_BLOCK)
     length = 2 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop
     next(iter(encoder.chunks(0, torch.ones(length))))
     assert encoder.residual(0) is None
-
-
-def test_encoded_on_threads_the_chunks_and_residuals_are_those_of_one_thread_push_after_push() -> None:
-    chunk = codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop
-    length = 7 * chunk + 11
-    generator = torch.Generator().manual_seed(11)
-    pushes = [torch.randn(length, generator=generator) * 10.0**-i for i in range(4)]
-    pushes[2][3 * chunk + 5] = float("inf")  # refused by the server: its residual is not kept
-    alone, threaded = PushEncoder(codec.INT8_BLOCK), PushEncoder(codec.INT8_BLOCK, encode_threads=3)
-    for push in pushes:
-        assert list(alone.chunks(0, push)) == list(threaded.chunks(0, push))
-        assert torch.equal(alone.residual(0), threaded.residual(0))  # type: ignore[arg-type]
-
-
-def test_a_push_ended_half_way_leaves_no_encode_running_and_its_retry_takes_what_they_made(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    threads: set[str] = set()
-    running = 0
-    encode = blocks.encode_with_feedback
-
-    def counted(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        nonlocal running
-        running += 1
-        threads.add(threading.current_thread().name)
-        time.sleep(0.05)
-        try:
-            return encode(*args, **kwargs)
-        finally:
-            running -= 1
-
-    monkeypatch.setattr(blocks, "encode_with_feedback", counted)
-    length = 6 * codec.chunk_spans(10**7, codec.INT8_BLOCK)[0].stop
-    push = torch.randn(length, generator=torch.Generator().manual_seed(2))
-    encoder = PushEncoder(codec.INT8_BLOCK, encode_threads=2)
-    chunks = encoder.chunks(0, push)
-    iterator = iter(chunks)
-    first = next(iterator)
-    iterator.close()  # the call ended after one chunk, with the next encodes started
-    assert running == 0 and encoder.residual(0) is None
-    assert {name.split("_")[0] for name in threads} == {"push-encoder"}
-    again = list(chunks)
-    assert again[0] is first and len(again) == 6 and encoder.residual(0) is not None
-    monkeypatch.setattr(blocks, "encode_with_feedback", encode)
-    assert again == list(PushEncoder(codec.INT8_BLOCK).chunks(0, push))
-
-
-def test_encode_threads_below_one_are_refused() -> None:
-    with pytest.raises(ValueError, match="encode_threads must be at least 1, got 0"):
-        PushEncoder(codec.INT8_BLOCK, encode_threads=0)
 
 
 def test_float_dtypes_are_encoded_lazily_and_keep_no_residual() -> None:

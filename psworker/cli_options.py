@@ -1,13 +1,8 @@
-"""Command-line options shared by the ``psserver`` and ``psworker`` commands that call a server,
-and the wire dtype options of the commands that run workers.
-
-They live beside the wire contract so that both sides can use them without the worker
-importing the server (or the other way round).
-"""
+"""Command-line options of the ``psworker`` commands: the TLS files and token of the commands that
+call a server, and the wire dtype options of the commands that run workers."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +10,7 @@ from typing import Any
 import click
 
 from psproto import dtypes
+from psproto.dtypes import parse_byte_size
 from psproto.security import ClientTls, SecurityConfigError, client_security
 
 
@@ -47,18 +43,6 @@ def client_security_from_flags(
         return client_security(tls_ca, tls_cert, tls_key, auth_token_file)
     except SecurityConfigError as error:
         raise click.UsageError(str(error)) from None
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib|gib)?\s*$", re.IGNORECASE | re.ASCII)
-_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
-
-
-def parse_byte_size(text: str) -> int | None:
-    """A whole number of bytes, KiB, MiB or GiB (``4MiB``, ``65536``); None when ``text`` is not one."""
-    match = _SIZE.match(text)
-    if match is None:
-        return None
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
 
 
 def parse_chunk_size(text: str, max_message_bytes: int | None = None, param_hint: str = "--chunk-size") -> int:
