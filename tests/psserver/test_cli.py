@@ -1,8 +1,6 @@
 from __future__ import annotations
 
 import importlib
-import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -177,12 +175,6 @@ def test_serve_help_shows_at_most_20_options_in_sections() -> None:
     assert all(result.output.count(f"  {option.opts[0]} ") == 1 for option in options)
 
 
-def test_status_of_an_unreachable_server_is_a_clear_error() -> None:
-    result = CliRunner().invoke(main, ["status", "--server", "127.0.0.1:1", "--timeout", "1"])
-    assert result.exit_code == 1
-    assert "127.0.0.1:1" in result.output and "UNAVAILABLE" in result.output
-
-
 def test_the_group_help_shows_each_lazy_command_as_its_own_help_would() -> None:
     for name, (module, attribute, help_text) in LAZY_COMMANDS.items():
         command = getattr(importlib.import_module(module), attribute)
@@ -196,27 +188,6 @@ def test_a_lazy_command_runs_and_shows_its_own_help() -> None:
     result = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200)
     assert result.exit_code == 0
     assert "--checkpoint-dir" in result.output
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["--help"],
-        ["status", "--help"],
-        ["top", "--help"],
-        ["checkpoint", "--help"],
-        ["status", "--server", "127.0.0.1:9", "--timeout", "0.5"],  # runs, and fails: nothing listens there
-        ["checkpoint", "--server", "127.0.0.1:9", "--timeout", "0.5"],
-    ],
-)
-def test_the_admin_commands_start_without_torch_or_the_server(args: list[str]) -> None:
-    code = (
-        "import sys; from psserver.cli import main\n"
-        f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('torch', 'psserver.serve_cli', 'psserver.core.shard') if m in sys.modules))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_an_unknown_command_is_a_usage_error_naming_it() -> None:
