@@ -179,7 +179,7 @@ class ShardMetrics:
         )
         self.snapshots_dropped = Counter(
             "hetps_snapshots_dropped_total",
-            "Parameter versions (snapshots) dropped to stay under --snapshot-memory-mb; a push computed on one "
+            "Parameter versions (snapshots) dropped to stay under shard.snapshot_memory_bytes; a push computed on one "
             "is applied with a gap of zero (snapshot_missing)",
             ["shard"],
             registry=r,

@@ -48,7 +48,7 @@ class Membership:
                 ErrorKind.NAME_IN_USE,
                 f"worker name {name!r} is in use by joined worker {namesake.worker_id} (last request "
                 f"{now - namesake.last_seen:.0f} s ago); give every worker a unique name. A stopped worker's "
-                f"record is evicted once it has been silent for {self.lease_seconds:g} s (--lease-seconds); a "
+                f"record is evicted once it has been silent for {self.lease_seconds:g} s (shard.lease_seconds); a "
                 "worker continuing its own record joins with resume",
             )
         replaced = [w.worker_id for w in self.workers.values() if resume and w.name == name]
@@ -56,7 +56,7 @@ class Membership:
             self._refusals.refuse(
                 ErrorKind.LIMIT_REACHED,
                 f"this shard already has {len(self.workers)} joined workers and observers, its limit "
-                "(--max-workers); raise the limit or stop some workers",
+                "(shard.max_workers in the server's --config file); raise it or stop some workers",
             )
         return replaced
 

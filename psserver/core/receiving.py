@@ -231,14 +231,15 @@ class PushReceiver:
             raise ShardError(
                 ErrorKind.PUSH_STALLED,
                 f"a push of worker {worker.name} was ended for holding a receive buffer too long, so its pushes are "
-                f"not received for {SIT_OUT_GRACES:g} × --transfer-grace-seconds; retry in {back_at - now:.1f} s",
+                f"not received for {SIT_OUT_GRACES:g} × shard.transfer_pace.grace_s; retry in {back_at - now:.1f} s",
                 counted=True,
                 metadata={"limit": "sit_out", "retry_after_s": f"{back_at - now:.3f}"},
             )
         if full and not crowded:
             self.refusals.refuse(
                 ErrorKind.LIMIT_REACHED,
-                f"{self._max_open} pushes are being received by this shard (--max-receiving-pushes); "
+                f"{self._max_open} pushes are being received by this shard "
+                "(shard.max_receiving_pushes in the server's --config file); "
                 "send this one again shortly",
                 worker,
                 {"limit": TransientLimit.RECEIVING_PUSHES.value},
@@ -292,7 +293,8 @@ class PushReceiver:
             )
         return (
             f"no receive buffer came free within {self._wait_seconds:.0f} s: "
-            f"{self.buffers.limit} pushes are being received (--receive-buffers); retry, or raise it"
+            f"{self.buffers.limit} pushes are being received "
+            "(shard.receive_buffers in the server's --config file); retry, or raise it"
         )
 
     def refuse_if_ended(self, pending: PendingPush) -> None:
@@ -303,13 +305,13 @@ class PushReceiver:
     def _ended_error(self, limit: Limit) -> ShardError:
         if limit is Limit.IDLE:
             message = (
-                f"the push sent nothing for {self._idle_seconds:g} s (--receive-idle-seconds), so it was "
+                f"the push sent nothing for {self._idle_seconds:g} s (shard.receive_idle_seconds), so it was "
                 "cancelled and not applied; retry it"
             )
         else:
             message = (
                 f"the push held a receive buffer but sent its bytes slower than {self.pace.describe()} "
-                "(--min-transfer-rate, --transfer-grace-seconds), so it was ended and not applied; retry it"
+                "(shard.transfer_pace in the server's --config file), so it was ended and not applied; retry it"
             )
         return ShardError(ErrorKind.PUSH_STALLED, message, counted=True, metadata={"limit": limit.value})
 
@@ -371,7 +373,7 @@ class PushReceiver:
         worker = pending.worker
         if pending.ended is Limit.IDLE:
             _LOGGER.warning(
-                "cancelled a push of worker %s (%s): it sent nothing for %.0f s (--receive-idle-seconds)",
+                "cancelled a push of worker %s (%s): it sent nothing for %.0f s (shard.receive_idle_seconds)",
                 worker.worker_id,
                 worker.name,
                 self._idle_seconds,
@@ -380,7 +382,7 @@ class PushReceiver:
         held = now - (pending.receiving_since or now)
         _LOGGER.warning(
             "ended a push of worker %s (%s): %d bytes in %.1f s holding a receive buffer, slower than %s "
-            "(--min-transfer-rate); its buffer is free again",
+            "(shard.transfer_pace); its buffer is free again",
             worker.worker_id,
             worker.name,
             pending.bytes_received,

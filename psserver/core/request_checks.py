@@ -82,7 +82,7 @@ def parameter_limit_refusal(length: int, shard_index: int, max_parameters: int) 
     return Refusal(
         ErrorKind.LIMIT_REACHED,
         f"the layout puts {length} parameters on shard {shard_index}, more than its limit of "
-        f"{max_parameters} (--max-parameters); use more shards or raise the limit",
+        f"{max_parameters} (shard.max_parameters in the server's --config file); use more shards or raise it",
     )
 
 

@@ -43,7 +43,8 @@ class SnapshotStore:
             _LOGGER.warning(
                 "dropped the parameter version of clock %d: keeping it would exceed the snapshot memory cap of "
                 "%.1f MiB (%d version(s) of %.1f MiB each fit). A push computed on it is applied with a gap of "
-                "zero (snapshot_missing); raise --snapshot-memory-mb to keep one version per live worker "
+                "zero (snapshot_missing); raise shard.snapshot_memory_bytes in the server's --config file "
+                "to keep one version per live worker "
                 "(workers x %.1f MiB)",
                 oldest,
                 self.memory_cap_bytes / _MIB,

@@ -1,7 +1,7 @@
 """Init uploads and pull replies watched for the limits pushes keep (psserver.core.receiving).
 
 An Init stream decodes into a buffer of the shard's size, and a Pull (or PushPull) reply holds
-a serialised parameter version; both hold one of the server's RPC threads (``--threads``) for
+a serialised parameter version; both hold one of the server's RPC threads (``threads`` in the configuration file) for
 as long as they last. A client that trickles its Init or never reads its reply would hold
 them for ever. So each such stream is watched from its start: one that moves no bytes for
 ``receive_idle_seconds`` or falls behind the transfer pace (psserver.core.pace) is cancelled
@@ -86,7 +86,7 @@ class StreamWatch:
         for stream in slow:
             _LOGGER.warning(
                 "cancelled a %s stream of worker %s (%s): %d bytes in %.1f s, idle for %.1f s; slower than %s "
-                "(--min-transfer-rate) or idle for over %g s (--receive-idle-seconds)",
+                "(shard.transfer_pace) or idle for over %g s (shard.receive_idle_seconds)",
                 stream.rpc,
                 stream.worker.worker_id,
                 stream.worker.name,

@@ -390,7 +390,8 @@ class ParameterServerServicer:
             raise ShardError(
                 ErrorKind.LIMIT_REACHED,
                 f"the reply of this PushPullUnary (about {reply_bytes} bytes) would exceed the server's largest "
-                f"message ({self.max_message_bytes} bytes, --max-message-mb); send the push as a PushPull stream",
+                f"message ({self.max_message_bytes} bytes, transport.max_message_bytes); "
+                "send the push as a PushPull stream",
                 metadata={"limit": UNARY_REPLY_LIMIT},
             )
 

@@ -180,7 +180,7 @@ def test_a_join_past_max_workers_is_refused_and_the_first_worker_keeps_working(
     for name, role in [("second", ps_pb2.ROLE_WORKER), ("watcher", ps_pb2.ROLE_OBSERVER)]:
         with _refused() as caught:
             _join(stub, name, role=role)
-        assert "--max-workers" in (caught.value.details() or "")
+        assert "shard.max_workers" in (caught.value.details() or "")
     status = stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT_S)
     assert [w.worker_name for w in status.workers] == ["first"]
     assert status.rejected["limit_reached"] == 2
@@ -210,7 +210,7 @@ def test_a_model_past_max_parameters_is_refused_and_changes_nothing(
     with _refused() as caught:
         _join(stub)
     details = caught.value.details() or ""
-    assert "--max-parameters" in details and f"{N} parameters" in details, details
+    assert "shard.max_parameters" in details and f"{N} parameters" in details, details
     status = stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT_S)
     assert (status.layout_hash, status.shard_length, status.initialized, len(status.workers)) == ("", 0, False, 0)
     assert status.rejected["limit_reached"] == 1
@@ -267,7 +267,7 @@ def test_a_push_past_max_receiving_pushes_is_refused_with_its_limit_and_psworker
                 assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
                 assert reason_of(error) is Reason.LIMIT_REACHED
                 assert limit_of(error) == TransientLimit.RECEIVING_PUSHES.value
-                assert "--max-receiving-pushes" in (error.details() or "")
+                assert "shard.max_receiving_pushes" in (error.details() or "")
                 break
             assert applied_before < 100, "no push was refused while another was open"
             pause.wait(0.05)

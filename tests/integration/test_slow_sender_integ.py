@@ -3,7 +3,7 @@ nor can one that trickles its Init or stops reading its pull.
 
 A real ``psserver serve`` with two receive buffers; honest ``PSClient`` workers push as fast as
 they can, alone and then while two clients trickle pushes one element at a time, each chunk
-just inside ``--receive-idle-seconds``, and send a new push whenever one is ended. The honest
+just inside ``shard.receive_idle_seconds``, and send a new push whenever one is ended. The honest
 workers keep at least half their rate; every trickling push is ended with CANCELLED and
 PUSH_STALLED (naming the limit), counted in Status, and never applied.
 """

@@ -152,7 +152,7 @@ def test_a_push_that_finds_no_free_buffer_in_time_is_refused() -> None:
     assert holds.wait(WAIT_S)
     with pytest.raises(ShardError) as caught:
         shard.push(PushHeader(second, 1, 0, int(PayloadKind.GRADIENT), LAYOUT.hash, {}), codec.encode(torch.ones(16)))
-    assert caught.value.kind is ErrorKind.LIMIT_REACHED and "--receive-buffers" in caught.value.message
+    assert caught.value.kind is ErrorKind.LIMIT_REACHED and "shard.receive_buffers" in caught.value.message
     release.set()
     holding.join(WAIT_S)
     torch.testing.assert_close(shard.params, torch.full((16,), -1.0))

@@ -170,13 +170,13 @@ def test_limits_on_workers_and_parameters() -> None:
     shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash)
     with pytest.raises(ShardError) as caught:
         shard.join("c", "cpu", False, LAYOUT, LAYOUT.hash)
-    assert caught.value.kind is ErrorKind.LIMIT_REACHED and "--max-workers" in caught.value.message
+    assert caught.value.kind is ErrorKind.LIMIT_REACHED and "shard.max_workers" in caught.value.message
     # A worker re-joining under its own name is not a new one.
     shard.join("b", "cpu", False, LAYOUT, LAYOUT.hash, resume=True)
     small = make_shard(max_parameters=4)
     with pytest.raises(ShardError) as caught:
         small.join("a", "cpu", False, LAYOUT, LAYOUT.hash)
-    assert caught.value.kind is ErrorKind.LIMIT_REACHED and "--max-parameters" in caught.value.message
+    assert caught.value.kind is ErrorKind.LIMIT_REACHED and "shard.max_parameters" in caught.value.message
     assert small.layout is None and not small.workers
 
 

@@ -108,7 +108,7 @@ def test_no_free_buffer_in_time_is_refused_but_a_reservation_holder_never_waits(
     open_push(push_receiver, "a").decoder()
     with pytest.raises(ShardError) as refused:
         open_push(push_receiver, "b").decoder()
-    assert refused.value.kind is ErrorKind.LIMIT_REACHED and "--receive-buffers" in refused.value.message
+    assert refused.value.kind is ErrorKind.LIMIT_REACHED and "shard.receive_buffers" in refused.value.message
     # A limit that passes on its own, and says so: clients retry it.
     assert refused.value.metadata == {"limit": TransientLimit.RECEIVE_BUFFERS.value}
     holder = open_push(push_receiver, "c", holder=True)
@@ -170,7 +170,7 @@ def test_a_trickling_push_is_ended_after_the_grace_and_its_buffer_freed_at_once(
         pending.add(next(trickle))
     error = refused.value
     assert error.kind is ErrorKind.PUSH_STALLED and error.counted and error.metadata == {"limit": "min_transfer_rate"}
-    assert "--min-transfer-rate" in error.message
+    assert "shard.transfer_pace" in error.message
     stalled = push_receiver.stalled(pending)
     assert stalled is not None and stalled.metadata == {"limit": "min_transfer_rate"}
     assert refusals.counts() == {"push_stalled": 1}  # counted once
@@ -280,7 +280,7 @@ def test_past_max_receiving_pushes_a_push_is_refused_at_its_header_with_a_limit_
     first, second = open_push(push_receiver, "a"), open_push(push_receiver, "b")
     with pytest.raises(ShardError) as refused:
         open_push(push_receiver, "c")
-    assert refused.value.kind is ErrorKind.LIMIT_REACHED and "--max-receiving-pushes" in refused.value.message
+    assert refused.value.kind is ErrorKind.LIMIT_REACHED and "shard.max_receiving_pushes" in refused.value.message
     assert refused.value.metadata == {"limit": TransientLimit.RECEIVING_PUSHES.value}
     assert refusals.counts() == {"limit_reached": 1}
     # A reservation holder is never turned away (the others wait on its push).

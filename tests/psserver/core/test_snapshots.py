@@ -43,7 +43,7 @@ def test_every_drop_for_memory_is_returned_and_logged_with_the_cap_and_the_flag(
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2  # one per dropped version
     message = warnings[0].getMessage()
-    assert "clock 0" in message and "0.0 MiB" in message and "--snapshot-memory-mb" in message
+    assert "clock 0" in message and "0.0 MiB" in message and "shard.snapshot_memory_bytes" in message
 
 
 class _DropRecorder(NullObserver):
