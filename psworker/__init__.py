@@ -1,1 +1,1 @@
-"""The hetps Python worker: client library, training loop, tasks and CLI."""
+"""The hetps client library: PSClient, worker procedures, the optimizer wrapper, the Task interface."""
