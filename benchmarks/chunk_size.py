@@ -24,7 +24,7 @@ import torch
 from rich.table import Table
 
 from benchmarks.harness.models import MODELS
-from benchmarks.harness.processes import Fleet
+from benchmarks.harness.processes import Fleet, HetpsJob
 from benchmarks.harness.report import prepare_output, run_header, run_size, write_results
 from benchmarks.harness.settings import TORCH_THREADS
 from benchmarks.harness.stats import summarize
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         bare = fleet.start_helper("bare-grpc", "bare", "benchmarks.harness.bare_grpc")
         for size in sizes:
             name = label("hetps", size)
-            server = fleet.start_hetps(name, model, "asgd", (), 0, 1, config={"shard": {"chunk_bytes": size}})
+            server = fleet.start_hetps(HetpsJob(name, model, "asgd", (), 0, 1, config={"shard": {"chunk_bytes": size}}))
             systems[name] = HetpsStep([server.address], layout, name, args.wire, flat, size)
             systems[label("bare", size)] = BareStep([bare.address], layout, label("bare", size), args.wire, flat, size)
         for system in systems.values():

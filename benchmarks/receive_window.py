@@ -45,7 +45,7 @@ from rich.table import Table
 from benchmarks.harness.memory import rss_limit_mb, rule_state_bytes
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.pool import PoolTarget, WorkerPool
-from benchmarks.harness.processes import Fleet, ServerProcess, vm_mb
+from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, vm_mb
 from benchmarks.harness.report import prepare_output
 from benchmarks.harness.settings import TORCH_THREADS
 from benchmarks.harness.stats import summarize
@@ -221,13 +221,15 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
         with console.status("starting servers"):
             servers = {
                 label: fleet.start_hetps(
-                    f"window-{label}",
-                    settings.model,
-                    settings.rule,
-                    settings.rule_opts,
-                    0,
-                    1,
-                    config={"transport": {"receive_window_bytes": setting.window_bytes or "auto"}},
+                    HetpsJob(
+                        f"window-{label}",
+                        settings.model,
+                        settings.rule,
+                        settings.rule_opts,
+                        0,
+                        1,
+                        config={"transport": {"receive_window_bytes": setting.window_bytes or "auto"}},
+                    ),
                     environment=setting.environment,
                 )
                 for label, setting in chosen.items()

@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with console.status("starting servers"):
             jobs = [HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1) for model in settings.models]
             by_label = {
-                j.label: fleet.start_job(j._replace(config=merged(j.config or {}, server_config)))
+                j.label: fleet.start_hetps(j._replace(config=merged(j.config or {}, server_config)))
                 for j in [*jobs, gap_aware_job(settings)]
             }
             targets = [

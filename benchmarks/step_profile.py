@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.harness.models import MODELS
-from benchmarks.harness.processes import REPO_ROOT, Fleet, ServerProcess, cpu_seconds
+from benchmarks.harness.processes import REPO_ROOT, Fleet, HetpsJob, ServerProcess, cpu_seconds
 from benchmarks.harness.profiled import thread_cpu_seconds
 from benchmarks.harness.report import prepare_output, run_header, run_size, write_results
 from benchmarks.harness.settings import TORCH_THREADS
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             path = log_dir / f"{name}.profile.json"
             system: StepSystem
             if name == "hetps":
-                server = fleet.start_hetps("hetps-profiled", model, "asgd", (), 0, 1, profile=path)
+                server = fleet.start_hetps(HetpsJob("hetps-profiled", model, "asgd", (), 0, 1), profile=path)
                 system = HetpsStep([server.address], layout, "profiled", args.wire, flat)
             else:
                 server = fleet.start_helper("bare-profiled", "bare", "benchmarks.harness.bare_grpc", profile=path)

@@ -134,22 +134,7 @@ def measure_steps(
             for spec in specs:
                 layout = Layout.from_named_shapes(shapes, spec.shards)
                 addresses = server_addresses(spec, model, hetps, movers)
-                system: StepSystem
-                if spec.kind in HETPS_KINDS:
-                    variant = HETPS_VARIANTS.get(spec.kind, PLAIN)
-                    system = HetpsStep(
-                        addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat, unary=variant.unary
-                    )
-                elif spec.kind in MOVER_KINDS:
-                    key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"
-                    system = BareStep(
-                        addresses, layout, key, spec.wire_dtype, flat, arithmetic=arithmetic, apply_by_span=by_span
-                    )
-                elif spec.kind == "peer":
-                    system = PeerStep(model, flat)
-                else:
-                    assert remote is not None
-                    system = RemotePeerStep(remote, model, length)
+                system = _step_system(spec, model, addresses, layout, flat, remote)
                 pids_of[(model, spec.name)] = [server_pids[address] for address in addresses]
                 runs.append((model, spec, system, update, out))
                 per_repeat[(model, spec.name)] = []
@@ -167,21 +152,8 @@ def measure_steps(
                     done = "settling (not timed)" if repeat < 0 else f"repeat {repeat + 1}/{settings.repeats}"
                     status.update(f"steps: {model}, {done}")
                     mine = [run for run in runs if run[0] == model]
-                    times: dict[str, list[float]] = {spec.name: [] for _, spec, _, _, _ in mine}
-                    for _ in range(settings.steps[model]):
-                        # A fresh order every round. Rotating one order kept each system's neighbours:
-                        # a system always came right after the same one (hetps-1shard-fp32 after the
-                        # peer on default channels, whose threads spin on after its step).
-                        for _, spec, system, update, out in order.sample(mine, len(mine)):
-                            pids, clients = pids_of[(model, spec.name)], system.client_pids
-                            server_before = cpu_of(pids)
-                            client_before = time.process_time() + cpu_of(clients)
-                            times[spec.name] += time_steps(system, update, out, 1)
-                            used = cpu[(model, spec.name)] if repeat >= 0 else [0.0, 0.0]
-                            used[0] += cpu_of(pids) - server_before
-                            used[1] += time.process_time() + cpu_of(clients) - client_before
-                            if not bool(torch.isfinite(out).all()):
-                                raise RuntimeError(f"{spec.name} returned non-finite parameters for {model}")
+                    cpu_used = cpu if repeat >= 0 else {key: [0.0, 0.0] for key in cpu}
+                    times = _rounds(mine, settings.steps[model], order, pids_of, cpu_used)
                     for name, taken in times.items() if repeat >= 0 else ():
                         per_repeat[(model, name)].append(statistics.median(taken))
                         samples[(model, name)].extend(taken)
@@ -189,6 +161,63 @@ def measure_steps(
         for _, _, system, _, _ in runs:
             system.close()
     return step_results(settings, specs, per_repeat, samples, cpu, warmed)
+
+
+def _rounds(
+    runs: list[tuple[str, SystemSpec, StepSystem, torch.Tensor, torch.Tensor]],
+    count: int,
+    order: random.Random,
+    pids_of: dict[tuple[str, str], list[int]],
+    cpu: dict[tuple[str, str], list[float]],
+) -> dict[str, list[float]]:
+    """``count`` rounds of one step of every run (of one model), in ``order``; each system's step
+    times, its CPU seconds added to ``cpu``."""
+    times: dict[str, list[float]] = {spec.name: [] for _, spec, _, _, _ in runs}
+    for _ in range(count):
+        # A fresh order every round. Rotating one order kept each system's neighbours:
+        # a system always came right after the same one (hetps-1shard-fp32 after the
+        # peer on default channels, whose threads spin on after its step).
+        for model, spec, system, update, out in order.sample(runs, len(runs)):
+            key = (model, spec.name)
+            times[spec.name] += _one_step(system, update, out, pids_of[key], cpu[key])
+            if not bool(torch.isfinite(out).all()):
+                raise RuntimeError(f"{spec.name} returned non-finite parameters for {model}")
+    return times
+
+
+def _step_system(
+    spec: SystemSpec,
+    model: str,
+    addresses: list[str],
+    layout: Layout,
+    flat: torch.Tensor,
+    remote: RemoteWorker | None,
+) -> StepSystem:
+    """The worker side of ``spec``'s system for ``model``, its servers at ``addresses``."""
+    if spec.kind in HETPS_KINDS:
+        variant = HETPS_VARIANTS.get(spec.kind, PLAIN)
+        return HetpsStep(addresses, layout, f"bench-{spec.name}", spec.wire_dtype, flat, unary=variant.unary)
+    if spec.kind in MOVER_KINDS:
+        key, arithmetic, by_span = f"{model}-{spec.name}", spec.kind != "bare", spec.kind == "overlap"
+        return BareStep(addresses, layout, key, spec.wire_dtype, flat, arithmetic=arithmetic, apply_by_span=by_span)
+    if spec.kind == "peer":
+        return PeerStep(model, flat)
+    assert remote is not None
+    return RemotePeerStep(remote, model, layout.total_length)
+
+
+def _one_step(
+    system: StepSystem, update: torch.Tensor, out: torch.Tensor, pids: list[int], used: list[float]
+) -> list[float]:
+    """One timed step of ``system``; adds the CPU seconds its servers (``pids``) and its client spent
+    on it to ``used`` (server, client), read outside the timing."""
+    clients = system.client_pids
+    server_before = cpu_of(pids)
+    client_before = time.process_time() + cpu_of(clients)
+    taken = time_steps(system, update, out, 1)
+    used[0] += cpu_of(pids) - server_before
+    used[1] += time.process_time() + cpu_of(clients) - client_before
+    return taken
 
 
 def _rss_mb(pids: list[int]) -> float:

@@ -290,6 +290,34 @@ def gem_experiment(quick: bool, scale: Scale | None = None) -> Experiment:
 # -- OrMo -----------------------------------------------------------------------------------------
 
 
+def _ormo_rows(base: SimConfig, eta: float, beta: str) -> list[tuple[str, SimConfig]]:
+    """OrMo and what it is compared with, on ``base``'s cluster, at the same steps per gradient."""
+    return [
+        ("OrMo", replace(base, rule="ormo", options={"lr": str(eta), "beta": beta})),
+        ("ASGD", replace(base, rule="asgd", options={"lr": str(eta / (1 - 0.9))})),
+        ("momentum ASGD", replace(base, rule="momentum", options={"lr": str(eta), "momentum": beta})),
+        (
+            "sync momentum SGD",
+            replace(
+                base, rule="momentum", consistency="bsp", options={"lr": f"{eta * base.workers:g}", "momentum": beta}
+            ),
+        ),
+    ]
+
+
+def _ormo_score(agg: Aggregates, mixes: list[str], ks: list[int]) -> dict[str, int]:
+    """How often OrMo beats ASGD and momentum ASGD beyond the seed spread, loses, or ties."""
+    score = {"win": 0, "loss": 0, "tie": 0}
+    for tag in mixes:
+        for k in ks:
+            for other in ("ASGD", "momentum ASGD"):
+                if (f"{other} ({tag})", float(k)) not in agg:
+                    continue
+                b = beats(agg, f"OrMo ({tag})", f"{other} ({tag})", float(k))
+                score["win" if b == 1 else "loss" if b == -1 else "tie"] += 1
+    return score
+
+
 def ormo_experiment(quick: bool, scale: Scale | None = None) -> Experiment:
     """``scale.lrs``: the per-gradient rate η; ``scale.series``: the speed mixes ("homogeneous", "1:1:2:4")."""
     ks, steps = ([4], 200) if quick else ([4, 16, 64], 2000)
@@ -304,15 +332,7 @@ def ormo_experiment(quick: bool, scale: Scale | None = None) -> Experiment:
             continue
         for k in ks:
             base = SimConfig(task=task, steps=steps, eval_every=steps, speeds=speeds, workers=k)
-            rows = [
-                ("OrMo", replace(base, rule="ormo", options={"lr": str(eta), "beta": beta})),
-                ("ASGD", replace(base, rule="asgd", options={"lr": str(eta / (1 - 0.9))})),
-                ("momentum ASGD", replace(base, rule="momentum", options={"lr": str(eta), "momentum": beta})),
-                (
-                    "sync momentum SGD",
-                    replace(base, rule="momentum", consistency="bsp", options={"lr": f"{eta * k:g}", "momentum": beta}),
-                ),
-            ]
+            rows = _ormo_rows(base, eta, beta)
             if quick:
                 rows = rows[:1] + rows[2:3]
             points += [Point(f"{label} ({tag})", float(k), config) for label, config in rows]
@@ -320,14 +340,7 @@ def ormo_experiment(quick: bool, scale: Scale | None = None) -> Experiment:
     def judge(agg: Aggregates) -> tuple[str, str]:
         labels = sorted({s for s, _ in agg})
         lines = [f"K={int(k)}: " + ", ".join(f"{s} {fmt(agg, s, float(k))}" for s in labels) for k in ks]
-        score = {"win": 0, "loss": 0, "tie": 0}
-        for tag in mixes:
-            for k in ks:
-                for other in ("ASGD", "momentum ASGD"):
-                    if (f"{other} ({tag})", float(k)) not in agg:
-                        continue
-                    b = beats(agg, f"OrMo ({tag})", f"{other} ({tag})", float(k))
-                    score["win" if b == 1 else "loss" if b == -1 else "tie"] += 1
+        score = _ormo_score(agg, mixes, ks)
         total = sum(score.values())
         verdict = (
             "reproduced"

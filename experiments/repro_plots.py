@@ -41,6 +41,63 @@ def series_styles(series: Sequence[str]) -> dict[str, dict[str, Any]]:
     }
 
 
+def _time_to_target(ax: Any, agg: Aggregates, series: list[str]) -> None:
+    """Each series' time to the target accuracy as a bar, fastest first (BSP in red)."""
+    order = sorted(series, key=lambda s: as_float(agg[(s, 4.0)]["mean"]))
+    means = [as_float(agg[(s, 4.0)]["mean"]) for s in order]
+    stds = [as_float(agg[(s, 4.0)]["std"]) for s in order]
+    colors = ["tab:red" if s.startswith("BSP") else "tab:blue" for s in order]
+    ax.barh(order, means, xerr=stds, color=colors)
+    ax.invert_yaxis()
+    ax.set_xlabel("virtual seconds to the target accuracy (mean ± std over seeds)")
+
+
+def _accuracy_curves(curves: Any, exp: Experiment, runs: dict[int, dict[int, dict[str, Any]]]) -> None:
+    """Every point's test accuracy over virtual time, of its first seed (BSP and SSP dashed)."""
+    for index, point in enumerate(exp.points):
+        curve = runs[index][min(runs[index])]["curve"]
+        style = "--" if point.series.startswith(("BSP", "SSP")) else "-"
+        curves.plot([c[0] for c in curve], [c[2] for c in curve], style, label=point.series, linewidth=1)
+    curves.set_xlabel("virtual seconds")
+    curves.set_ylabel("test accuracy (seed 0)")
+    curves.set_ylim(0, 1)
+    curves.legend(fontsize=6, ncol=2)
+    curves.grid(alpha=0.3)
+
+
+def _metric_over_x(ax: Any, exp: Experiment, agg: Aggregates, series: list[str]) -> None:
+    """Each series' metric (mean ± std over seeds) over the experiment's x axis."""
+    styles = series_styles(series)
+    for label in series:
+        xs = sorted(x for s, x in agg if s == label)
+        means = [as_float(agg[(label, x)]["mean"]) for x in xs]
+        stds = [as_float(agg[(label, x)]["std"]) for x in xs]
+        ax.errorbar(xs, means, yerr=stds, capsize=3, label=label, linewidth=1.2, markersize=4, **styles[label])
+    ax.set_xlabel(exp.xlabel)
+    ax.set_ylabel(exp.metric_label)
+    if exp.log_y:
+        ax.set_yscale("log")
+    if exp.log_x:
+        ax.set_xscale("log", base=exp.log_base)
+    ax.legend(fontsize=7, ncol=2 if len(series) > 6 else 1)
+
+
+def _telemetry_over_x(extra: Any, exp: Experiment, agg: Aggregates, series: list[str]) -> None:
+    """The mean of the rule's telemetry value ``exp.extra_plot`` over the x axis, for the series that report it."""
+    for label in series:
+        xs = sorted(x for s, x in agg if s == label)
+        tele = [agg[(label, x)]["telemetry"] for x in xs]
+        ys = [t.get(exp.extra_plot, math.nan) if isinstance(t, dict) else math.nan for t in tele]
+        if not all(math.isnan(y) for y in ys):
+            extra.plot(xs, ys, marker="o", label=label)
+    extra.set_xlabel(exp.xlabel)
+    extra.set_ylabel(f"mean of telemetry '{exp.extra_plot}'")
+    if exp.log_x:
+        extra.set_xscale("log", base=exp.log_base)
+    extra.legend(fontsize=7)
+    extra.grid(alpha=0.3)
+
+
 def plot(exp: Experiment, agg: Aggregates, runs: dict[int, dict[int, dict[str, Any]]], path: Path) -> None:
     """``exp``'s metric over its x axis (or time to target as bars, beside seed 0's curves) to ``path``."""
     series = list(dict.fromkeys(p.series for p in exp.points))
@@ -48,51 +105,12 @@ def plot(exp: Experiment, agg: Aggregates, runs: dict[int, dict[int, dict[str, A
     fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.6), squeeze=False)
     ax = axes[0][0]
     if exp.metric == "time_to_target_s":
-        order = sorted(series, key=lambda s: as_float(agg[(s, 4.0)]["mean"]))
-        means = [as_float(agg[(s, 4.0)]["mean"]) for s in order]
-        stds = [as_float(agg[(s, 4.0)]["std"]) for s in order]
-        colors = ["tab:red" if s.startswith("BSP") else "tab:blue" for s in order]
-        ax.barh(order, means, xerr=stds, color=colors)
-        ax.invert_yaxis()
-        ax.set_xlabel("virtual seconds to the target accuracy (mean ± std over seeds)")
-        curves = axes[0][1]
-        for index, point in enumerate(exp.points):
-            curve = runs[index][min(runs[index])]["curve"]
-            style = "--" if point.series.startswith(("BSP", "SSP")) else "-"
-            curves.plot([c[0] for c in curve], [c[2] for c in curve], style, label=point.series, linewidth=1)
-        curves.set_xlabel("virtual seconds")
-        curves.set_ylabel("test accuracy (seed 0)")
-        curves.set_ylim(0, 1)
-        curves.legend(fontsize=6, ncol=2)
-        curves.grid(alpha=0.3)
+        _time_to_target(ax, agg, series)
+        _accuracy_curves(axes[0][1], exp, runs)
     else:
-        styles = series_styles(series)
-        for label in series:
-            xs = sorted(x for s, x in agg if s == label)
-            means = [as_float(agg[(label, x)]["mean"]) for x in xs]
-            stds = [as_float(agg[(label, x)]["std"]) for x in xs]
-            ax.errorbar(xs, means, yerr=stds, capsize=3, label=label, linewidth=1.2, markersize=4, **styles[label])
-        ax.set_xlabel(exp.xlabel)
-        ax.set_ylabel(exp.metric_label)
-        if exp.log_y:
-            ax.set_yscale("log")
-        if exp.log_x:
-            ax.set_xscale("log", base=exp.log_base)
-        ax.legend(fontsize=7, ncol=2 if len(series) > 6 else 1)
+        _metric_over_x(ax, exp, agg, series)
         if exp.extra_plot:
-            extra = axes[0][1]
-            for label in series:
-                xs = sorted(x for s, x in agg if s == label)
-                tele = [agg[(label, x)]["telemetry"] for x in xs]
-                ys = [t.get(exp.extra_plot, math.nan) if isinstance(t, dict) else math.nan for t in tele]
-                if not all(math.isnan(y) for y in ys):
-                    extra.plot(xs, ys, marker="o", label=label)
-            extra.set_xlabel(exp.xlabel)
-            extra.set_ylabel(f"mean of telemetry '{exp.extra_plot}'")
-            if exp.log_x:
-                extra.set_xscale("log", base=exp.log_base)
-            extra.legend(fontsize=7)
-            extra.grid(alpha=0.3)
+            _telemetry_over_x(axes[0][1], exp, agg, series)
     ax.grid(alpha=0.3)
     # A one-panel figure is too narrow for a long title on one line.
     fig.suptitle(textwrap.fill(exp.title, 62 * panels, break_on_hyphens=False), fontsize=11)

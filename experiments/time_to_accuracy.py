@@ -176,18 +176,16 @@ def _settings(args: argparse.Namespace) -> tuple[RaceSettings, list[str], list[s
     else:
         mixes, systems, seeds = list(MIXES), list(SYSTEMS), [0, 1, 2]
         settings = RaceSettings("fashion", args.data_dir, 0.05, 60.0, 2.0, 0.88)
-    if args.task:
-        settings = replace(settings, task=args.task)
-    if args.budget:
-        settings = replace(settings, budget_seconds=args.budget)
-    if args.step_time:
-        settings = replace(settings, step_seconds=args.step_time)
-    if args.snapshot_seconds:
-        settings = replace(settings, snapshot_seconds=args.snapshot_seconds)
-    if args.target:
-        settings = replace(settings, target=args.target)
-    if args.link_mbit:
-        settings = replace(settings, link_mbit=args.link_mbit)
+    # A setting given on the command line (a value, not 0 or empty) replaces the preset's.
+    given = {
+        "task": args.task,
+        "budget_seconds": args.budget,
+        "step_seconds": args.step_time,
+        "snapshot_seconds": args.snapshot_seconds,
+        "target": args.target,
+        "link_mbit": args.link_mbit,
+    }
+    settings = replace(settings, **{field: value for field, value in given.items() if value})
     if args.mixes:
         mixes = args.mixes.split(",")
     if args.systems:
@@ -318,6 +316,17 @@ def measure_jobs(
     ]
 
 
+def _measured_targets(summary: dict[str, Any], metric: Metric) -> list[dict[str, Any]]:
+    """The targets a measurement is judged by, on the 1:1:2:4 mix: the per-step systems', then
+    each local-SGD candidate's against synchronous DiLoCo."""
+    per_step = [name for name, system in SYSTEMS.items() if not system.is_ddp and not is_local_sgd(system)]
+    return targets(summary, "1:1:2:4", metric) + [
+        goal
+        for candidate in LOCAL_SGD_CANDIDATES
+        for goal in local_sgd_targets(summary, "1:1:2:4", candidate, "diloco-sync", per_step)
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -365,12 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["metric"] = metric.name
             results["runs"] = [asdict(r) for r in runs]
             results["summary"] = summary
-            per_step = [name for name, system in SYSTEMS.items() if not system.is_ddp and not is_local_sgd(system)]
-            results["targets"] = targets(summary, "1:1:2:4", metric) + [
-                goal
-                for candidate in LOCAL_SGD_CANDIDATES
-                for goal in local_sgd_targets(summary, "1:1:2:4", candidate, "diloco-sync", per_step)
-            ]
+            results["targets"] = _measured_targets(summary, metric)
             print_tables(summary, results["targets"], settings, console, metric)
             plot = out.with_suffix(".png")
             plot_curves(runs, settings, plot, metric)

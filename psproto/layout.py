@@ -58,6 +58,21 @@ class LayoutError(ValueError):
     """A layout that cannot be built (bad names, shapes or shard count)."""
 
 
+def _check_tensor(name: str, shape: tuple[int, ...]) -> None:
+    """A ``LayoutError`` for a tensor name the hash text cannot hold, or a negative dimension."""
+    if not name:
+        raise LayoutError("tensor names must be non-empty")
+    separators = sorted(set(name) & set(HASH_SEPARATORS))
+    if separators:
+        # The hash text joins names with these; allowing them would let two models share a hash.
+        raise LayoutError(
+            f"tensor name {name!r} contains {' and '.join(map(repr, separators))}; names may not "
+            f"contain any of {' '.join(HASH_SEPARATORS)}"
+        )
+    if any(dim < 0 for dim in shape):
+        raise LayoutError(f"tensor {name!r} has a negative dimension: {shape}")
+
+
 @dataclass(frozen=True)
 class Layout:
     """An ordered list of named tensors and the number of shards that hold them."""
@@ -74,17 +89,7 @@ class Layout:
         if len(set(names)) != len(names):
             raise LayoutError("tensor names in a layout must be unique")
         for name, shape in self.specs:
-            if not name:
-                raise LayoutError("tensor names must be non-empty")
-            separators = sorted(set(name) & set(HASH_SEPARATORS))
-            if separators:
-                # The hash text joins names with these; allowing them would let two models share a hash.
-                raise LayoutError(
-                    f"tensor name {name!r} contains {' and '.join(map(repr, separators))}; names may not "
-                    f"contain any of {' '.join(HASH_SEPARATORS)}"
-                )
-            if any(dim < 0 for dim in shape):
-                raise LayoutError(f"tensor {name!r} has a negative dimension: {shape}")
+            _check_tensor(name, shape)
         if self.num_shards > len(self.specs):
             raise LayoutError(
                 f"{self.num_shards} shards for {len(self.specs)} tensors: shards are aligned to "

@@ -102,49 +102,75 @@ def _flag_table(ctx: click.Context, flags: Mapping[str, Any], file_rule: Mapping
     given = {
         name: value for name, value in flags.items() if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
     }
-    table: dict[str, Any] = {}
-    shard: dict[str, Any] = {}
-    rule: dict[str, Any] = {}
-    if "rule_name" in given:
-        rule["name"] = given["rule_name"]
-    if "lr" in given:
-        rule["lr"] = given["lr"]
+    table: dict[str, Any] = {key: _str_path(given[key]) for key in ("host", "port", "ready_file") if key in given}
+    sections = {
+        "shard": _shard_keys(given, file_rule),
+        "security": _security_keys(given),
+        "checkpoints": _checkpoint_keys(given),
+    }
+    table.update({section: keys for section, keys in sections.items() if keys})
+    if given.get("no_metrics"):
+        table["metrics"] = False
+    elif "metrics_port" in given:
+        table["metrics"] = {"port": given["metrics_port"]}
+    return table
+
+
+# The keys a flag also sets, so a refusal of one names the flag too.
+_FLAG_OF_KEY = {
+    "security.tls.cert": "--tls-cert",
+    "security.tls.key": "--tls-key",
+    "security.tls.client_ca": "--tls-client-ca",
+    "shard.shard_index": "--shard-index",
+    "shard.num_shards": "--num-shards",
+}
+
+
+def _flags_named(message: str) -> str:
+    """ " (flag --x)" for each key of ``message`` that a flag sets; empty when none does."""
+    flags = [flag for key, flag in _FLAG_OF_KEY.items() if key in message]
+    return f" (on the command line: {', '.join(flags)})" if flags else ""
+
+
+def _str_path(value: Any) -> Any:
+    """A path flag as the file's string; any other value as it is."""
+    return str(value) if isinstance(value, Path) else value
+
+
+def _shard_keys(given: Mapping[str, Any], file_rule: Mapping[str, Any]) -> dict[str, Any]:
+    """``[shard]`` of the flags: the rule, the shard's place, the consistency model."""
+    shard: dict[str, Any] = {key: given[key] for key in ("shard_index", "num_shards") if key in given}
+    rule: dict[str, Any] = {key: given[flag] for flag, key in (("rule_name", "name"), ("lr", "lr")) if flag in given}
     rule.update(parse_rule_options(given.get("rule_opts", ())))
     if rule:
         # Another rule than the file's takes none of the file's options.
         same = rule.get("name", file_rule.get("name", DEFAULT_RULE)) == file_rule.get("name", DEFAULT_RULE)
         shard["rule"] = merged(file_rule, rule) if same else rule
-    for flag, key in (("shard_index", "shard_index"), ("num_shards", "num_shards")):
-        if flag in given:
-            shard[key] = given[flag]
     consistency = {
         key: given[flag] for flag, key in (("consistency", "model"), ("ssp_bound", "staleness_bound")) if flag in given
     }
     if consistency:
         shard["consistency"] = consistency
-    if shard:
-        table["shard"] = shard
-    for key in ("host", "port", "ready_file"):
-        if key in given:
-            table[key] = str(given[key]) if isinstance(given[key], Path) else given[key]
+    return shard
+
+
+def _security_keys(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``[security]`` of the flags: TLS files and the token file."""
     tls = {key: str(given[f"tls_{key}"]) for key in ("cert", "key", "client_ca") if f"tls_{key}" in given}
     security: dict[str, Any] = {"tls": tls} if tls else {}
     if "auth_token_file" in given:
         security["auth_token_file"] = str(given["auth_token_file"])
-    if security:
-        table["security"] = security
-    if given.get("no_metrics"):
-        table["metrics"] = False
-    elif "metrics_port" in given:
-        table["metrics"] = {"port": given["metrics_port"]}
+    return security
+
+
+def _checkpoint_keys(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``[checkpoints]`` of the flags: where, and how often."""
     checkpoints: dict[str, Any] = {}
     if "checkpoint_dir" in given:
         checkpoints["directory"] = str(given["checkpoint_dir"])
     if "checkpoint_every" in given:
         checkpoints["every_updates"], checkpoints["every_seconds"] = parse_checkpoint_every(given["checkpoint_every"])
-    if checkpoints:
-        table["checkpoints"] = checkpoints
-    return table
+    return checkpoints
 
 
 SECTIONS = {
@@ -256,7 +282,7 @@ def serve(ctx: click.Context, /, config_file: Path | None, shard_index_from_host
         config = server_config(table)
     except ConfigFileError as error:
         where = f"--config {config_file}: " if config_file is not None else ""
-        raise click.UsageError(f"{where}{error}") from None
+        raise click.UsageError(f"{where}{error}{_flags_named(str(error))}") from None
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     apply_allocator(config.allocator)
     run(config)

@@ -6,8 +6,9 @@ the same entry every RPC form of the server calls), so validation, consistency a
 application are the server's. No network and no threads: the simulator runs its workers
 through it in virtual time, and tests run the real worker procedures against a real shard.
 
-``push_dtype`` sends pushes through psworker.push_encoding as PSClient does (``codec.INT8_BLOCK``:
-the 8-bit codec with error feedback), so the shard decodes exactly what the wire would carry.
+``push_encoder`` sends pushes through psworker.push_encoding as PSClient does (with ``codec.INT8_BLOCK``:
+the 8-bit codec, with error feedback unless turned off), so the shard decodes exactly what the wire
+would carry; without one, pushes are float32 chunks of ``chunk_bytes``.
 
 ``hold_pull`` (the simulator's SSP) is consulted before every pull: when it says the shard
 would make this worker wait, the pull is skipped and the service is marked ``parked``.
@@ -41,8 +42,7 @@ class InProcessService:
         observer: bool = False,
         hold_pull: Callable[[int], bool] | None = None,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
-        push_dtype: codec.DTypeValue = codec.FLOAT32,
-        error_feedback: bool = True,
+        push_encoder: PushEncoder | None = None,
     ) -> None:
         self.shard = shard
         self.layout = layout
@@ -51,7 +51,7 @@ class InProcessService:
         self._hold_pull = hold_pull
         self._chunk_bytes = chunk_bytes
         self._push_ids = 0
-        self._push_encoder = PushEncoder(push_dtype, error_feedback) if push_dtype != codec.FLOAT32 else None
+        self._push_encoder = push_encoder
         # Set when ``hold_pull`` skipped a pull; the simulator clears it when it releases the worker.
         self.parked = False
         rule = shard.rule

@@ -65,6 +65,7 @@ from pstools.sim_config import (
 from pstools.sim_tasks import sim_task
 from psworker.binding import ModelBinding
 from psworker.procedures import Procedure, StepOutcome
+from psworker.push_encoding import PushEncoder
 from psworker.startup import start_worker
 from psworker.task import Task, evaluate
 
@@ -161,14 +162,14 @@ class Simulation:
         model = self.task.build_model()
         binding = ModelBinding(model)
         push_dtype = codec.PUSH_DTYPE_NAMES[self.config.push_dtype]
+        encoder = None if push_dtype == codec.FLOAT32 else PushEncoder(push_dtype, self.config.error_feedback)
         client = InProcessService(
             self.shard,
             binding.layout,
             f"sim-{rank}",
             device="sim",
             hold_pull=self._hold_pull,
-            push_dtype=push_dtype,
-            error_feedback=self.config.error_feedback,
+            push_encoder=encoder,
         )
         procedure = start_worker(client, binding, build_optimizer=self.task.build_optimizer)
         batches = torch.Generator().manual_seed(self.config.seed * 1000 + rank)
@@ -385,30 +386,7 @@ class Simulation:
 
     def _run_bsp(self) -> None:
         while not self._done():
-            rounds = [_BspTurn() for _ in self.workers]
-            threads: list[threading.Thread] = []
-            for worker, turn in zip(self.workers, rounds, strict=True):
-                thread = threading.Thread(target=self._bsp_turn, args=(worker, turn), daemon=True)
-                thread.start()
-                threads.append(thread)
-                record = self.shard.workers[worker.client.worker_id]
-                # The next worker pushes only once this one waits at the barrier: a fixed order of sums.
-                while thread.is_alive() and not record.waiting:
-                    time.sleep(0)
-                if turn.error is not None:
-                    break
-            failed = next((turn.error for turn in rounds if turn.error is not None), None)
-            if failed is not None:
-                # Whoever has not pushed leaves, so the round ends and the waiting helpers return.
-                for worker in self.workers:
-                    if not self.shard.workers[worker.client.worker_id].waiting:
-                        self.shard.leave(worker.client.worker_id)
-            for thread in threads:
-                thread.join()
-            if isinstance(failed, ShardError) and failed.kind is ErrorKind.NON_FINITE:
-                raise _DivergedError
-            if failed is not None:
-                raise failed
+            rounds = self._play_round()
             self.now += max(turn.seconds for turn in rounds)
             for worker, turn in zip(self.workers, rounds, strict=True):
                 for loss in turn.losses:
@@ -416,6 +394,40 @@ class Simulation:
                 assert turn.outcome is not None
                 self._record_push(worker, turn.outcome)
             self._maybe_evaluate()
+
+    def _play_round(self) -> list[_BspTurn]:
+        """Every worker's turn of one BSP round, each on its own thread; raises the first turn's
+        error (a non-finite push as ``_DivergedError``) once every thread has returned."""
+        rounds = [_BspTurn() for _ in self.workers]
+        threads = self._start_turns(rounds)
+        failed = next((turn.error for turn in rounds if turn.error is not None), None)
+        if failed is not None:
+            # Whoever has not pushed leaves, so the round ends and the waiting helpers return.
+            for worker in self.workers:
+                if not self.shard.workers[worker.client.worker_id].waiting:
+                    self.shard.leave(worker.client.worker_id)
+        for thread in threads:
+            thread.join()
+        if isinstance(failed, ShardError) and failed.kind is ErrorKind.NON_FINITE:
+            raise _DivergedError
+        if failed is not None:
+            raise failed
+        return rounds
+
+    def _start_turns(self, rounds: list[_BspTurn]) -> list[threading.Thread]:
+        """Start the workers' turns one after another, up to the first that fails."""
+        threads: list[threading.Thread] = []
+        for worker, turn in zip(self.workers, rounds, strict=True):
+            thread = threading.Thread(target=self._bsp_turn, args=(worker, turn), daemon=True)
+            thread.start()
+            threads.append(thread)
+            record = self.shard.workers[worker.client.worker_id]
+            # The next worker pushes only once this one waits at the barrier: a fixed order of sums.
+            while thread.is_alive() and not record.waiting:
+                time.sleep(0)
+            if turn.error is not None:
+                break
+        return threads
 
     def _bsp_turn(self, worker: _Worker, turn: _BspTurn) -> None:
         """One worker's part of a BSP round (on a helper thread): its steps up to and with its push."""

@@ -42,54 +42,62 @@ def _pool_worker(
     """A worker process: joins its targets, then runs timed bursts of steps on command."""
     torch.set_num_threads(TORCH_THREADS)
     clients: dict[str, tuple[PSClient, torch.Tensor, torch.Tensor]] = {}
-    # One update and one output per model, whatever the number of servers of that model.
-    tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     try:
-        generator = torch.Generator().manual_seed(1000 + index)
-        for target in targets:
-            if index >= target.workers:
-                continue
-            layout = Layout.from_named_shapes(MODELS[target.model](), len(target.addresses))
-            if target.model not in tensors:
-                length = layout.total_length
-                tensors[target.model] = (torch.randn(length, generator=generator) * 1e-4, torch.empty(length))
-            update, out = tensors[target.model]
-            client = PSClient(list(target.addresses), layout, name=f"pool-{index}-{target.key}")
-            client.pull(out)
-            clients[target.key] = (client, update, out)
+        _join_targets(index, targets, clients)
         results.put(("ready", index, {}))
         while True:
             command = commands.get()
             if command is None:
                 break
             key, start_at, duration = command
-            client, update, out = clients[key]
-            while time.time() < start_at:
-                time.sleep(min(0.005, max(0.0, start_at - time.time())))
-            started = time.perf_counter()
-            steps = errors = 0
-            first_error = ""
-            while time.perf_counter() - started < duration:
-                try:
-                    client.push(update, pull_into=out)
-                    steps += 1
-                except (grpc.RpcError, RuntimeError, ValueError) as error:
-                    errors += 1
-                    first_error = first_error or repr(error)
-            elapsed = time.perf_counter() - started
-            finite = bool(torch.isfinite(out).all())
-            results.put(
-                (
-                    "done",
-                    index,
-                    {"steps": steps, "errors": errors, "elapsed": elapsed, "error": first_error, "finite": finite},
-                )
-            )
+            results.put(("done", index, _burst(*clients[key], start_at, duration)))
     except BaseException as error:  # reported to the parent, which fails the run
         results.put(("failed", index, {"error": repr(error)}))
     finally:
         for client, _, _ in clients.values():
             client.close()
+
+
+def _join_targets(
+    index: int, targets: list[PoolTarget], clients: dict[str, tuple[PSClient, torch.Tensor, torch.Tensor]]
+) -> None:
+    """Join pool member ``index``'s targets into ``clients`` (key -> client, update, output), so the
+    caller closes those joined even when a later one fails."""
+    # One update and one output per model, whatever the number of servers of that model.
+    tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    generator = torch.Generator().manual_seed(1000 + index)
+    for target in targets:
+        if index >= target.workers:
+            continue
+        layout = Layout.from_named_shapes(MODELS[target.model](), len(target.addresses))
+        if target.model not in tensors:
+            length = layout.total_length
+            tensors[target.model] = (torch.randn(length, generator=generator) * 1e-4, torch.empty(length))
+        update, out = tensors[target.model]
+        client = PSClient(list(target.addresses), layout, name=f"pool-{index}-{target.key}")
+        client.pull(out)
+        clients[target.key] = (client, update, out)
+
+
+def _burst(
+    client: PSClient, update: torch.Tensor, out: torch.Tensor, start_at: float, duration: float
+) -> dict[str, Any]:
+    """Push and pull as fast as possible for ``duration`` seconds from wall time ``start_at``."""
+    while time.time() < start_at:
+        time.sleep(min(0.005, max(0.0, start_at - time.time())))
+    started = time.perf_counter()
+    steps = errors = 0
+    first_error = ""
+    while time.perf_counter() - started < duration:
+        try:
+            client.push(update, pull_into=out)
+            steps += 1
+        except (grpc.RpcError, RuntimeError, ValueError) as error:
+            errors += 1
+            first_error = first_error or repr(error)
+    elapsed = time.perf_counter() - started
+    finite = bool(torch.isfinite(out).all())
+    return {"steps": steps, "errors": errors, "elapsed": elapsed, "error": first_error, "finite": finite}
 
 
 class WorkerPool:

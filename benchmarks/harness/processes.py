@@ -141,42 +141,26 @@ class Fleet:
         return server
 
     def start_hetps(
-        self,
-        label: str,
-        model: str,
-        rule: str,
-        rule_opts: Sequence[str],
-        shard_index: int,
-        num_shards: int,
-        extra_args: Sequence[str] = (),
-        environment: Mapping[str, str] | None = None,
-        profile: Path | None = None,
-        config: Mapping[str, Any] | None = None,
+        self, job: HetpsJob, *, environment: Mapping[str, str] | None = None, profile: Path | None = None
     ) -> ServerProcess:
-        """``psserver serve`` on a free loopback port; its log is ``LOG_DIR/LABEL.log``. With
+        """``job``'s ``psserver serve`` on a free loopback port; its log is ``LOG_DIR/LABEL.log``. With
         ``profile`` it runs under ``benchmarks.harness.profiled``, which writes its profile there."""
         command = [sys.executable, *_entry("psserver", profile), "serve", "--host", "127.0.0.1", "--port", "0"]
-        command += ["--rule", rule, "--lr", repr(LR), "--shard-index", str(shard_index)]
-        command += ["--num-shards", str(num_shards), "--metrics-port", "0"]
-        config_file = self.log_dir / f"{label}.toml"
-        config_file.write_text(dump_toml(merged(SERVER_CONFIG, config or {})))
+        command += ["--rule", job.rule, "--lr", repr(LR), "--shard-index", str(job.shard_index)]
+        command += ["--num-shards", str(job.num_shards), "--metrics-port", "0"]
+        config_file = self.log_dir / f"{job.label}.toml"
+        config_file.write_text(dump_toml(merged(SERVER_CONFIG, job.config or {})))
         command += ["--config", str(config_file)]
-        for option in rule_opts:
+        for option in job.rule_opts:
             command += ["--rule-opt", option]
-        process, ready = self._start(label, [*command, *extra_args], environment)
-        return self._add(
-            ServerProcess(label, "hetps", process, ready, rule, tuple(rule_opts), model, shard_index, num_shards)
-        )
-
-    def start_job(self, job: HetpsJob) -> ServerProcess:
-        """``job``'s hetps server (:meth:`start_hetps`)."""
-        rule = (job.label, job.model, job.rule, job.rule_opts)
-        return self.start_hetps(*rule, job.shard_index, job.num_shards, job.extra_args, config=job.config)
+        process, ready = self._start(job.label, [*command, *job.extra_args], environment)
+        job_facts = (job.rule, tuple(job.rule_opts), job.model, job.shard_index, job.num_shards)
+        return self._add(ServerProcess(job.label, "hetps", process, ready, *job_facts))
 
     def start_all(self, jobs: Sequence[HetpsJob]) -> dict[str, ServerProcess]:
         """Start every job's hetps server at once (start-up is mostly imports); by label."""
         with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-            started = list(pool.map(self.start_job, jobs))
+            started = list(pool.map(self.start_hetps, jobs))
         return {server.label: server for server in started}
 
     def start_helper(

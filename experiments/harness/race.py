@@ -211,14 +211,8 @@ def race_once(
             if recorder is not None:
                 recorder.start(wall_clock_since(t0))
             reports = _collect(messages, "result", len(specs), processes, settings.budget_seconds + READY_TIMEOUT_S)
-            snapshots: list[Snapshot]
-            if recorder is not None:
-                recorder.stop()
-                snapshots = recorder.snapshots
-                recorder = None
-            else:
-                snapshots = torch.load(snapshot_file)
-                snapshot_file.unlink()
+            snapshots = _recorded(recorder, snapshot_file)
+            recorder = None
             for process in processes:
                 process.join(30)
         finally:
@@ -232,6 +226,16 @@ def race_once(
                 stop_process(server)
     reports.sort(key=lambda r: r["rank"])
     return Race(system.name, lr, slowdowns, seed, reports, snapshots, time.monotonic() - began, setup_seconds)
+
+
+def _recorded(recorder: ParameterRecorder | None, snapshot_file: Path) -> list[Snapshot]:
+    """The race's snapshots: the recorder's (stopped now), or those DDP's rank 0 saved to ``snapshot_file``."""
+    if recorder is not None:
+        recorder.stop()
+        return recorder.snapshots
+    snapshots: list[Snapshot] = torch.load(snapshot_file)
+    snapshot_file.unlink()
+    return snapshots
 
 
 def scored_run(raced: Race, scored: Score, scoring_seconds: float, settings: RaceSettings) -> RunResult:

@@ -14,13 +14,16 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import torch
 
 from psproto.errors import reason_of
 from psproto.reasons import Reason
+
+if TYPE_CHECKING:
+    from psworker.pacing import Pace
 
 
 class StartSignal(Protocol):
@@ -117,6 +120,25 @@ class DdpSettings:
     snapshot_file: Path
 
 
+def _paced_model(task: Any, pace: Pace) -> tuple[Any, list[float]]:  # pragma: no cover - in a child process
+    """``task``'s model under DDP, its last gradient bucket held back by ``pace`` before its
+    all-reduce; and the one-item list the training loop writes each step's start time into."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(task.build_model())
+    step_started = [0.0]
+
+    def paced_allreduce(bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        if bucket.is_last():
+            pace.finish_step(time.perf_counter() - step_started[0])
+        return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+    # DDP checks a hook's annotations at run time, and these would be strings here: a lambda has none.
+    model.register_comm_hook(None, lambda state, bucket: paced_allreduce(bucket))
+    return model, step_started
+
+
 def ddp_rank(
     spec: RaceWorker, settings: DdpSettings, start: StartSignal, started_at: Any, messages: Any
 ) -> None:  # pragma: no cover - runs in a child process
@@ -126,8 +148,6 @@ def ddp_rank(
     before its all-reduce: the moment a slower GPU would deliver its gradients."""
     try:
         import torch.distributed as dist
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        from torch.nn.parallel import DistributedDataParallel
 
         from psworker.pacing import Pace
 
@@ -136,17 +156,8 @@ def ddp_rank(
         dist.init_process_group(
             "gloo", init_method=f"tcp://{settings.address}", rank=spec.rank, world_size=spec.workers
         )
-        model = DistributedDataParallel(task.build_model())
         pace = Pace(spec.slowdown, spec.step_seconds)
-        step_started = [0.0]
-
-        def paced_allreduce(bucket: Any) -> torch.futures.Future[torch.Tensor]:
-            if bucket.is_last():
-                pace.finish_step(time.perf_counter() - step_started[0])
-            return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
-
-        # DDP checks a hook's annotations at run time, and these would be strings here: a lambda has none.
-        model.register_comm_hook(None, lambda state, bucket: paced_allreduce(bucket))
+        model, step_started = _paced_model(task, pace)
         optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum)
         generator = torch.Generator().manual_seed(spec.seed * 1000 + spec.rank)
         # One untimed step's worth of forward/backward outside DDP's hooks: allocator warm-up.

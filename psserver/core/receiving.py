@@ -333,33 +333,11 @@ class PushReceiver:
         streams past one (``self.streams``); returns the pushes ended or cancelled now."""
         self.streams.cancel_slow()
         now = self.now()
-        newly_ended: list[PendingPush] = []
-        to_cancel: list[PendingPush] = []
         with self._lock:
             for name in [name for name, back_at in self._sitting_out.items() if back_at <= now]:
                 del self._sitting_out[name]
-            for pending in self._open:
-                if pending.waiting or pending.cancelled:
-                    continue
-                if now - pending.last_chunk_at > self._idle_seconds:
-                    pending.cancelled = True
-                    to_cancel.append(pending)
-                    if pending.ended is None:
-                        pending.ended = Limit.IDLE
-                        newly_ended.append(pending)
-                elif (
-                    pending.ended is None
-                    and pending.receiving_since is not None
-                    and self.pace.behind(pending.bytes_received, now - pending.receiving_since)
-                ):
-                    pending.ended = Limit.PACE
-                    newly_ended.append(pending)
-            for pending in newly_ended:
-                sit_out_s = SIT_OUT_GRACES * self.pace.grace_s
-                # Only a push that held a buffer sits its worker out (one ended idle before its
-                # first chunk held none; one holding a buffer falls behind the pace first).
-                if pending.ended is Limit.PACE and sit_out_s > 0:
-                    self._sitting_out[pending.worker.name] = now + sit_out_s
+            newly_ended, to_cancel = self._past_limits(now)
+            self._sit_out(newly_ended, now)
         for pending in newly_ended:
             self._give_back(pending)
             self._log_ended(pending, now)
@@ -368,6 +346,40 @@ class PushReceiver:
             if pending.cancel is not None:
                 pending.cancel()
         return list(dict.fromkeys(newly_ended + to_cancel))
+
+    def _past_limits(self, now: float) -> tuple[list[PendingPush], list[PendingPush]]:
+        """Mark the open pushes past a limit now (under ``self._lock``): those that end now, and
+        the idle ones whose streams to cancel (an idle push already ended by the pace is in both)."""
+        newly_ended: list[PendingPush] = []
+        to_cancel: list[PendingPush] = []
+        for pending in self._open:
+            if pending.waiting or pending.cancelled:
+                continue
+            if now - pending.last_chunk_at > self._idle_seconds:
+                pending.cancelled = True
+                to_cancel.append(pending)
+                if pending.ended is None:
+                    pending.ended = Limit.IDLE
+                    newly_ended.append(pending)
+            elif (
+                pending.ended is None
+                and pending.receiving_since is not None
+                and self.pace.behind(pending.bytes_received, now - pending.receiving_since)
+            ):
+                pending.ended = Limit.PACE
+                newly_ended.append(pending)
+        return newly_ended, to_cancel
+
+    def _sit_out(self, newly_ended: list[PendingPush], now: float) -> None:
+        """Sit out the workers of the pushes ended by the pace (under ``self._lock``)."""
+        sit_out_s = SIT_OUT_GRACES * self.pace.grace_s
+        if sit_out_s <= 0:
+            return
+        for pending in newly_ended:
+            # Only a push that held a buffer sits its worker out (one ended idle before its
+            # first chunk held none; one holding a buffer falls behind the pace first).
+            if pending.ended is Limit.PACE:
+                self._sitting_out[pending.worker.name] = now + sit_out_s
 
     def _log_ended(self, pending: PendingPush, now: float) -> None:
         worker = pending.worker

@@ -148,6 +148,15 @@ def push_refusal(
     clock: int,
 ) -> Refusal | None:
     """A push header from a joined worker (checked in the order a client fixes them)."""
+    return (
+        _sender_refusal(observer, layout_hash, held, initialized)
+        or _kind_refusal(kind, rule)
+        or _clock_refusal(base_clock, clock)
+    )
+
+
+def _sender_refusal(observer: bool, layout_hash: str, held: Layout, initialized: bool) -> Refusal | None:
+    """Whether this worker may push to these parameters now at all."""
     if observer:
         return Refusal(ErrorKind.BAD_REQUEST, "observers cannot push; join with role ROLE_WORKER")
     if layout_hash != held.hash:
@@ -156,8 +165,11 @@ def push_refusal(
             f"push carries layout {layout_hash[:12] or '(none)'} but this shard holds {held.hash[:12]}; "
             "set layout_hash to the one used at Join",
         )
-    if not initialized:
-        return NOT_INITIALIZED
+    return None if initialized else NOT_INITIALIZED
+
+
+def _kind_refusal(kind: int, rule: RuleFacts) -> Refusal | None:
+    """A payload kind unknown, or one the shard's rule does not take."""
     try:
         payload = PayloadKind(kind)
     except ValueError:
@@ -169,6 +181,11 @@ def push_refusal(
             f"rule {rule.name} does not take {payload.name} pushes; it takes {accepted} "
             f"(worker procedure {rule.worker_procedure!r})",
         )
+    return None
+
+
+def _clock_refusal(base_clock: int, clock: int) -> Refusal | None:
+    """An update computed on parameters the shard has not reached yet."""
     if base_clock > clock:
         return Refusal(
             ErrorKind.FUTURE_CLOCK,

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from benchmarks.harness.processes import Fleet
+from benchmarks.harness.processes import Fleet, HetpsJob
 from benchmarks.harness.refusals import refused_during, rejected_requests
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 
@@ -16,7 +16,7 @@ from psproto.v1 import ps_pb2, ps_pb2_grpc
 def test_a_refused_request_is_counted_by_its_reason(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path)
     try:
-        server = fleet.start_hetps("refusals", "tiny", "asgd", (), 0, 1)
+        server = fleet.start_hetps(HetpsJob("refusals", "tiny", "asgd", (), 0, 1))
         before = rejected_requests(server.ready.metrics_port)
         with grpc.insecure_channel(server.address) as channel:
             stub = ps_pb2_grpc.ParameterServerStub(channel)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,13 +23,21 @@ pytestmark = pytest.mark.integration
 SUMMARY_KEYS = {"median", "q1", "q3", "min", "max", "n"}
 
 
-def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> None:
-    out = tmp_path / "throughput.json"
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One smoke run (the costly part) for every check below: the JSON it wrote."""
+    out = tmp_path_factory.mktemp("throughput") / "throughput.json"
     returned = main(["--smoke", "--out", str(out)])
-    results = json.loads(out.read_text())
-    assert results["targets"] == json.loads(json.dumps(returned["targets"]))
+    written: dict[str, Any] = json.loads(out.read_text())
+    assert written["targets"] == json.loads(json.dumps(returned["targets"]))
+    return written
+
+
+def test_smoke_run_writes_every_section(results: dict[str, Any]) -> None:
     assert {"date", "machine", "settings", "steps", "concurrency", "apply", "memory", "targets"} <= set(results)
 
+
+def test_every_step_system_is_timed_and_compared(results: dict[str, Any]) -> None:
     steps = results["steps"]["tiny"]
     assert set(steps["systems"]) == {spec.name for spec in step_systems()}
     for system in steps["systems"].values():
@@ -43,7 +51,11 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
     assert "hetps-1shard-fp32 vs peer-torch-rpc-default-fp32" in steps["speed_ratios"]
     assert "hetps-1shard-int8push-bf16pull vs bare-1shard-int8push-bf16pull" in steps["speed_ratios"]
     assert "bare-1shard-int8push-bf16pull vs peer-torch-rpc-fp32" in steps["speed_ratios"]
+
+
+def test_the_limits_split_hetps_distance_from_the_bare_mover(results: dict[str, Any]) -> None:
     # The bare mover doing the step's arithmetic splits hetps's distance from the bare one.
+    steps = results["steps"]["tiny"]
     limits = results["limits"]["tiny"]
     assert set(limits) == {"1shard-fp32", "1shard-bf16", "2shard-fp32", "2shard-bf16", "1shard-int8push-bf16pull"}
     for row, ratios in limits.items():
@@ -54,12 +66,13 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
         overlap = steps["speed_ratios"].get(f"overlap-{row} vs arith-{row}", {}).get("median")
         assert ratios["overlap vs arith"] == overlap and (overlap is None) == row.startswith("2shard")
         assert all(f"tiny:{name}" in results["validity"]["out_of_line"] for name in ratios["out_of_line"])
-
     # The baselines were checked.
     validity = results["validity"]
     assert {check["check"] for check in validity["checks"]} == {"repeats", "ceiling"}
     assert validity["valid"] == all(check["ok"] for check in validity["checks"])
 
+
+def test_concurrent_workers_and_rules_run_without_errors(results: dict[str, Any]) -> None:
     levels = results["concurrency"]["tiny"]["workers"]
     assert set(levels) == {"1", "2"}
     for level in levels.values():
@@ -74,12 +87,16 @@ def test_smoke_run_measures_every_section_and_writes_json(tmp_path: Path) -> Non
     assert all("error" not in entry and entry["finite"] for entry in rules.values()), rules
     assert rules["momentum"]["vs_fused_sgd"]["median"] > 0
 
+
+def test_every_server_kind_reports_its_memory(results: dict[str, Any]) -> None:
     servers = results["memory"]["servers"]
     assert {entry["kind"] for entry in servers.values()} == {"hetps", "bare", "peer"}
     gap_aware = next(entry for entry in servers.values() if entry.get("rule") == "gap-aware")
     assert gap_aware["snapshots_mb"] > 0 and gap_aware["rule_state_mb"] > 0
     assert all(entry["peak_rss_mb"] > 0 for entry in servers.values())
 
+
+def test_targets_cover_every_section(results: dict[str, Any]) -> None:
     names = [target["target"] for target in results["targets"]]
     assert any("vs torch.rpc peer" in name for name in names)
     assert any("vs bare gRPC" in name for name in names)

@@ -151,26 +151,38 @@ class TcpProxy:
             # Black-holed: read nothing, so the sender's bytes pile up unacknowledged by the peer.
             if not self._wait_forwarding():
                 return
-            try:
-                data = source.recv(65536)
-            except TimeoutError:
+            data = _receive(source)
+            if data is None:
                 continue
-            except OSError:
-                data = b""
             # Whatever came in just before the black hole (bytes or an end of stream) waits for it to lift.
             if not self._wait_forwarding():
                 return
-            if not data:
-                break
-            if link.rng is not None and link.rng.random() < 0.05:
-                time.sleep(link.rng.uniform(0.0, 0.05))
-            try:
-                sink.sendall(data)
-            except OSError:
+            if not data or not _forward(sink, data, link):
                 break
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+def _receive(source: socket.socket) -> bytes | None:
+    """The next bytes from ``source``: None if none came within its timeout, empty at its end."""
+    try:
+        return source.recv(65536)
+    except TimeoutError:
+        return None
+    except OSError:
+        return b""
+
+
+def _forward(sink: socket.socket, data: bytes, link: _Link) -> bool:
+    """Send ``data`` on (a flaky link sometimes late first); False once ``sink`` is gone."""
+    if link.rng is not None and link.rng.random() < 0.05:
+        time.sleep(link.rng.uniform(0.0, 0.05))
+    try:
+        sink.sendall(data)
+    except OSError:
+        return False
+    return True
 
 
 # The silent-link tests' name for it.

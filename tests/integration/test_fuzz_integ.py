@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -101,6 +101,40 @@ MUTATIONS = (
 )
 
 
+F32 = ps_pb2.DTYPE_FLOAT32
+# Mutations of the chunks after a good header: (draw, the N values, a split point in 1..N-1) -> chunks.
+BAD_CHUNKS: dict[str, Callable[[st.DrawFn, list[float], int], list[bytes]]] = {
+    "short": lambda draw, values, split: [_chunk(0, F32, _floats(values[:split]))],
+    "long": lambda draw, values, split: [_chunk(0, F32, _floats(values + values[:split]))],
+    "odd_bytes": lambda draw, values, split: [_chunk(0, F32, _floats(values) + b"\x00" * draw(st.integers(1, 3)))],
+    "gap": lambda draw, values, split: [
+        _chunk(0, 1, _floats(values[:split])),
+        _chunk(split + 1, 1, _floats(values[split + 1 :])),
+    ],
+    "overlap": lambda draw, values, split: [
+        _chunk(0, 1, _floats(values[: split + 1])),
+        _chunk(split, 1, _floats(values[split:])),
+    ],
+    "huge_offset": lambda draw, values, split: [_chunk(draw(st.integers(N, 2**64 - 1)), 1, _floats(values[:split]))],
+    "bad_dtype": lambda draw, values, split: [_chunk(0, draw(st.integers(4, 2**31 - 1)), _floats(values))],
+    "nan": lambda draw, values, split: [
+        _chunk(
+            0,
+            F32,
+            _floats([*values[:split], draw(st.sampled_from([math.nan, math.inf, -math.inf])), *values[split + 1 :]]),
+        )
+    ],
+    "no_chunks": lambda draw, values, split: [],
+}
+# Mutations of the header before good chunks: draw -> the header fields replaced.
+BAD_HEADER_FIELDS: dict[str, Callable[[st.DrawFn], dict[str, object]]] = {
+    "bad_hash": lambda draw: {"layout_hash": draw(st.text(max_size=70))},
+    "future_clock": lambda draw: {"base_clock": draw(st.integers(10**6, 2**64 - 1))},
+    "bad_kind": lambda draw: {"kind": draw(st.sampled_from([ps_pb2.PAYLOAD_KIND_DELTA, 3, 77, 2**31 - 1]))},
+    "unknown_worker": lambda draw: {"worker_id": draw(st.integers(10**6, 2**64 - 1))},
+}
+
+
 @st.composite
 def bad_pushes(draw: st.DrawFn) -> tuple[str, list[bytes], int | None]:
     mutation = draw(st.sampled_from(MUTATIONS))
@@ -112,36 +146,13 @@ def bad_pushes(draw: st.DrawFn) -> tuple[str, list[bytes], int | None]:
         "layout_hash": LAYOUT.hash,
     }
     values = draw(st.lists(st.floats(-1, 1, width=32), min_size=N, max_size=N))
-    chunks = [_chunk(0, ps_pb2.DTYPE_FLOAT32, _floats(values))]
+    chunks = [_chunk(0, F32, _floats(values))]
     cancel_after: int | None = None
     split = draw(st.integers(1, N - 1))
-    if mutation == "short":
-        chunks = [_chunk(0, ps_pb2.DTYPE_FLOAT32, _floats(values[:split]))]
-    elif mutation == "long":
-        chunks = [_chunk(0, ps_pb2.DTYPE_FLOAT32, _floats(values + values[:split]))]
-    elif mutation == "odd_bytes":
-        chunks = [_chunk(0, ps_pb2.DTYPE_FLOAT32, _floats(values) + b"\x00" * draw(st.integers(1, 3)))]
-    elif mutation == "gap":
-        chunks = [_chunk(0, 1, _floats(values[:split])), _chunk(split + 1, 1, _floats(values[split + 1 :]))]
-    elif mutation == "overlap":
-        chunks = [_chunk(0, 1, _floats(values[: split + 1])), _chunk(split, 1, _floats(values[split:]))]
-    elif mutation == "huge_offset":
-        chunks = [_chunk(draw(st.integers(N, 2**64 - 1)), 1, _floats(values[:split]))]
-    elif mutation == "bad_dtype":
-        chunks = [_chunk(0, draw(st.integers(4, 2**31 - 1)), _floats(values))]
-    elif mutation == "nan":
-        values[split] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
-        chunks = [_chunk(0, ps_pb2.DTYPE_FLOAT32, _floats(values))]
-    elif mutation == "bad_hash":
-        header["layout_hash"] = draw(st.text(max_size=70))
-    elif mutation == "future_clock":
-        header["base_clock"] = draw(st.integers(10**6, 2**64 - 1))
-    elif mutation == "bad_kind":
-        header["kind"] = draw(st.sampled_from([ps_pb2.PAYLOAD_KIND_DELTA, 3, 77, 2**31 - 1]))
-    elif mutation == "no_chunks":
-        chunks = []
-    elif mutation == "unknown_worker":
-        header["worker_id"] = draw(st.integers(10**6, 2**64 - 1))
+    if mutation in BAD_CHUNKS:
+        chunks = BAD_CHUNKS[mutation](draw, values, split)
+    elif mutation in BAD_HEADER_FIELDS:
+        header.update(BAD_HEADER_FIELDS[mutation](draw))
     elif mutation == "two_headers":
         chunks = [chunks[0], ps_pb2.PushRequest(header=ps_pb2.PushHeader(**header)).SerializeToString()]  # type: ignore[arg-type]
     elif mutation == "truncated":

@@ -227,11 +227,32 @@ def test_a_model_past_max_parameters_is_refused_and_changes_nothing(
     torch.testing.assert_close(params, torch.full((limit,), -0.1))
 
 
+def _push_until_receiving_is_full(
+    stub: ps_pb2_grpc.ParameterServerStub, gradient: list[ps_pb2.Chunk], worker_id: int
+) -> int:
+    """Push as ``worker_id`` until a push is refused for shard.max_receiving_pushes; the pushes applied before."""
+    from psproto.errors import limit_of, reason_of
+    from psproto.reasons import Reason, TransientLimit
+
+    pause = threading.Event()
+    applied = 0
+    while True:  # the holder's header may still be on its way: its push counts once it arrives
+        try:
+            _push(stub, gradient, worker_id=worker_id, push_id=applied + 1)
+            applied += 1
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+            assert reason_of(error) is Reason.LIMIT_REACHED
+            assert limit_of(error) == TransientLimit.RECEIVING_PUSHES.value
+            assert "shard.max_receiving_pushes" in (error.details() or "")
+            return applied
+        assert applied < 100, "no push was refused while another was open"
+        pause.wait(0.05)
+
+
 def test_a_push_past_max_receiving_pushes_is_refused_with_its_limit_and_psworker_sends_it_again(
     start_psserver: StartServer, stub_for: StubFor
 ) -> None:
-    from psproto.errors import limit_of, reason_of
-    from psproto.reasons import Reason, TransientLimit
     from psworker.client import PSClient
     from psworker.sessions import RetryPolicy
 
@@ -256,21 +277,7 @@ def test_a_push_past_max_receiving_pushes_is_refused_with_its_limit_and_psworker
     holding = stub.Push.future(held(), timeout=2 * TIMEOUT_S)
     try:
         assert opened.wait(TIMEOUT_S)
-        other = _join(stub, name="other").worker_id
-        pause = threading.Event()
-        applied_before = 0
-        while True:  # the holder's header may still be on its way: its push counts once it arrives
-            try:
-                _push(stub, gradient, worker_id=other, push_id=applied_before + 1)
-                applied_before += 1
-            except grpc.RpcError as error:
-                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
-                assert reason_of(error) is Reason.LIMIT_REACHED
-                assert limit_of(error) == TransientLimit.RECEIVING_PUSHES.value
-                assert "shard.max_receiving_pushes" in (error.details() or "")
-                break
-            assert applied_before < 100, "no push was refused while another was open"
-            pause.wait(0.05)
+        applied_before = _push_until_receiving_is_full(stub, gradient, _join(stub, name="other").worker_id)
         assert _params(stub, holder)[0] == applied_before  # the refused push changed nothing
         # A psworker client retries it: its push goes through once the holder's stream ends.
         with PSClient([address], LAYOUT, name="retrying", retry=RetryPolicy(give_up_seconds=20.0)) as client:

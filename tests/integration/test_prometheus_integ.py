@@ -149,6 +149,27 @@ def scrape(metrics_port: int | None) -> str:
         return str(reply.read().decode())
 
 
+def check_per_worker_series(base: str, status: ps_pb2.StatusResponse) -> None:
+    """Each worker's series agree with the Status RPC, and show the slow worker slower and staler."""
+    pushes = by_worker(base, "hetps_pushes_total")
+    pulls = by_worker(base, "hetps_pulls_total")
+    counts = by_worker(base, "hetps_push_staleness_count")
+    means = by_worker(base, "hetps_push_staleness_sum / hetps_push_staleness_count")
+    speeds = by_worker(base, "hetps_worker_samples_per_second")
+    for w in status.workers:
+        assert pushes[w.worker_name] == counts[w.worker_name] == w.pushes
+        assert pulls[w.worker_name] == w.pulls
+        assert means[w.worker_name] == pytest.approx(w.mean_staleness)
+        assert speeds[w.worker_name] == pytest.approx(w.stats["samples_per_second"])
+
+    # The slower worker computes more slowly and its gradients arrive staler.
+    assert speeds["fast-worker"] > 2 * speeds["slow-worker"]
+    assert means["slow-worker"] > means["fast-worker"]
+    p90 = by_worker(base, "histogram_quantile(0.9, sum by (worker, le) (hetps_push_staleness_bucket))")
+    assert p90["slow-worker"] >= p90["fast-worker"]
+    assert set(by_worker(base, "hetps_push_staleness_bucket")) == {"fast-worker", "slow-worker"}
+
+
 @needs_prometheus
 def test_prometheus_sees_per_worker_staleness_that_agrees_with_status(tmp_path: Path) -> None:
     with (
@@ -189,23 +210,7 @@ def test_prometheus_sees_per_worker_staleness_that_agrees_with_status(tmp_path: 
             assert scalar(base, 'hetps_rejected_requests_total{reason="unknown_worker"}') == 3
             assert status.rejected["unknown_worker"] == 3
             assert scalar(base, 'hetps_active_workers{role="worker"}') == 2
-            pushes = by_worker(base, "hetps_pushes_total")
-            pulls = by_worker(base, "hetps_pulls_total")
-            counts = by_worker(base, "hetps_push_staleness_count")
-            means = by_worker(base, "hetps_push_staleness_sum / hetps_push_staleness_count")
-            speeds = by_worker(base, "hetps_worker_samples_per_second")
-            for w in status.workers:
-                assert pushes[w.worker_name] == counts[w.worker_name] == w.pushes
-                assert pulls[w.worker_name] == w.pulls
-                assert means[w.worker_name] == pytest.approx(w.mean_staleness)
-                assert speeds[w.worker_name] == pytest.approx(w.stats["samples_per_second"])
-
-            # The slower worker computes more slowly and its gradients arrive staler.
-            assert speeds["fast-worker"] > 2 * speeds["slow-worker"]
-            assert means["slow-worker"] > means["fast-worker"]
-            p90 = by_worker(base, "histogram_quantile(0.9, sum by (worker, le) (hetps_push_staleness_bucket))")
-            assert p90["slow-worker"] >= p90["fast-worker"]
-            assert set(by_worker(base, "hetps_push_staleness_bucket")) == set(workers)
+            check_per_worker_series(base, status)
 
             # Every dashboard query runs on the real server, and shows data where this cluster has some.
             for where, expr in queries(load_dashboard()):

@@ -16,6 +16,7 @@ from pstools.inprocess import InProcessService
 from pstools.simulate import SimConfig, SimulationError, simulate
 from psworker.binding import ModelBinding
 from psworker.procedures import GemProcedure, GradientProcedure
+from psworker.push_encoding import PushEncoder
 from psworker.service import ParameterService
 from psworker.startup import start_worker
 
@@ -98,7 +99,7 @@ def test_gem_runs_atomically_over_the_service() -> None:
 
 
 def test_int8_pushes_are_decoded_by_the_shard_as_from_the_wire() -> None:
-    service = InProcessService(_shard(), LAYOUT, "int8", push_dtype=codec.INT8_BLOCK)
+    service = InProcessService(_shard(), LAYOUT, "int8", push_encoder=PushEncoder(codec.INT8_BLOCK))
     assert service.init(torch.zeros(4))
     out = torch.empty(4)
     gradient = torch.tensor([1.0, 0.003, -0.5, 0.0])
@@ -113,7 +114,9 @@ def test_int8_pushes_are_decoded_by_the_shard_as_from_the_wire() -> None:
 
 
 def test_without_error_feedback_each_int8_push_is_applied_as_quantised_on_its_own() -> None:
-    service = InProcessService(_shard(), LAYOUT, "int8", push_dtype=codec.INT8_BLOCK, error_feedback=False)
+    service = InProcessService(
+        _shard(), LAYOUT, "int8", push_encoder=PushEncoder(codec.INT8_BLOCK, error_feedback=False)
+    )
     assert service.init(torch.zeros(4))
     out = torch.empty(4)
     gradient = torch.tensor([1.0, 0.003, -0.5, 0.0])

@@ -21,14 +21,25 @@ reassociating them is what lets the loop vectorise.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import torch
 from numba import njit
 from numba.extending import intrinsic
 
-__all__ = ["apply_elementwise"]
+__all__ = ["Coefficients", "apply_elementwise"]
+
+
+class Coefficients(NamedTuple):
+    """The scalars of one push: the rule's options and the bound's ``floor`` and ``inverse`` now."""
+
+    gamma: float
+    floor: float
+    inverse: float
+    weight_decay: float
+    momentum: float
+    lr: float
 
 
 def _fma_definition(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
@@ -63,21 +74,12 @@ def _compiled(function: F) -> F:
         return cast(F, njit(cache=False, **_FLAGS)(function))
 
 
+# The kernels take their float32 scalars as one tuple; numba unpacks it once, before the loop.
 @_compiled
 def _gap_aware_momentum(
-    theta: Any,
-    gradient: Any,
-    average: Any,
-    buffer: Any,
-    stale: Any,
-    gamma: Any,
-    one_minus_gamma: Any,
-    floor: Any,
-    inverse: Any,
-    weight_decay: Any,
-    momentum: Any,
-    neg_lr: Any,
+    theta: Any, gradient: Any, average: Any, buffer: Any, stale: Any, scalars: Any
 ) -> tuple[float, float]:
+    gamma, one_minus_gamma, floor, inverse, weight_decay, momentum, neg_lr = scalars
     one = np.float32(1.0)
     gap_sum = 0.0
     penalty_sum = 0.0
@@ -98,18 +100,8 @@ def _gap_aware_momentum(
 
 
 @_compiled
-def _gap_aware_sgd(
-    theta: Any,
-    gradient: Any,
-    average: Any,
-    stale: Any,
-    gamma: Any,
-    one_minus_gamma: Any,
-    floor: Any,
-    inverse: Any,
-    weight_decay: Any,
-    neg_lr: Any,
-) -> tuple[float, float]:
+def _gap_aware_sgd(theta: Any, gradient: Any, average: Any, stale: Any, scalars: Any) -> tuple[float, float]:
+    gamma, one_minus_gamma, floor, inverse, weight_decay, neg_lr = scalars
     one = np.float32(1.0)
     gap_sum = 0.0
     penalty_sum = 0.0
@@ -132,13 +124,7 @@ def apply_elementwise(
     average: torch.Tensor,
     buffer: torch.Tensor | None,
     stale: torch.Tensor,
-    *,
-    gamma: float,
-    floor: float,
-    inverse: float,
-    weight_decay: float,
-    momentum: float,
-    lr: float,
+    coefficients: Coefficients,
 ) -> tuple[float, float]:
     """One stale push of Gap-Aware, in place; returns (sum of G − 1, sum of 1/G) for telemetry.
 
@@ -146,12 +132,14 @@ def apply_elementwise(
     a contiguous float32 CPU tensor of the same length; ``gradient`` is only read.
     """
     f32 = np.float32
-    scalars = (f32(gamma), f32(1.0 - gamma), f32(floor), f32(inverse), f32(weight_decay))
+    c = coefficients
+    scalars = (f32(c.gamma), f32(1.0 - c.gamma), f32(c.floor), f32(c.inverse), f32(c.weight_decay))
     arrays = (params.numpy(), gradient.numpy(), average.numpy())
     if buffer is not None:
-        gaps, penalties = _gap_aware_momentum(*arrays, buffer.numpy(), stale.numpy(), *scalars, f32(momentum), f32(-lr))
+        momentum_scalars = (*scalars, f32(c.momentum), f32(-c.lr))
+        gaps, penalties = _gap_aware_momentum(*arrays, buffer.numpy(), stale.numpy(), momentum_scalars)
     else:
-        gaps, penalties = _gap_aware_sgd(*arrays, stale.numpy(), *scalars, f32(-lr))
+        gaps, penalties = _gap_aware_sgd(*arrays, stale.numpy(), (*scalars, f32(-c.lr)))
     return float(gaps), float(penalties)
 
 
@@ -160,6 +148,5 @@ def warm_up() -> None:
     one = torch.ones(1)
     for buffer in (torch.zeros(1), None):
         apply_elementwise(
-            one.clone(), one.clone(), one.clone(), buffer, one.clone(),
-            gamma=0.5, floor=1.0, inverse=1.0, weight_decay=0.0, momentum=0.5, lr=0.1,
-        )  # fmt: skip
+            one.clone(), one.clone(), one.clone(), buffer, one.clone(), Coefficients(0.5, 1.0, 1.0, 0.0, 0.5, 0.1)
+        )

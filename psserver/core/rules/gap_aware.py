@@ -118,11 +118,12 @@ class GapAware(UpdateRule[GapAwareOptions]):
         momentum = self.momentum_buffer if opts.momentum > 0 else None
         if stale is not None:
             floor, inverse = self._bound_scalars()
+            coefficients = self._kernel.Coefficients(
+                opts.gamma, floor, inverse, weight_decay=opts.weight_decay, momentum=opts.momentum, lr=opts.lr
+            )
             gaps, penalties = self._kernel.apply_elementwise(
-                params, update, self.step_average, momentum, stale,
-                gamma=opts.gamma, floor=floor, inverse=inverse, weight_decay=opts.weight_decay,
-                momentum=opts.momentum, lr=opts.lr,
-            )  # fmt: skip
+                params, update, self.step_average, momentum, stale, coefficients
+            )
             count = max(self.length, 1)
             return {"scale": penalties / count, "gap": gaps / count}
         # The squared step is read before the push changes the buffer, as the reference does.

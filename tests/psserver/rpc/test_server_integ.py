@@ -82,5 +82,5 @@ def test_the_window_is_fixed_unless_auto() -> None:
 
 @pytest.mark.parametrize("window", [0, MIN_RECEIVE_WINDOW_BYTES - 1, MAX_RECEIVE_WINDOW_BYTES + 1])
 def test_a_receive_window_out_of_range_is_refused(window: int) -> None:
-    with pytest.raises(ValueError, match="receive window"):
+    with pytest.raises(ValueError, match="receive_window_bytes"):
         ServerLimits(receive_window_bytes=window)
