@@ -2,7 +2,7 @@
 
     python -m benchmarks.slow_senders [--tricklers 0,1,2] [--seconds 4] [--workers 3] [--retry]
 
-One ``psserver serve`` (ASGD, ``--receive-buffers 2``) on loopback. ``--workers`` honest
+One ``psserver serve`` (ASGD, ``shard.receive_buffers = 2``) on loopback. ``--workers`` honest
 workers (real ``PSClient``s in this process, one thread each) push a small model's zero
 gradient as fast as they can. For each count of trickling clients the honest pushes applied
 in ``--seconds`` are counted while that many trickling clients run: each joins under its own

@@ -15,7 +15,7 @@ from psproto.v1 import ps_pb2
 # ResNet-18-sized step was 1.04-1.18x faster than with 2 MiB, and slower again at 512 KiB (more
 # messages) and 4 MiB (benchmarks/chunk_size.py; docs/performance.md, "Chunk size").
 DEFAULT_CHUNK_BYTES = 1024 * 1024
-# The largest message workers send and receive (and servers, by default: --max-message-mb).
+# The largest message workers send and receive (and servers, by default: transport.max_message_bytes).
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Below this a ResNet-18-sized step is hundreds of messages, each with its Python and gRPC overhead.
 MIN_CHUNK_BYTES = 64 * 1024

@@ -54,11 +54,11 @@ class Reason(str, enum.Enum):
 class TransientLimit(str, enum.Enum):
     """The ``limit`` (ErrorInfo metadata) of a LIMIT_REACHED refusal that passes on its own, once
     other pushes have been received: a client sends the same call again after a backoff. A
-    LIMIT_REACHED without one of these (``--max-workers``, ``--max-parameters``) does not pass."""
+    LIMIT_REACHED without one of these (``shard.max_workers``, ``shard.max_parameters``) does not pass."""
 
     RECEIVE_BUFFERS = "receive_buffers"  # every receive buffer stayed taken for the server's wait
     OPEN_PUSHES_PER_WORKER = "open_pushes_per_worker"  # this worker's earlier pushes are still being received
-    RECEIVING_PUSHES = "receiving_pushes"  # --max-receiving-pushes other pushes are being received
+    RECEIVING_PUSHES = "receiving_pushes"  # shard.max_receiving_pushes other pushes are being received
 
 
 # The ``limit`` of a LIMIT_REACHED refusal of a PushPullUnary whose reply would exceed the server's

@@ -1,7 +1,7 @@
 """What a hetps server refused, read from its Prometheus endpoint: a benchmark's load counts its cost.
 
 ``hetps_rejected_requests_total`` has one series per reason (psserver/metrics.py). A limit that
-bounds memory by refusing pushes (``--max-receiving-pushes``, ``--receive-buffers``) is paid for
+bounds memory by refusing pushes (``shard.max_receiving_pushes``, ``shard.receive_buffers``) is paid for
 in refusals its workers retry after a backoff; a benchmark reads the counts before and after a
 load and reports the difference beside the memory it saved.
 """
