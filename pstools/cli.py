@@ -27,7 +27,7 @@ from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
 from psworker.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
-from psworker.client import PSClient, ServerMismatchError
+from psworker.client import ClientConfig, PSClient, ServerMismatchError
 
 __all__ = ["main"]
 
@@ -246,8 +246,7 @@ def export_command(
                 binding.layout,
                 name=f"export-{socket.gethostname()}-{os.getpid()}",
                 observer=True,
-                tls=tls,
-                auth_token=token,
+                config=ClientConfig(tls=tls, auth_token=token),
             ) as client:
                 client.pull(binding.params)
                 clock = client.clock

@@ -15,10 +15,8 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from psproto import codec
-from psproto.security import ClientTls
 from psworker.binding import ModelBinding
-from psworker.channels import DEFAULT_KEEPALIVE_S
-from psworker.client import DeadlinePolicy, PSClient, RetryPolicy
+from psworker.client import ClientConfig, PSClient
 from psworker.pacing import Pace
 from psworker.push_encoding import wire_dtypes
 from psworker.startup import start_worker
@@ -28,49 +26,64 @@ from psworker.task import Task, evaluate, perplexity
 ENCODE_PLACES = ("device", "host")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    servers: list[str]
-    task: str = "digits"
+    """Every setting of a training run but the task (``psworker train --config``'s ``[train]`` table)."""
+
+    # HOST:PORT of every shard, in shard order.
+    servers: tuple[str, ...]
+    # Unique worker name (default: host and process).
     name: str | None = None
+    # auto, cpu, cuda or cuda:N.
     device: str = "auto"
+    # Run this many times slower, to emulate a slower GPU (at least 1).
     slowdown: float = 1.0
-    max_steps: int | None = None
-    until_clock: int | None = 1000
-    eval_every: int = 200
-    seed: int = 0
-    wire_dtype: str = "fp32"
-    log_file: Path | None = None
-    progress: bool = True
-    heartbeat_seconds: float = 5.0
-    tls: ClientTls | None = None
-    auth_token: str | None = None
-    # How long a call may keep failing (server down, network gone) before training gives up.
-    retry_seconds: float = 300.0
-    # HTTP/2 ping interval: a silent link is noticed within 1.5 of it.
-    keepalive_seconds: float = DEFAULT_KEEPALIVE_S
-    # Each call's deadline gives its payload this rate (bytes/s) on top of a fixed allowance.
-    min_transfer_bytes_per_second: float = DeadlinePolicy.min_bytes_per_second
-    # Where built-in tasks read their data files (None: $HETPS_DATA_DIR, else the system's directory).
-    data_dir: Path | None = None
-    # (index, count): train on part ``index`` of ``count`` disjoint parts of the training set.
-    shard_data: tuple[int, int] | None = None
-    # Stop after this many seconds of training (None: no time limit).
-    max_seconds: float | None = None
-    # Seconds of a full-speed step (an emulated device of fixed speed; psworker.pacing); None:
-    # the slowdown scales the measured compute time.
+    # Seconds of a full-speed step: every step lasts slowdown times this (an emulated device of
+    # fixed speed, psworker.pacing); unset: the slowdown scales the measured compute time.
     step_seconds: float | None = None
-    # Whether to pull the final model and evaluate it on the test set (NaN in the summary when not).
+    # Stop after this many local steps, once the server has applied until_clock updates, or after
+    # max_seconds of training, whichever comes first (psworker train: until_clock 1000 when none is set).
+    max_steps: int | None = None
+    until_clock: int | None = None
+    max_seconds: float | None = None
+    # Evaluate on the test set every this many steps (0: never).
+    eval_every: int = 200
+    # Seed of the batch sampler.
+    seed: int = 0
+    # JSON-lines log of the run.
+    log_file: Path | None = None
+    # Show a progress bar.
+    progress: bool = True
+    # Seconds between heartbeats (the worker's speed, for the server's metrics).
+    heartbeat_seconds: float = 5.0
+    # (index, count): this worker trains on part index of count disjoint parts of the training set
+    # (the task arrives already cut; the run logs it).
+    shard_data: tuple[int, int] | None = None
+    # Pull the final model and evaluate it on the test set (NaN in the summary when not).
     evaluate_at_end: bool = True
-    # What pushes and pulls travel in when not wire_dtype (PSClient); error feedback for int8 pushes.
-    push_dtype: str | None = None
-    pull_dtype: str | None = None
-    error_feedback: bool = True
-    # What pushes and Init are cut into (PSClient's chunk_bytes).
-    chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
     # Where a GPU worker encodes its 8-bit pushes: "device" (only the 8-bit values cross to the
     # host) or "host" (the fp32 gradients cross, then the host's CPU encodes them).
     encode_on: str = "device"
+    # How the worker talks to its shards (psworker.client.ClientConfig).
+    client: ClientConfig = field(default_factory=ClientConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "servers", tuple(self.servers))
+        if not self.servers:
+            raise ValueError("servers: give the address of every shard")
+        if self.encode_on not in ENCODE_PLACES:
+            raise ValueError(f"encode_on {self.encode_on!r} is not one of {', '.join(ENCODE_PLACES)}")
+        if not self.slowdown >= 1.0:
+            raise ValueError(f"slowdown {self.slowdown} is below 1 (1 = full speed)")
+        positive = {"step_seconds": self.step_seconds, "max_steps": self.max_steps, "max_seconds": self.max_seconds}
+        positive |= {"until_clock": self.until_clock, "heartbeat_seconds": self.heartbeat_seconds}
+        for key, value in positive.items():
+            if value is not None and not value > 0:
+                raise ValueError(f"{key} must be positive, not {value}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be 0 (never) or more, not {self.eval_every}")
+        if self.shard_data is not None and not 0 <= self.shard_data[0] < self.shard_data[1]:
+            raise ValueError(f"shard_data {list(self.shard_data)}: give [INDEX, COUNT] with 0 <= INDEX < COUNT")
 
 
 @dataclass
@@ -149,12 +162,10 @@ def train(config: TrainConfig, task: Task) -> TrainSummary:
     task by name is the command's business (:mod:`pstasks`), not the library's."""
     if config.max_steps is None and config.until_clock is None and config.max_seconds is None:
         raise ValueError("give max_steps, until_clock or max_seconds, or training never ends")
-    if config.encode_on not in ENCODE_PLACES:
-        raise ValueError(f"encode_on {config.encode_on!r} is not one of {', '.join(ENCODE_PLACES)}")
     pace = Pace(config.slowdown, config.step_seconds)
     device = pick_device(config.device)
     model = task.build_model().to(device)
-    push, _ = wire_dtypes(config.wire_dtype, config.push_dtype, config.pull_dtype)
+    push, _ = wire_dtypes(config.client.wire_dtype, config.client.push_dtype, config.client.pull_dtype)
     push_on_device = config.encode_on == "device" and push == codec.INT8_BLOCK
     binding = ModelBinding(model, num_shards=len(config.servers), push_on_device=push_on_device)
     generator = torch.Generator().manual_seed(config.seed)
@@ -162,23 +173,9 @@ def train(config: TrainConfig, task: Task) -> TrainSummary:
     train_y = task.train_targets.to(device)
 
     with ExitStack() as stack:
+        # A shard that restarted without a checkpoint is re-initialised from this worker's model.
         client = PSClient(
-            config.servers,
-            binding.layout,
-            name=config.name,
-            device=str(device),
-            wire_dtype=config.wire_dtype,
-            push_dtype=config.push_dtype,
-            pull_dtype=config.pull_dtype,
-            error_feedback=config.error_feedback,
-            chunk_bytes=config.chunk_bytes,
-            tls=config.tls,
-            auth_token=config.auth_token,
-            retry=RetryPolicy(give_up_seconds=config.retry_seconds),
-            # A shard that restarted without a checkpoint is re-initialised from this worker's model.
-            reinit=binding.gather_params,
-            keepalive_seconds=config.keepalive_seconds,
-            deadlines=DeadlinePolicy(min_bytes_per_second=config.min_transfer_bytes_per_second),
+            config.servers, binding.layout, config.name, str(device), reinit=binding.gather_params, config=config.client
         )
         stack.callback(client.close)
         log_stream = stack.enter_context(config.log_file.open("a")) if config.log_file else None

@@ -23,7 +23,7 @@ from psproto.layout import Layout
 from psproto.security import ClientTls
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from pstools.launcher import start_server, stop_process
-from psworker.client import NO_RETRY, PSClient
+from psworker.client import NO_RETRY, ClientConfig, PSClient
 
 pytestmark = pytest.mark.integration
 LAYOUT = Layout.from_named_shapes([("w", (8,))])
@@ -162,7 +162,9 @@ def test_the_right_credentials_train_and_health_needs_no_token(secured: tuple[st
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
     tls = ClientTls(pki.ca1, *pki.client)
-    with PSClient(address, LAYOUT, name="trusted", tls=tls, auth_token=TOKEN, retry=NO_RETRY) as client:
+    with PSClient(
+        address, LAYOUT, name="trusted", config=ClientConfig(tls=tls, auth_token=TOKEN, retry=NO_RETRY)
+    ) as client:
         client.init(torch.zeros(8))
         client.push(torch.ones(8))
         out = torch.empty(8)
