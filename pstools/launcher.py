@@ -63,8 +63,8 @@ class ClusterConfig:
     # Whether worker r trains on part r of `workers` disjoint parts of the training set; None: as
     # the task says (the Fashion-MNIST tasks shard, digits does not).
     shard_data: bool | None = None
-    # More `psworker train` options for every worker (e.g. --push-dtype int8).
-    worker_args: Sequence[str] = ()
+    # A ``psworker train --config`` table for every worker (pstasks.run_config.WorkerRunConfig).
+    worker_config: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -220,25 +220,17 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
                 str(slowdown),
                 "--until-clock",
                 str(config.until_clock),
-                "--seed",
-                str(config.seed * 1000 + rank),
-                "--device",
-                config.device,
                 "--wire-dtype",
                 config.wire_dtype,
-                "--eval-every",
-                str(config.eval_every),
-                "--no-progress",
-                "--torch-threads",
-                "1",
                 "--log-file",
                 str(config.log_dir / f"worker-{rank}.jsonl"),
+                "--config",
+                str(_worker_config_file(config, rank)),
             ]
             if config.data_dir is not None:
                 command += ["--data-dir", str(config.data_dir)]
             if shard_data:
                 command += ["--shard-data", f"{rank}/{config.workers}"]
-            command += list(config.worker_args)
             for address in addresses:
                 command += ["--server", address]
             output = (config.log_dir / f"worker-{rank}.log").open("w")
@@ -263,6 +255,16 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
         raise ClusterError(f"a server exited with {codes} after SIGTERM; see {config.log_dir}")
     (config.log_dir / "report.json").write_text(json.dumps(_as_json(report), indent=2))
     return report
+
+
+def _worker_config_file(config: ClusterConfig, rank: int) -> Path:
+    """Worker ``rank``'s ``psworker train --config`` file: the cluster's worker table, its own seed,
+    no progress bar, one torch thread (the local shards and workers share this machine's cores)."""
+    own = {"torch_threads": 1, "train": {"seed": config.seed * 1000 + rank, "eval_every": config.eval_every}}
+    table = merged(merged(own, config.worker_config), {"train": {"progress": False}})
+    path = config.log_dir / f"worker-{rank}.toml"
+    path.write_text(dump_toml(table))
+    return path
 
 
 def _report(config: ClusterConfig, task: Task, addresses: list[str], started: float) -> ClusterReport:
