@@ -58,7 +58,7 @@ def _joined(stub: ps_pb2_grpc.ParameterServerStub) -> list[str]:
 
 
 def test_a_worker_refused_by_one_shard_leaves_the_shards_it_had_joined(
-    start_psserver: StartServer, stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub]
+    start_psserver: StartServer, stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub], tmp_path: Path
 ) -> None:
     first, second = (start_psserver("asgd", lr=0.1, shard_index=i, num_shards=2) for i in range(2))
     layout = ModelBinding(load_task("digits").build_model(), num_shards=2).layout
@@ -79,8 +79,10 @@ def test_a_worker_refused_by_one_shard_leaves_the_shards_it_had_joined(
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert _joined(stub_for(accepting)) == [] and _joined(stub_for(holding)) == ["other"]
     # The command says so in one line, with no traceback.
+    config = tmp_path / "no-retry.toml"
+    config.write_text("[train.client.retry]\ngive_up_seconds = 0\n")
     result = subprocess.run(
-        [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first, "--retry-seconds", "0"],
+        [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first, "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=120,
