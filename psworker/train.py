@@ -41,10 +41,12 @@ class TrainConfig:
     # Seconds of a full-speed step: every step lasts slowdown times this (an emulated device of
     # fixed speed, psworker.pacing); unset: the slowdown scales the measured compute time.
     step_seconds: float | None = None
-    # Stop after this many local steps, once the server has applied until_clock updates, or after
-    # max_seconds of training, whichever comes first (psworker train: until_clock 1000 when none is set).
+    # Stop after this many local steps (the first of the three limits reached ends the run;
+    # psworker train stops at until_clock 1000 when none is set).
     max_steps: int | None = None
+    # Stop once the server has applied this many updates.
     until_clock: int | None = None
+    # Stop after this many seconds of training.
     max_seconds: float | None = None
     # Evaluate on the test set every this many steps (0: never).
     eval_every: int = 200
