@@ -139,11 +139,18 @@ def _config_rows(cls: type, where: str, special: dict[type, str]) -> list[str]:
 def configuration_page() -> str:
     from psserver.app import ServerConfig
     from psserver.core.rules import RuleSpec
+    from psproto.security import ClientTls
     from pstasks.run_config import WorkerRunConfig
+    from psworker.client import RetryPolicy
     from pstools.cli import ClusterSettings
     from pstools.sim_config import SimSettings
 
     rule = "`name` (a rule of `psserver rules`) and the rule's options as keys beside it (`lr = 0.1`)"
+    retry = (
+        "backoff of a call that got no answer: `give_up_seconds` (300: how long it may keep failing), "
+        "`initial_backoff` (0.1 s), `max_backoff` (2 s), `multiplier` (2)"
+    )
+    tls = "`ca`: the CA that signed the servers (turns TLS on); `cert` and `key`: this client's, for mutual TLS"
     table = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     lines = [
         "# Configuration files",
@@ -168,7 +175,7 @@ def configuration_page() -> str:
         "`train.servers`, `--tls-ca` is `train.client.tls.ca`); everything else is the file's.",
         "",
         *table,
-        *_config_rows(WorkerRunConfig, "", {}),
+        *_config_rows(WorkerRunConfig, "", {RetryPolicy: retry, ClientTls: tls}),
         "",
         "## Local cluster (`psworker cluster --config`)",
         "",
