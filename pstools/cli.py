@@ -58,8 +58,6 @@ def _parse_slowdowns(text: str) -> list[float]:
 # shard, a [worker] table for every worker, the launcher's own keys at the top).
 CLUSTER_FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "consistency": ("server", "shard", "consistency", "model"),
-    "task": ("worker", "task"),
-    "data_dir": ("worker", "data_dir"),
     "wire_dtype": ("worker", "train", "client", "wire_dtype"),
     "push_dtype": ("worker", "train", "client", "push_dtype"),
     "device": ("worker", "train", "device"),
