@@ -187,12 +187,15 @@ def test_bad_security_flags_exit_2_with_what_to_fix(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.write_text("\n")
     cert, key = pki.server
+    # A client certificate without the CA that signed the server: the worker's file names the key.
+    worker_cert_only = tmp_path / "worker.toml"
+    worker_cert_only.write_text(f"[train.client.tls]\ncert = '{cert}'\nkey = '{key}'\n")
     cases = [
         (("psserver", "serve", "--port", "0", "--no-metrics", "--tls-cert", str(cert)), "--tls-key"),
         (("psserver", "serve", "--port", "0", "--no-metrics", "--tls-client-ca", str(pki.ca1)), "--tls-cert"),
         (("psserver", "serve", "--port", "0", "--no-metrics", "--auth-token-file", str(empty)), "is empty"),
         (("psserver", "serve", "--port", "0", "--no-metrics", "--tls-cert", str(key), "--tls-key", str(key)), "PEM"),
-        (("psworker", "train", "--server", "127.0.0.1:1", "--tls-cert", str(cert)), "--tls-ca"),
+        (("psworker", "train", "--server", "127.0.0.1:1", "--config", str(worker_cert_only)), "train.client.tls.ca"),
     ]
     for args, hint in cases:
         result = _cli(*args)

@@ -118,4 +118,4 @@ def test_int8_pushes_are_applied_as_decoded_and_a_retry_resends_the_same_bytes(
 )
 def test_int8_pulls_are_refused_before_any_join(dtypes: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        PSClient(["127.0.0.1:9"], LAYOUT, name="int8-pulls", **dtypes)  # type: ignore[arg-type]
+        PSClient(["127.0.0.1:9"], LAYOUT, name="int8-pulls", config=ClientConfig(**dtypes))  # type: ignore[arg-type]

@@ -101,7 +101,7 @@ def _train(
     methods = _watched(monkeypatch)
     generator = torch.Generator().manual_seed(3)
     got = []
-    with PSClient(addresses, layout, name="w", **options) as client:
+    with PSClient(addresses, layout, name="w", config=ClientConfig(**options)) as client:
         if init:
             client.init(torch.randn(layout.total_length, generator=generator))
         client.unary_push_pulls = [unary and fits for fits in client.unary_push_pulls]
