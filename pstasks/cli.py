@@ -163,7 +163,7 @@ TRAIN_SECTIONS = {
     help="stop once the server has applied this many updates",
 )
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSON-lines log")
-@config_option
+@config_option()
 @click.pass_context
 def train_command(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> None:
     """Train a task against a running server.

@@ -34,6 +34,7 @@ from psworker.cli_options import (
     SectionedCommand,
     client_security_from_flags,
     client_security_options,
+    config_option,
     flag_table,
     wire_dtype_options,
 )
@@ -144,13 +145,9 @@ def cluster_tables(table: Mapping[str, Any]) -> tuple[ClusterSettings, dict[str,
 @wire_dtype_options
 @click.option("--device", default="auto", show_default=True)
 @click.option("--log-dir", default=Path("runs/latest"), show_default=True, type=click.Path(path_type=Path))
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="TOML file: seed, timeout_s and eval_every, a [server] table (`psserver serve --config` keys) for "
-    "every shard and a [worker] table (`psworker train --config` keys) for every worker; flags override it",
+@config_option(
+    "TOML file: seed, timeout_s and eval_every, a [server] table (`psserver serve --config` keys) for "
+    "every shard and a [worker] table (`psworker train --config` keys) for every worker; flags override it"
 )
 @click.pass_context
 def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> None:

@@ -19,7 +19,7 @@ from pstasks.task_error import TaskError
 from pstools.sim_config import SimSettings
 from pstools.sim_tasks import sim_task
 from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
-from psworker.cli_options import SectionedCommand
+from psworker.cli_options import SectionedCommand, config_option
 from psworker.task import Task
 
 SIM_SECTIONS = {
@@ -97,13 +97,9 @@ def _target(loaded: Task, task: str, target: float | None, target_accuracy: floa
     type=click.Choice(sorted(codec.PUSH_DTYPE_NAMES)),
     help="what pushes are encoded in, decoded by the shard as from the wire (int8: 8-bit, error feedback)",
 )
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="TOML file of the other settings (docs/configuration.md): step_seconds, ssp_bound, eval_every, seed, "
-    "torch_threads, error_feedback",
+@config_option(
+    "TOML file of the other settings (docs/configuration.md): step_seconds, ssp_bound, eval_every, seed, "
+    "torch_threads, error_feedback"
 )
 def simulate_command(config_file: Path | None, **flags: Any) -> None:
     """Simulate WORKERS workers of different speeds in virtual time with the server's own rules."""

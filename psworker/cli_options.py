@@ -30,13 +30,19 @@ def path_option(flag: str, help_text: str) -> Callable[[Any], Any]:
 
 tls_ca_option = path_option("--tls-ca", "CA certificate that signed the server's certificate (turns TLS on)")
 auth_token_option = path_option("--auth-token-file", "file holding the server's bearer token")
-config_option = click.option(
-    "--config",
-    "config_file",
-    type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path),
-    default=None,
-    help="TOML file of every setting (docs/configuration.md); a flag given here overrides the file",
-)
+
+
+def config_option(
+    help_text: str = "TOML file of every setting (docs/configuration.md); a flag given here overrides the file",
+) -> Callable[[Any], Any]:
+    """``--config FILE``: the command's configuration file (``config_file``; ``None`` when not given)."""
+    return click.option(
+        "--config",
+        "config_file",
+        type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path),
+        default=None,
+        help=help_text,
+    )
 
 
 def client_security_options(command: Callable[..., Any]) -> Callable[..., Any]:
