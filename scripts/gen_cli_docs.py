@@ -137,13 +137,13 @@ def _config_rows(cls: type, where: str, special: dict[type, str]) -> list[str]:
 
 
 def configuration_page() -> str:
+    from psproto.security import ClientTls
     from psserver.app import ServerConfig
     from psserver.core.rules import RuleSpec
-    from psproto.security import ClientTls
     from pstasks.run_config import WorkerRunConfig
-    from psworker.client import RetryPolicy
     from pstools.cli import ClusterSettings
     from pstools.sim_config import SimSettings
+    from psworker.client import RetryPolicy
 
     rule = "`name` (a rule of `psserver rules`) and the rule's options as keys beside it (`lr = 0.1`)"
     retry = (

@@ -11,7 +11,6 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from psproto.config_file import read_toml
 from pstasks.cli import TRAIN_FLAG_KEYS, main, read_run_config, train_command
 from pstasks.run_config import DEFAULT_UNTIL_CLOCK, worker_run_config
 
@@ -113,4 +112,3 @@ def test_without_a_stopping_rule_the_run_stops_at_the_default_clock() -> None:
     run = worker_run_config({"train": {"servers": ["127.0.0.1:9"]}})
     assert run.train.until_clock == DEFAULT_UNTIL_CLOCK
     assert worker_run_config({"train": {"servers": ["a:1"], "max_seconds": 3}}).train.until_clock is None
-
