@@ -16,7 +16,7 @@ the model. Each phase is timed on its own. Variants:
   scales cross (``psworker train`` with ``encode_on = "device"``, the default);
 - ``cuda-pageable``: the same with pageable host buffers (what pinning saves);
 - ``cuda-host-encode``: ``cuda`` with 8-bit pushes encoded on the host after the fp32 gradients
-  cross (``--encode-on host``; with a float push dtype the same as ``cuda``);
+  cross (``encode_on = "host"``; with a float push dtype the same as ``cuda``);
 - ``cpu``: the same model and batch on CPU tensors (no crossing at all).
 
 The benchmark process runs under the allocator settings of a ``psworker`` process
