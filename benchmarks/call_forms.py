@@ -56,7 +56,7 @@ from psproto.v1 import ps_pb2
 from psserver.allocator import WORKER, apply_allocator
 from psworker import transfer
 from psworker.channels import channel_options
-from psworker.client import PSClient
+from psworker.client import ClientConfig, PSClient
 
 # Per call: the lighter form (what the worker does), then the form it is compared with.
 FORMS = {"pull": ("single", "threaded"), "push": ("one-message", "stream")}
@@ -117,7 +117,7 @@ def measure(
 ) -> dict[str, Any]:
     """Each form's per-repeat median call (ms), the worker's CPU per call (ms), and the other form's
     time over the lighter form's, per repeat and of the fastest calls (``stats.speed_ratio``)."""
-    client = PSClient([address], layout, name=f"{call}-{wire}", wire_dtype=wire)
+    client = PSClient([address], layout, name=f"{call}-{wire}", config=ClientConfig(wire_dtype=wire))
     channels: list[Any] = []
     try:
         if not client.initialized:

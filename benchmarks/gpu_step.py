@@ -13,10 +13,10 @@ the model. Each phase is timed on its own. Variants:
 
 - ``cuda``: the worker's CUDA path, host buffers pinned, non-blocking copies, one synchronise; with
   8-bit pushes (``--wire int8/...``) the push is encoded on the GPU and only its 8-bit values and
-  scales cross (``psworker train --encode-on device``, the default);
+  scales cross (``psworker train`` with ``encode_on = "device"``, the default);
 - ``cuda-pageable``: the same with pageable host buffers (what pinning saves);
 - ``cuda-host-encode``: ``cuda`` with 8-bit pushes encoded on the host after the fp32 gradients
-  cross (``--encode-on host``; with a float push dtype the same as ``cuda``);
+  cross (``encode_on = "host"``; with a float push dtype the same as ``cuda``);
 - ``cpu``: the same model and batch on CPU tensors (no crossing at all).
 
 The benchmark process runs under the allocator settings of a ``psworker`` process

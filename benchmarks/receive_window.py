@@ -60,7 +60,7 @@ _VARIABLE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 @dataclass(frozen=True)
 class ServerSetting:
-    """One compared server: its receive window (``transport.receive_window_bytes``) and what it adds to its environment."""
+    """One compared server: its window (``transport.receive_window_bytes``) and what it adds to its environment."""
 
     window: str
     window_bytes: int | None  # None: gRPC sizes the window
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--windows",
         default=None,
-        help="comma-separated receive windows (auto or a size), each optionally +NAME=VALUE for the server's environment; "
+        help="comma-separated windows (auto or a size), each optionally +NAME=VALUE for the server's environment; "
         "the first is the base",
     )
     parser.add_argument("--workers", type=int, default=None, help="worker processes in the concurrency section")

@@ -38,7 +38,7 @@ from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.config_file import merged
 from pstools.launcher import start_server, stop_process
-from psworker.client import PSClient
+from psworker.client import ClientConfig, PSClient
 from psworker.deadlines import DeadlinePolicy
 
 # 100 000 fp32 parameters: a 400 KB push, a few milliseconds on loopback.
@@ -118,7 +118,9 @@ class HonestWorkers:
 
     def __init__(self, address: str, count: int) -> None:
         self.clients = [
-            PSClient(address, LAYOUT, name=f"honest-{i}", deadlines=DeadlinePolicy(base_seconds=30.0))
+            PSClient(
+                address, LAYOUT, name=f"honest-{i}", config=ClientConfig(deadlines=DeadlinePolicy(base_seconds=30.0))
+            )
             for i in range(count)
         ]
         self.clients[0].init(torch.zeros(LAYOUT.total_length))

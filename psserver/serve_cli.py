@@ -25,6 +25,7 @@ import click
 from click.core import ParameterSource
 
 from psproto import codec
+from psproto.help_sections import SectionedHelp
 from psserver.allocator import apply_allocator
 from psserver.app import (
     BindError,
@@ -48,23 +49,8 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEFAULT_RULE = "asgd"
 
 
-class SectionedCommand(click.Command):
+class SectionedCommand(SectionedHelp, click.Command):
     """A command whose ``--help`` lists its options under headings (``sections``: heading -> option names)."""
-
-    def __init__(self, *args: Any, sections: Mapping[str, tuple[str, ...]], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sections = sections
-
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        records = {param.name: param.get_help_record(ctx) for param in self.get_params(ctx)}
-        for heading, names in self.sections.items():
-            with formatter.section(heading):
-                formatter.write_dl([record for name in names if (record := records.get(name)) is not None])
-        listed = {name for names in self.sections.values() for name in names}
-        rest = [record for name, record in records.items() if name not in listed and record is not None]
-        if rest:
-            with formatter.section("Other"):
-                formatter.write_dl(rest)
 
 
 def _rule_spec(value: Any, key: str) -> RuleSpec:

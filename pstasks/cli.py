@@ -6,25 +6,36 @@ from :mod:`pstools.cli`. This module imports nothing of the server."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 import grpc
 import torch
 
+from psproto.config_file import ConfigFileError, merged, read_toml
 from pstasks.idx import IdxError
+from pstasks.run_config import WorkerRunConfig, worker_run_config
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
-from psworker.channels import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S
-from psworker.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
-from psworker.client import DeadlinePolicy, ServerMismatchError
+from psworker.cli_options import (
+    SectionedCommand,
+    auth_token_option,
+    client_security_from_flags,
+    config_option,
+    flag_table,
+    tls_ca_option,
+    wire_dtype_options,
+)
+from psworker.client import ServerMismatchError
 from psworker.procedures import ProcedureError
-from psworker.train import ENCODE_PLACES, TrainConfig, train
+from psworker.train import train
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> NoReturn:
@@ -78,14 +89,42 @@ def main() -> None:
     """hetps worker."""
 
 
-@main.command("train")
+# Where each flag of `psworker train` goes in its configuration file (pstasks.run_config).
+TRAIN_FLAG_KEYS: dict[str, tuple[str, ...]] = {
+    "servers": ("train", "servers"),
+    "task": ("task",),
+    "data_dir": ("data_dir",),
+    "shard_data": ("train", "shard_data"),
+    "name": ("train", "name"),
+    "device": ("train", "device"),
+    "slowdown": ("train", "slowdown"),
+    "max_steps": ("train", "max_steps"),
+    "max_seconds": ("train", "max_seconds"),
+    "until_clock": ("train", "until_clock"),
+    "wire_dtype": ("train", "client", "wire_dtype"),
+    "push_dtype": ("train", "client", "push_dtype"),
+    "log_file": ("train", "log_file"),
+    "tls_ca": ("train", "client", "tls", "ca"),
+    "auth_token_file": ("auth_token_file",),
+}
+TRAIN_SECTIONS = {
+    "Servers": ("servers", "tls_ca", "auth_token_file"),
+    "Task & data": ("task", "data_dir", "shard_data"),
+    "Worker": ("name", "device", "slowdown", "wire_dtype", "push_dtype"),
+    "Stopping (default: --until-clock 1000)": ("max_steps", "max_seconds", "until_clock"),
+    "Output & configuration": ("log_file", "config_file"),
+}
+
+
+@main.command("train", cls=SectionedCommand, sections=TRAIN_SECTIONS)
 @click.option(
     "--server",
     "servers",
     multiple=True,
-    required=True,
     help="HOST:PORT of a shard; repeat once per shard, in shard order",
 )
+@tls_ca_option
+@auth_token_option
 @click.option(
     "--task",
     default="digits",
@@ -97,6 +136,7 @@ def main() -> None:
     "--shard-data",
     default=None,
     metavar="INDEX/COUNT",
+    callback=lambda ctx, param, value: parse_shard(value),
     help="train on part INDEX of COUNT disjoint parts of the training set (default: all of it)",
 )
 @click.option("--name", default=None, help="unique worker name (default: host and process)")
@@ -108,13 +148,7 @@ def main() -> None:
     type=click.FloatRange(min=1.0),
     help="run X times slower, to emulate a slower GPU",
 )
-@click.option(
-    "--step-time",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="seconds of a full-speed step: every step lasts slowdown × this (an emulated device of fixed speed); "
-    "default: the slowdown scales the measured compute time",
-)
+@wire_dtype_options
 @click.option("--max-steps", type=click.IntRange(min=1), default=None, help="stop after this many local steps")
 @click.option(
     "--max-seconds",
@@ -126,129 +160,61 @@ def main() -> None:
     "--until-clock",
     type=click.IntRange(min=1),
     default=None,
-    help="stop once the server has applied this many updates (default 1000 without --max-steps or --max-seconds)",
+    help="stop once the server has applied this many updates",
 )
-@click.option("--eval-every", default=200, show_default=True, type=click.IntRange(min=0), help="0 disables")
-@click.option("--seed", default=0, show_default=True, type=int)
-@wire_dtype_options
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSON-lines log")
-@click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option(
-    "--retry-seconds",
-    default=300.0,
-    show_default=True,
-    type=click.FloatRange(min=0),
-    help="keep retrying (with backoff) a server that is down or unreachable this long before giving up",
-)
-@click.option(
-    "--keepalive-seconds",
-    default=DEFAULT_KEEPALIVE_S,
-    show_default=True,
-    type=click.FloatRange(min=MIN_KEEPALIVE_S),
-    help="ping each server this often over HTTP/2; a link that went silent is noticed within 1.5 times this",
-)
-@click.option(
-    "--min-transfer-rate",
-    default=DeadlinePolicy.min_bytes_per_second / 2**20,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="MiB/s a call's payload is given in its deadline (on top of a fixed allowance); lower it for slow links",
-)
-@click.option(
-    "--encode-on",
-    type=click.Choice(ENCODE_PLACES),
-    default="device",
-    show_default=True,
-    help="where a GPU worker encodes int8 pushes: on the GPU (only the 8-bit values cross to the host) "
-    "or on the host CPU after the fp32 gradients cross",
-)
-@client_security_options
-def train_command(
-    servers: tuple[str, ...],
-    task: str,
-    data_dir: Path | None,
-    shard_data: str | None,
-    name: str | None,
-    device: str,
-    slowdown: float,
-    step_time: float | None,
-    max_steps: int | None,
-    max_seconds: float | None,
-    until_clock: int | None,
-    eval_every: int,
-    seed: int,
-    wire_dtype: str,
-    push_dtype: str | None,
-    pull_dtype: str | None,
-    chunk_size: int,
-    error_feedback: bool,
-    log_file: Path | None,
-    progress: bool,
-    torch_threads: int,
-    retry_seconds: float,
-    keepalive_seconds: float,
-    min_transfer_rate: float,
-    encode_on: str,
-    tls_ca: Path | None,
-    tls_cert: Path | None,
-    tls_key: Path | None,
-    auth_token_file: Path | None,
-) -> None:
-    """Train a task against a running server."""
+@config_option()
+@click.pass_context
+def train_command(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> None:
+    """Train a task against a running server.
+
+    Every other setting (step time, evaluation, seed, pull dtype, chunk size, retries, keepalive,
+    deadlines, mutual TLS, threads...) is a key of the --config file: docs/configuration.md."""
     # SIGTERM (a pod being stopped) unwinds like Ctrl-C: the client leaves every shard, so no
     # record of this worker is left for a barrier to wait on, or its replacement to wait out.
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    torch.set_num_threads(torch_threads)
-    tls, token = client_security_from_flags(tls_ca, tls_cert, tls_key, auth_token_file)
-    if max_steps is None and until_clock is None and max_seconds is None:
-        until_clock = 1000
-    shard = parse_shard(shard_data)
+    config = read_run_config(ctx, config_file, flags)
+    torch.set_num_threads(config.torch_threads)
     try:
-        loaded = load_task(task, data_dir)
-        if shard is not None:
-            loaded = loaded.shard(*shard)
+        loaded = load_task(config.task, config.data_dir)
+        if config.train.shard_data is not None:
+            loaded = loaded.shard(*config.train.shard_data)
     except TaskError as error:
         raise click.BadParameter(str(error), param_hint="--task") from None
     except IdxError as error:
         raise DataFileError(str(error)) from None
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--shard-data") from None
-    config = TrainConfig(
-        list(servers),
-        task,
-        name,
-        device,
-        slowdown,
-        max_steps,
-        until_clock,
-        eval_every,
-        seed,
-        wire_dtype,
-        log_file,
-        progress,
-        tls=tls,
-        auth_token=token,
-        retry_seconds=retry_seconds,
-        keepalive_seconds=keepalive_seconds,
-        min_transfer_bytes_per_second=min_transfer_rate * 2**20,
-        data_dir=data_dir,
-        shard_data=shard,
-        max_seconds=max_seconds,
-        step_seconds=step_time,
-        push_dtype=push_dtype,
-        pull_dtype=pull_dtype,
-        error_feedback=error_feedback,
-        chunk_bytes=chunk_size,
-        encode_on=encode_on,
-    )
     try:
-        summary = train(config, loaded)
+        summary = train(config.train, loaded)
     except grpc.RpcError as error:
-        raise server_failure(error, servers) from None
+        raise server_failure(error, config.train.servers) from None
     except (ProcedureError, ServerMismatchError, ValueError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(json.dumps(asdict(summary)))
+
+
+def read_run_config(ctx: click.Context, config_file: Path | None, flags: Mapping[str, Any]) -> WorkerRunConfig:
+    """The file's settings with the flags given over them, the TLS files checked and the token read;
+    a usage error (exit 2) names the key or flag to fix."""
+    where = f"--config {config_file}: " if config_file is not None else ""
+    try:
+        table = merged(
+            read_toml(config_file) if config_file is not None else {}, flag_table(ctx, flags, TRAIN_FLAG_KEYS)
+        )
+        train_table = table.get("train")
+        if not isinstance(train_table, dict) or "servers" not in train_table:
+            raise ConfigFileError("give --server HOST:PORT (once per shard), or servers in the [train] table")
+        config = worker_run_config(table)
+    except ConfigFileError as error:
+        raise click.UsageError(f"{where}{error}") from None
+    client = config.train.client
+    tls = client.tls
+    tls_config, token = client_security_from_flags(
+        tls.ca if tls else None, tls.cert if tls else None, tls.key if tls else None, config.auth_token_file
+    )
+    client = dataclasses.replace(client, tls=tls_config, auth_token=token or client.auth_token)
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, client=client))
 
 
 if __name__ == "__main__":

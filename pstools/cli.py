@@ -10,24 +10,35 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 import grpc
 from rich.console import Console
 from rich.table import Table
 
-from psserver.config_file import ConfigFileError, merged, read_toml
+from psproto.config_file import ConfigFileError, build, merged, read_toml
 from pstasks.cli import DataFileError, data_dir_option, main, server_failure
 from pstasks.idx import IdxError
+from pstasks.run_config import worker_run_config
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
 from pstools.export import ExportError, named_tensors, save_state_dict, state_dict_from_checkpoints
 from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
-from psworker.cli_options import client_security_from_flags, client_security_options, wire_dtype_options
-from psworker.client import PSClient, ServerMismatchError
+from psworker.cli_options import (
+    SectionedCommand,
+    client_security_from_flags,
+    client_security_options,
+    config_option,
+    flag_table,
+    wire_dtype_options,
+)
+from psworker.client import ClientConfig, PSClient, ServerMismatchError
 
 __all__ = ["main"]
 
@@ -44,21 +55,55 @@ def _parse_slowdowns(text: str) -> list[float]:
     return values
 
 
-def _dtype_args(
-    push_dtype: str | None, pull_dtype: str | None, error_feedback: bool, chunk_bytes: int
-) -> tuple[str, ...]:
-    """The `psworker train` options that carry the cluster's push and pull dtypes and chunk size to its workers."""
-    args: tuple[str, ...] = ("--chunk-size", str(chunk_bytes))
-    if not error_feedback:
-        args += ("--no-error-feedback",)
-    if push_dtype is not None:
-        args += ("--push-dtype", push_dtype)
-    if pull_dtype is not None:
-        args += ("--pull-dtype", pull_dtype)
-    return args
+# Where each flag of `psworker cluster` goes in its configuration file (a [server] table for every
+# shard, a [worker] table for every worker, the launcher's own keys at the top).
+CLUSTER_FLAG_KEYS: dict[str, tuple[str, ...]] = {
+    "consistency": ("server", "shard", "consistency", "model"),
+    "wire_dtype": ("worker", "train", "client", "wire_dtype"),
+    "push_dtype": ("worker", "train", "client", "push_dtype"),
+    "device": ("worker", "train", "device"),
+}
+CLUSTER_SECTIONS = {
+    "Workers": ("workers", "slowdowns", "device", "wire_dtype", "push_dtype"),
+    "Model & rule": ("rule", "lr", "rule_opts", "consistency", "shards"),
+    "Task & data": ("task", "data_dir", "shard_data", "updates"),
+    "Output & configuration": ("log_dir", "config_file"),
+}
 
 
-@main.command()
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The top-level keys of `psworker cluster --config` (beside its [server] and [worker] tables)."""
+
+    # Worker r's batch sampler is seeded with seed * 1000 + r.
+    seed: int = 0
+    # Give up when the workers have not finished after this many seconds.
+    timeout_s: float = 600.0
+    # Evaluate on the test set every this many steps in each worker (0: only at the end).
+    eval_every: int = 0
+
+
+def cluster_tables(table: Mapping[str, Any]) -> tuple[ClusterSettings, dict[str, Any], dict[str, Any]]:
+    """The launcher's settings, the servers' table and the workers' table of a cluster file, each
+    checked now (a ConfigFileError names the key) so that no process starts with a bad one."""
+    from psserver.serve_cli import server_config  # the server's own reader; `psworker train` never needs it
+
+    rest = {key: value for key, value in table.items() if key not in ("server", "worker")}
+    tables = {key: table.get(key, {}) for key in ("server", "worker")}
+    for key, value in tables.items():
+        if not isinstance(value, dict):
+            raise ConfigFileError(f"{key} must be a table, not {value!r}")
+    server, worker = tables["server"], tables["worker"]
+    chunk = worker.get("train", {}).get("client", {}).get("chunk_bytes")
+    if chunk is not None and "chunk_bytes" not in server.get("shard", {}):
+        # One chunk size both ways: the servers cut pulled parameters as the workers cut pushes.
+        server = merged(server, {"shard": {"chunk_bytes": chunk}})
+    server_config(merged(server, {"shard": {"rule": {}}}))
+    worker_run_config(merged(worker, {"train": {"servers": ["127.0.0.1:1"]}}))
+    return build(ClusterSettings, rest), server, worker
+
+
+@main.command(cls=SectionedCommand, sections=CLUSTER_SECTIONS)
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--slowdowns",
@@ -95,82 +140,59 @@ def _dtype_args(
     default="async",
     show_default=True,
     type=click.Choice(["async", "ssp", "bsp"]),
-    help="consistency model in front of the rule",
+    help="consistency model in front of the rule (SSP's bound: shard.consistency.staleness_bound in [server])",
 )
-@click.option("--ssp-bound", default=3, show_default=True, type=click.IntRange(min=0), help="SSP's bound s")
 @wire_dtype_options
 @click.option("--device", default="auto", show_default=True)
-@click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--log-dir", default=Path("runs/latest"), show_default=True, type=click.Path(path_type=Path))
-@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1))
-@click.option(
-    "--server-config",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="a `psserver serve --config` TOML file, passed on to every shard",
+@config_option(
+    "TOML file: seed, timeout_s and eval_every, a [server] table (`psserver serve --config` keys) for "
+    "every shard and a [worker] table (`psworker train --config` keys) for every worker; flags override it"
 )
-def cluster(
-    workers: int,
-    slowdowns: str,
-    rule: str,
-    lr: float | None,
-    rule_opts: tuple[str, ...],
-    task: str,
-    data_dir: Path | None,
-    shard_data: bool | None,
-    updates: int,
-    shards: int,
-    consistency: str,
-    ssp_bound: int,
-    wire_dtype: str,
-    push_dtype: str | None,
-    pull_dtype: str | None,
-    chunk_size: int,
-    error_feedback: bool,
-    device: str,
-    seed: int,
-    log_dir: Path,
-    timeout: float,
-    server_config: Path | None,
-) -> None:
+@click.pass_context
+def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> None:
     """Run a server and WORKERS workers of different speeds on this machine, then report."""
-    speeds = _parse_slowdowns(slowdowns)
-    if len(speeds) != workers:
-        raise click.BadParameter(f"{len(speeds)} slowdown(s) for {workers} worker(s)", param_hint="--slowdowns")
+    speeds = _parse_slowdowns(flags["slowdowns"])
+    if len(speeds) != flags["workers"]:
+        raise click.BadParameter(
+            f"{len(speeds)} slowdown(s) for {flags['workers']} worker(s)", param_hint="--slowdowns"
+        )
     # The local launcher runs the server too: check the rule with the server's own parser (and
     # its message) before starting anything. Imported here: `psworker train` never needs it.
     from psserver.flags import parse_rule
 
-    parse_rule(rule, lr, rule_opts)
+    parse_rule(flags["rule"], flags["lr"], flags["rule_opts"])
     try:
-        server_table = read_toml(server_config) if server_config is not None else {}
+        file_table = read_toml(config_file) if config_file is not None else {}
+        settings, server, worker = cluster_tables(merged(file_table, flag_table(ctx, flags, CLUSTER_FLAG_KEYS)))
     except ConfigFileError as error:
-        raise click.BadParameter(str(error), param_hint="--server-config") from None
+        where = f"--config {config_file}: " if config_file is not None else ""
+        raise click.UsageError(f"{where}{error}") from None
     config = ClusterConfig(
-        workers,
+        flags["workers"],
         speeds,
-        rule,
-        lr,
-        rule_opts,
-        task,
-        updates,
-        shards,
-        wire_dtype,
-        log_dir,
-        device,
-        seed,
-        server_args=("--consistency", consistency, "--ssp-bound", str(ssp_bound)),
-        timeout_s=timeout,
-        # One chunk size both ways: the servers cut pulled parameters as the workers cut pushes.
-        server_config=merged(server_table, {"shard": {"chunk_bytes": chunk_size}}),
-        data_dir=data_dir,
-        shard_data=shard_data,
-        worker_args=_dtype_args(push_dtype, pull_dtype, error_feedback, chunk_size),
+        flags["rule"],
+        flags["lr"],
+        flags["rule_opts"],
+        flags["task"],
+        flags["updates"],
+        flags["shards"],
+        flags["wire_dtype"],
+        flags["log_dir"],
+        flags["device"],
+        settings.seed,
+        settings.eval_every,
+        timeout_s=settings.timeout_s,
+        server_config=server,
+        data_dir=flags["data_dir"],
+        shard_data=flags["shard_data"],
+        worker_config=worker,
     )
     console = Console()
     console.print(
-        f"hetps local cluster: rule [bold]{rule}[/] ({consistency}), {workers} workers (slowdowns {slowdowns}), "
-        f"{shards} shard(s), {updates} updates, logs in {log_dir}"
+        f"hetps local cluster: rule [bold]{config.rule}[/] ({flags['consistency']}), {config.workers} workers "
+        f"(slowdowns {flags['slowdowns']}), {config.shards} shard(s), {config.until_clock} updates, "
+        f"logs in {config.log_dir}"
     )
     try:
         report = run_cluster(config)
@@ -246,8 +268,7 @@ def export_command(
                 binding.layout,
                 name=f"export-{socket.gethostname()}-{os.getpid()}",
                 observer=True,
-                tls=tls,
-                auth_token=token,
+                config=ClientConfig(tls=tls, auth_token=token),
             ) as client:
                 client.pull(binding.params)
                 clock = client.clock

@@ -63,8 +63,8 @@ class ClusterConfig:
     # Whether worker r trains on part r of `workers` disjoint parts of the training set; None: as
     # the task says (the Fashion-MNIST tasks shard, digits does not).
     shard_data: bool | None = None
-    # More `psworker train` options for every worker (e.g. --push-dtype int8).
-    worker_args: Sequence[str] = ()
+    # A ``psworker train --config`` table for every worker (pstasks.run_config.WorkerRunConfig).
+    worker_config: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,8 +107,6 @@ def start_server(
     rule: str,
     lr: float | None,
     rule_opts: Sequence[str],
-    shard_index: int = 0,
-    num_shards: int = 1,
     extra_args: Sequence[str] = (),
     log_name: str | None = None,
     environment: Mapping[str, str] | None = None,
@@ -118,7 +116,9 @@ def start_server(
 
     Its log goes to ``log_dir/server-<shard>.log`` (or ``log_dir/<log_name>``, e.g. for a restart).
     ``environment`` adds to (or overrides) this process's environment for the server; ``config``
-    is a ``psserver serve --config`` table, written beside the log (one torch thread unless it says)."""
+    is a ``psserver serve --config`` table, written beside the log (one torch thread unless it says;
+    its ``shard.shard_index`` and ``shard.num_shards`` say which shard of how many)."""
+    shard_index = (config or {}).get("shard", {}).get("shard_index", 0)
     command = [
         *_python(),
         "psserver",
@@ -129,10 +129,6 @@ def start_server(
         "0",
         "--rule",
         rule,
-        "--shard-index",
-        str(shard_index),
-        "--num-shards",
-        str(num_shards),
         # Any free port: local shards and tests must not fight over the default; extra_args may override.
         "--metrics-port",
         "0",
@@ -200,58 +196,22 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
                 config.rule,
                 config.lr,
                 config.rule_opts,
-                index,
-                config.shards,
                 config.server_args,
-                config=config.server_config,
+                config=merged(config.server_config, {"shard": {"shard_index": index, "num_shards": config.shards}}),
             )
             servers.append(process)
             addresses.append(address)
-        for rank, slowdown in enumerate(config.slowdowns):
+        for rank in range(config.workers):
             command = [
                 *_python(),
                 "pstools",
                 "train",
-                "--task",
-                config.task,
-                "--name",
-                f"worker-{rank}",
-                "--slowdown",
-                str(slowdown),
-                "--until-clock",
-                str(config.until_clock),
-                "--seed",
-                str(config.seed * 1000 + rank),
-                "--device",
-                config.device,
-                "--wire-dtype",
-                config.wire_dtype,
-                "--eval-every",
-                str(config.eval_every),
-                "--no-progress",
-                "--torch-threads",
-                "1",
-                "--log-file",
-                str(config.log_dir / f"worker-{rank}.jsonl"),
+                "--config",
+                str(_worker_config_file(config, rank, addresses, shard_data)),
             ]
-            if config.data_dir is not None:
-                command += ["--data-dir", str(config.data_dir)]
-            if shard_data:
-                command += ["--shard-data", f"{rank}/{config.workers}"]
-            command += list(config.worker_args)
-            for address in addresses:
-                command += ["--server", address]
             output = (config.log_dir / f"worker-{rank}.log").open("w")
             workers.append(subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True))
-        deadline = started + config.timeout_s
-        for rank, process in enumerate(workers):
-            remaining = max(1.0, deadline - time.monotonic())
-            try:
-                code = process.wait(remaining)
-            except subprocess.TimeoutExpired:
-                raise ClusterError(f"worker-{rank} did not finish within {config.timeout_s:.0f} s") from None
-            if code != 0:
-                raise ClusterError(f"worker-{rank} exited with {code}; see {config.log_dir / f'worker-{rank}.log'}")
+        _wait_for_workers(config, workers, started)
         report = _report(config, task, addresses, started)
     finally:
         for process in workers:
@@ -263,6 +223,45 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
         raise ClusterError(f"a server exited with {codes} after SIGTERM; see {config.log_dir}")
     (config.log_dir / "report.json").write_text(json.dumps(_as_json(report), indent=2))
     return report
+
+
+def _worker_config_file(config: ClusterConfig, rank: int, servers: list[str], shard_data: bool) -> Path:
+    """Worker ``rank``'s ``psworker train --config`` file: the cluster's worker table under what
+    the cluster decides (its servers, name, speed, seed, stopping clock, data part, log), no
+    progress bar, one torch thread (the local shards and workers share this machine's cores)."""
+    train = {"eval_every": config.eval_every, "device": config.device, "client": {"wire_dtype": config.wire_dtype}}
+    own: dict[str, Any] = {"torch_threads": 1, "train": train}
+    decided: dict[str, Any] = {"task": config.task}
+    if config.data_dir is not None:
+        decided["data_dir"] = str(config.data_dir)
+    run = {
+        "servers": servers,
+        "name": f"worker-{rank}",
+        "slowdown": float(config.slowdowns[rank]),
+        "seed": config.seed * 1000 + rank,
+        "until_clock": config.until_clock,
+        "log_file": str(config.log_dir / f"worker-{rank}.jsonl"),
+        "progress": False,
+    }
+    if shard_data:
+        run["shard_data"] = [rank, config.workers]
+    table = merged(merged(own, config.worker_config), {**decided, "train": run})
+    path = config.log_dir / f"worker-{rank}.toml"
+    path.write_text(dump_toml(table))
+    return path
+
+
+def _wait_for_workers(config: ClusterConfig, workers: list[subprocess.Popen[str]], started: float) -> None:
+    """Wait for every worker to finish; a ClusterError names one that failed or ran out of time."""
+    deadline = started + config.timeout_s
+    for rank, process in enumerate(workers):
+        remaining = max(1.0, deadline - time.monotonic())
+        try:
+            code = process.wait(remaining)
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"worker-{rank} did not finish within {config.timeout_s:.0f} s") from None
+        if code != 0:
+            raise ClusterError(f"worker-{rank} exited with {code}; see {config.log_dir / f'worker-{rank}.log'}")
 
 
 def _report(config: ClusterConfig, task: Task, addresses: list[str], started: float) -> ClusterReport:

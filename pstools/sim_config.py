@@ -109,6 +109,31 @@ def load_profile(log_dir: Path) -> tuple[tuple[float, ...], ...]:
 
 
 @dataclass(frozen=True)
+class SimSettings:
+    """The keys of ``psworker simulate --config``: what the command line leaves to a file."""
+
+    # Virtual seconds of a full-speed step (the speed model's unit).
+    step_seconds: float = 1.0
+    # SSP's bound s (with consistency ssp).
+    ssp_bound: int = 3
+    # Evaluate on the test set every this many steps.
+    eval_every: int = 100
+    # Seed of the workers' samplers and the speed model.
+    seed: int = 0
+    # Threads torch computes with.
+    torch_threads: int = 1
+    # With int8 pushes, each worker carries its quantisation error into its next push.
+    error_feedback: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("step_seconds", "eval_every", "torch_threads"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be positive, not {getattr(self, key)}")
+        if self.ssp_bound < 0:
+            raise ValueError(f"ssp_bound must be 0 or more, not {self.ssp_bound}")
+
+
+@dataclass(frozen=True)
 class SimConfig:
     rule: str = "asgd"
     options: Mapping[str, str] = field(default_factory=dict)  # the rule's options, lr included

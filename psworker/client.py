@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
@@ -75,6 +76,7 @@ from psworker.sessions import (
 
 __all__ = [
     "NO_RETRY",
+    "ClientConfig",
     "ClientStats",
     "DeadlinePolicy",
     "PSClient",
@@ -90,6 +92,43 @@ _LOGGER = logging.getLogger(__name__)
 _CHECKPOINT_COPIES = 4
 
 
+@dataclass(frozen=True)
+class ClientConfig:
+    """How a client talks to its shards: wire dtypes, chunking, connections, retries, deadlines,
+    security. ``PSClient(servers, layout)`` takes the defaults; ``psworker train --config`` reads
+    it from its ``[train.client]`` table. Every value is checked here, before any connection."""
+
+    # What pushes and pulls travel in, unless push_dtype or pull_dtype says otherwise.
+    wire_dtype: str = "fp32"
+    # What pushes travel in (default: wire_dtype); int8 is the 8-bit block codec.
+    push_dtype: str | None = None
+    # What pulled parameters travel in (default: wire_dtype); never int8.
+    pull_dtype: str | None = None
+    # With int8 pushes, carry each push's quantisation error into the next push.
+    error_feedback: bool = True
+    # Largest payload of one message (bytes, or "1MiB"): what pushes and Init are cut into.
+    chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    # How long the first Join waits for each shard to come up.
+    connect_timeout: float = 30.0
+    # HTTP/2 ping interval: a link that went silent is noticed within 1.5 times this.
+    keepalive_seconds: float = DEFAULT_KEEPALIVE_S
+    # Backoff for calls that got no answer; give_up_seconds: how long a call may keep failing.
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Each call's deadline: base_seconds plus its payload at min_bytes_per_second.
+    deadlines: DeadlinePolicy = field(default_factory=DeadlinePolicy)
+    # The CA that signed the servers (turns TLS on), with this client's cert and key for mutual TLS.
+    tls: ClientTls | None = None
+    # The servers' bearer token (psworker train reads it from --auth-token-file).
+    auth_token: str | None = None
+
+    def __post_init__(self) -> None:
+        wire_dtypes(self.wire_dtype, self.push_dtype, self.pull_dtype)
+        check_keepalive(self.keepalive_seconds)
+        problem = codec.chunk_bytes_problem(self.chunk_bytes)
+        if problem is not None:
+            raise ValueError(f"chunk_bytes: {problem}")
+
+
 class PSClient:
     """A worker's (or observer's) connection to every shard of one model."""
 
@@ -99,46 +138,33 @@ class PSClient:
         layout: Layout,
         name: str | None = None,
         device: str = "cpu",
-        wire_dtype: str = "fp32",
         observer: bool = False,
-        connect_timeout: float = 30.0,
-        tls: ClientTls | None = None,
-        auth_token: str | None = None,
-        retry: RetryPolicy | None = None,
         reinit: Callable[[], torch.Tensor] | None = None,
-        keepalive_seconds: float = DEFAULT_KEEPALIVE_S,
-        deadlines: DeadlinePolicy | None = None,
-        push_dtype: str | None = None,
-        pull_dtype: str | None = None,
-        error_feedback: bool = True,
-        chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+        config: ClientConfig | None = None,
     ) -> None:
-        """``wire_dtype``: pushes' and pulls' dtype unless ``push_dtype``/``pull_dtype`` says otherwise
-        (``int8`` pushes only; ``error_feedback``: its residual, ``psworker.push_encoding``);
-        ``chunk_bytes``: what pushes and Init are cut into (``codec.chunk_bytes_problem`` bounds it);
-        ``connect_timeout``: how long the first Join waits for each shard to come up.
-        ``keepalive_seconds``: the HTTP/2 ping interval; a silent link is noticed within 1.5 of it.
-        ``deadlines``: how long each call may take (``psworker.deadlines``)."""
+        """``config``: how to talk to the shards (:class:`ClientConfig`; its defaults when None);
+        ``observer``: pull and read status without pushing; ``reinit``: the current parameters, for
+        a shard that came back empty (restarted without a checkpoint)."""
+        config = config or ClientConfig()
+        self.config = config
         addresses = shard_addresses(servers, layout.num_shards)
-        push, pull = wire_dtypes(wire_dtype, push_dtype, pull_dtype)
-        check_keepalive(keepalive_seconds)
-        self.keepalive_seconds = keepalive_seconds
-        self.deadlines = deadlines or DeadlinePolicy()
+        push, pull = wire_dtypes(config.wire_dtype, config.push_dtype, config.pull_dtype)
+        self.keepalive_seconds = config.keepalive_seconds
+        self.deadlines = config.deadlines
         self.layout = layout
         self.name = name or f"{socket.gethostname()}-{id(self):x}"
         self.device = device
         self.observer = observer
         self.wire_dtype = pull  # what pulls (and PushPull's parameters) come back in
-        self.push_encoder = PushEncoder(push, error_feedback, chunk_bytes)
-        self.connect_timeout = connect_timeout
-        self.retry = retry or RetryPolicy()
-        # Called for the current parameters when a shard came back empty (restarted without a checkpoint).
+        self.push_encoder = PushEncoder(push, config.error_feedback, config.chunk_bytes)
+        self.connect_timeout = config.connect_timeout
+        self.retry = config.retry
         self.reinit = reinit
         self.stats = ClientStats()
-        self._credentials = tls.credentials() if tls is not None else None
+        self._credentials = config.tls.credentials() if config.tls is not None else None
         lengths = [shard.length for shard in layout.shards]
         self._single_threaded_pulls = single_threaded_pulls_pay(lengths)
-        self._metadata = bearer_metadata(auth_token)
+        self._metadata = bearer_metadata(config.auth_token)
         # Push ids grow across processes too: a restarted worker starts above any id it used before,
         # so a server that remembers its name never mistakes a new push for a retried one.
         self._next_push_id = time.time_ns() // 1000
@@ -161,7 +187,7 @@ class PSClient:
         # The highest clock each shard has shown this client (pull or push); a lower one means a rollback.
         self.seen_clocks = [s.join.clock for s in self.sessions]
         # Per shard: whether its Push, and its PushPull, goes as one unary call (transfer.push, transfer.push_pull).
-        self.unary_pushes, self.unary_push_pulls = transfer.unary_forms(lengths, push, pull, chunk_bytes)
+        self.unary_pushes, self.unary_push_pulls = transfer.unary_forms(lengths, push, pull, config.chunk_bytes)
 
     # -- membership -------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from torch import nn
 from psproto.security import ClientTls
 from psworker.binding import ModelBinding
 from psworker.channels import DEFAULT_KEEPALIVE_S
-from psworker.client import PSClient
+from psworker.client import ClientConfig, PSClient
 from psworker.procedures import StepOutcome
 from psworker.startup import start_worker
 from psworker.task import OptimizerFactory
@@ -50,10 +50,9 @@ class ParameterServerOptimizer:
             self.binding.layout,
             name=name,
             device=device,
-            wire_dtype=wire_dtype,
-            tls=tls,
-            auth_token=auth_token,
-            keepalive_seconds=keepalive_seconds,
+            config=ClientConfig(
+                wire_dtype=wire_dtype, tls=tls, auth_token=auth_token, keepalive_seconds=keepalive_seconds
+            ),
         )
         self.procedure = start_worker(self.client, self.binding, build_optimizer=build_optimizer)
         self.last: StepOutcome | None = None

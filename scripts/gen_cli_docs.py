@@ -111,16 +111,16 @@ def _default(field: dataclasses.Field[Any]) -> str:
 
 
 def _config_rows(cls: type, where: str, special: dict[type, str]) -> list[str]:
-    from psserver.config_file import docstrings
+    from psproto.config_file import docstrings
 
     hints = typing.get_type_hints(cls)
     docs = docstrings(cls)
     rows: list[str] = []
     nested: list[tuple[str, type]] = []
     for field in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if not field.init:
-            continue
         kind = hints[field.name]
+        if not field.init or typing.get_origin(kind) is frozenset:  # sets of status codes: the code's, not a file's
+            continue
         inner = [arg for arg in typing.get_args(kind) if arg is not type(None)]
         target = inner[0] if len(inner) == 1 and typing.get_origin(kind) in (typing.Union, types.UnionType) else kind
         key = f"{where}{field.name}"
@@ -137,17 +137,28 @@ def _config_rows(cls: type, where: str, special: dict[type, str]) -> list[str]:
 
 
 def configuration_page() -> str:
+    from psproto.security import ClientTls
     from psserver.app import ServerConfig
     from psserver.core.rules import RuleSpec
+    from pstasks.run_config import WorkerRunConfig
+    from pstools.cli import ClusterSettings
+    from pstools.sim_config import SimSettings
+    from psworker.client import RetryPolicy
 
     rule = "`name` (a rule of `psserver rules`) and the rule's options as keys beside it (`lr = 0.1`)"
+    retry = (
+        "backoff of a call that got no answer: `give_up_seconds` (300: how long it may keep failing), "
+        "`initial_backoff` (0.1 s), `max_backoff` (2 s), `multiplier` (2)"
+    )
+    tls = "`ca`: the CA that signed the servers (turns TLS on); `cert` and `key`: this client's, for mutual TLS"
     table = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     lines = [
         "# Configuration files",
         "",
         _GENERATED,
         "",
-        "`psserver serve --config FILE` reads TOML. A dotted key is a",
+        "`psserver serve --config FILE`, `psworker train --config FILE`, `psworker cluster --config FILE`",
+        "and `psworker simulate --config FILE` read TOML. A dotted key is a",
         "table (`shard.rule.name` is `name` under `[shard.rule]`); a flag given on the command line",
         "overrides the file; a key left out keeps its default. Sizes (`*_bytes`) take a whole number",
         'or `"4MiB"`; an optional value takes `"auto"` for its automatic default, an optional table',
@@ -157,6 +168,28 @@ def configuration_page() -> str:
         "",
         *table,
         *_config_rows(ServerConfig, "", {RuleSpec: rule}),
+        "",
+        "## Worker (`psworker train --config`)",
+        "",
+        "Its flags set `task`, `data_dir`, `auth_token_file` and keys of `[train]` (`--server` is",
+        "`train.servers`, `--tls-ca` is `train.client.tls.ca`); everything else is the file's.",
+        "",
+        *table,
+        *_config_rows(WorkerRunConfig, "", {RetryPolicy: retry, ClientTls: tls}),
+        "",
+        "## Local cluster (`psworker cluster --config`)",
+        "",
+        "The keys below, a `[server]` table of the server's keys for every shard and a `[worker]` table",
+        "of the worker's keys for every worker (`[worker.train.client]`, ...). A `chunk_bytes` for the",
+        "workers is the servers' too unless `[server.shard]` says otherwise.",
+        "",
+        *table,
+        *_config_rows(ClusterSettings, "", {}),
+        "",
+        "## Simulator (`psworker simulate --config`)",
+        "",
+        *table,
+        *_config_rows(SimSettings, "", {}),
     ]
     return "\n".join(lines) + "\n"
 

@@ -21,7 +21,7 @@ from benchmarks.harness.models import MODELS
 from benchmarks.harness.settings import LR
 from psproto import codec
 from psproto.layout import Layout
-from psworker.client import PSClient
+from psworker.client import ClientConfig, PSClient
 from psworker.push_encoding import wire_dtypes
 
 
@@ -43,7 +43,12 @@ def hetps_client(
     """A worker's client whose ``wire`` is a dtype for both ways or ``PUSH/PULL`` ("int8/bf16": 8-bit
     pushes, bf16 pulls); a ValueError names a dtype that does not exist (:func:`wire_problem`)."""
     push, _, pull = wire.partition("/")
-    return PSClient(addresses, layout, name=name, wire_dtype=pull or push, push_dtype=push, chunk_bytes=chunk_bytes)
+    return PSClient(
+        addresses,
+        layout,
+        name=name,
+        config=ClientConfig(wire_dtype=pull or push, push_dtype=push, chunk_bytes=chunk_bytes),
+    )
 
 
 def wire_problem(wire: str) -> str | None:

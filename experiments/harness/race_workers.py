@@ -67,8 +67,7 @@ def hetps_worker(
         torch.set_num_threads(1)
         task = _task_part(spec)
         config = TrainConfig(
-            servers,
-            task=spec.task,
+            tuple(servers),
             name=f"worker-{spec.rank}",
             device="cpu",
             slowdown=spec.slowdown,

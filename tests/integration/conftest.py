@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from psproto.config_file import merged
 from psproto.v1 import ps_pb2_grpc
 from pstools.launcher import start_server, stop_process
 
@@ -19,8 +21,17 @@ def start_psserver(tmp_path: Path) -> Iterator[StartServer]:
     """``start_psserver(rule="asgd", lr=0.1, rule_opts=(), ...)`` returns ``127.0.0.1:PORT``."""
     started = []
 
-    def start(rule: str = "asgd", lr: float | None = None, rule_opts: tuple[str, ...] = (), **kwargs: object) -> str:
-        process, address = start_server(tmp_path, rule, lr, rule_opts, **kwargs)  # type: ignore[arg-type]
+    def start(
+        rule: str = "asgd",
+        lr: float | None = None,
+        rule_opts: tuple[str, ...] = (),
+        shard_index: int = 0,
+        num_shards: int = 1,
+        **kwargs: Any,
+    ) -> str:
+        shard = {"shard": {"shard_index": shard_index, "num_shards": num_shards}}
+        config = merged(kwargs.pop("config", None) or {}, shard)
+        process, address = start_server(tmp_path, rule, lr, rule_opts, config=config, **kwargs)
         started.append(process)
         return address
 

@@ -90,14 +90,19 @@ def test_a_binding_that_pushes_on_the_gpu_gathers_there() -> None:
 
 
 @pytest.mark.parametrize(
-    "wire", [[], ["--push-dtype", "int8", "--pull-dtype", "bf16"]], ids=["fp32", "int8-encoded-on-gpu"]
+    "wire", [{}, {"push_dtype": "int8", "pull_dtype": "bf16"}], ids=["fp32", "int8-encoded-on-gpu"]
 )
 def test_a_cuda_worker_trains_digits_against_a_live_server(
-    start_psserver: StartServer, tmp_path: Path, wire: list[str]
+    start_psserver: StartServer, tmp_path: Path, wire: dict[str, str]
 ) -> None:
     address = start_psserver("asgd", lr=0.05)
     command = train_command(
-        address, "gpu0", 1000, eval_every=200, log=tmp_path / "gpu0.jsonl", extra=["--device", "cuda", *wire]
+        address,
+        "gpu0",
+        1000,
+        log=tmp_path / "gpu0.jsonl",
+        extra=["--device", "cuda"],
+        settings={"train": {"client": wire, "eval_every": 200}},
     )
     process = start_train(command)
     out, err = process.communicate(timeout=240)

@@ -30,7 +30,13 @@ def start_worker(
     address: str, name: str, log: Path, until_clock: int, slowdown: float = 1.0, seed: int = 0
 ) -> subprocess.Popen[str]:
     command = train_command(
-        address, name, until_clock, seed=seed, slowdown=slowdown, log=log, extra=["--retry-seconds", "120"]
+        address,
+        name,
+        until_clock,
+        seed=seed,
+        slowdown=slowdown,
+        log=log,
+        settings={"train": {"client": {"retry": {"give_up_seconds": 120}}}},
     )
     return start_train(command)
 

@@ -14,6 +14,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 def test_a_digits_cluster_trains_with_int8_pushes(tmp_path: Path) -> None:
     run_dir = tmp_path / "int8"
+    config = tmp_path / "cluster.toml"
+    config.write_text('[worker.train.client]\npull_dtype = "bf16"\n')
     command = [
         *([sys.executable, "-m", "psworker"]),
         "cluster",
@@ -27,8 +29,8 @@ def test_a_digits_cluster_trains_with_int8_pushes(tmp_path: Path) -> None:
         "600",
         "--push-dtype",
         "int8",
-        "--pull-dtype",
-        "bf16",
+        "--config",
+        str(config),
         "--log-dir",
         str(run_dir),
     ]

@@ -16,6 +16,7 @@ import torch
 from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psworker.client import ClientConfig
 from tests.integration.conftest import StartServer
 from tests.integration.test_protocol_integ import LAYOUT, _init, _join, _params, _push
 
@@ -280,7 +281,9 @@ def test_a_push_past_max_receiving_pushes_is_refused_with_its_limit_and_psworker
         applied_before = _push_until_receiving_is_full(stub, gradient, _join(stub, name="other").worker_id)
         assert _params(stub, holder)[0] == applied_before  # the refused push changed nothing
         # A psworker client retries it: its push goes through once the holder's stream ends.
-        with PSClient([address], LAYOUT, name="retrying", retry=RetryPolicy(give_up_seconds=20.0)) as client:
+        with PSClient(
+            [address], LAYOUT, name="retrying", config=ClientConfig(retry=RetryPolicy(give_up_seconds=20.0))
+        ) as client:
             pushed: queue.Queue[Any] = queue.Queue()
             pusher = threading.Thread(target=lambda: pushed.put(client.push(torch.ones(N))))
             pusher.start()

@@ -12,7 +12,7 @@ import torch
 
 from psproto.layout import Layout
 from pstools.launcher import start_server, stop_process
-from psworker.client import NO_RETRY, PSClient
+from psworker.client import NO_RETRY, ClientConfig, PSClient
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def test_32_workers_for_60_seconds(tmp_path: Path) -> None:
 
     def work(rank: int) -> None:
         try:
-            with PSClient(address, LAYOUT, name=f"load-{rank}", retry=NO_RETRY) as client:
+            with PSClient(address, LAYOUT, name=f"load-{rank}", config=ClientConfig(retry=NO_RETRY)) as client:
                 params = torch.empty(LAYOUT.total_length)
                 if not client.initialized:
                     client.init(torch.zeros(LAYOUT.total_length))

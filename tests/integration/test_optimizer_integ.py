@@ -60,7 +60,6 @@ def test_worker_cli_reports_a_refusal_with_exit_1(start_psserver: StartServer) -
             other,
             "--max-steps",
             "1",
-            "--no-progress",
         ],
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""``psworker train --step-time --max-seconds`` against a real server: steps of a set length, a time limit."""
+"""``psworker train`` with a step time and ``--max-seconds``: steps of a set length, a time limit."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ def test_a_paced_worker_steps_at_its_emulated_speed_and_stops_at_its_time_limit(
     start_psserver: StartServer,
 ) -> None:
     address = start_psserver("asgd", lr=0.05)
-    command = train_command(address, "paced", 10**9, slowdown=2.0, extra=["--step-time", "0.02", "--max-seconds", "2"])
+    command = train_command(
+        address, "paced", 10**9, slowdown=2.0, settings={"train": {"step_seconds": 0.02}}, extra=["--max-seconds", "2"]
+    )
     started = time.monotonic()
     finished = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert finished.returncode == 0, finished.stderr

@@ -137,9 +137,11 @@ def scalar(base: str, promql: str) -> float | None:
 
 
 def worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.Popen[bytes]:
+    config = log.with_suffix(".toml")
+    config.write_text("torch_threads = 1\n[train]\neval_every = 0\nprogress = false\n")
     command = [
         sys.executable, "-m", "psworker", "train", "--server", address, "--name", name, "--slowdown", str(slowdown),
-        "--until-clock", "1000000", "--eval-every", "0", "--no-progress", "--torch-threads", "1",
+        "--until-clock", "1000000", "--config", str(config),
     ]  # fmt: skip
     return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 

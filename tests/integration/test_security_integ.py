@@ -23,7 +23,7 @@ from psproto.layout import Layout
 from psproto.security import ClientTls
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from pstools.launcher import start_server, stop_process
-from psworker.client import NO_RETRY, PSClient
+from psworker.client import NO_RETRY, ClientConfig, PSClient
 
 pytestmark = pytest.mark.integration
 LAYOUT = Layout.from_named_shapes([("w", (8,))])
@@ -162,7 +162,9 @@ def test_the_right_credentials_train_and_health_needs_no_token(secured: tuple[st
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
     tls = ClientTls(pki.ca1, *pki.client)
-    with PSClient(address, LAYOUT, name="trusted", tls=tls, auth_token=TOKEN, retry=NO_RETRY) as client:
+    with PSClient(
+        address, LAYOUT, name="trusted", config=ClientConfig(tls=tls, auth_token=TOKEN, retry=NO_RETRY)
+    ) as client:
         client.init(torch.zeros(8))
         client.push(torch.ones(8))
         out = torch.empty(8)
@@ -185,12 +187,15 @@ def test_bad_security_flags_exit_2_with_what_to_fix(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.write_text("\n")
     cert, key = pki.server
+    # A client certificate without the CA that signed the server: the worker's file names the key.
+    worker_cert_only = tmp_path / "worker.toml"
+    worker_cert_only.write_text(f"[train.client.tls]\ncert = '{cert}'\nkey = '{key}'\n")
     cases = [
         (("psserver", "serve", "--port", "0", "--no-metrics", "--tls-cert", str(cert)), "--tls-key"),
         (("psserver", "serve", "--port", "0", "--no-metrics", "--tls-client-ca", str(pki.ca1)), "--tls-cert"),
         (("psserver", "serve", "--port", "0", "--no-metrics", "--auth-token-file", str(empty)), "is empty"),
         (("psserver", "serve", "--port", "0", "--no-metrics", "--tls-cert", str(key), "--tls-key", str(key)), "PEM"),
-        (("psworker", "train", "--server", "127.0.0.1:1", "--tls-cert", str(cert)), "--tls-ca"),
+        (("psworker", "train", "--server", "127.0.0.1:1", "--config", str(worker_cert_only)), "train.client.tls.ca"),
     ]
     for args, hint in cases:
         result = _cli(*args)

@@ -15,7 +15,7 @@ from psproto.v1 import ps_pb2, ps_pb2_grpc
 from pstasks.tasks import load_task
 from pstools.launcher import ClusterConfig, ClusterError, ClusterReport, run_cluster
 from psworker.binding import ModelBinding
-from psworker.client import NO_RETRY, PSClient, ServerMismatchError
+from psworker.client import NO_RETRY, ClientConfig, PSClient, ServerMismatchError
 from tests.integration.conftest import StartServer
 
 pytestmark = pytest.mark.integration
@@ -58,14 +58,14 @@ def _joined(stub: ps_pb2_grpc.ParameterServerStub) -> list[str]:
 
 
 def test_a_worker_refused_by_one_shard_leaves_the_shards_it_had_joined(
-    start_psserver: StartServer, stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub]
+    start_psserver: StartServer, stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub], tmp_path: Path
 ) -> None:
     first, second = (start_psserver("asgd", lr=0.1, shard_index=i, num_shards=2) for i in range(2))
     layout = ModelBinding(load_task("digits").build_model(), num_shards=2).layout
     # A record left behind would hold a BSP barrier until its lease ran out.
     # Listed out of order: the first server reached accepts the Join but answers shard 1.
     with pytest.raises(ServerMismatchError, match="list the servers in shard order"):
-        PSClient([second, first], layout, name="misordered", retry=NO_RETRY)
+        PSClient([second, first], layout, name="misordered", config=ClientConfig(retry=NO_RETRY))
     assert _joined(stub_for(first)) == [] and _joined(stub_for(second)) == []
     # Shard 0 accepts; shard 1 already holds another model and refuses: shard 0 is left again.
     accepting, holding = (start_psserver("asgd", lr=0.1, shard_index=i, num_shards=2) for i in range(2))
@@ -75,12 +75,14 @@ def test_a_worker_refused_by_one_shard_leaves_the_shards_it_had_joined(
         timeout=10,
     )
     with pytest.raises(grpc.RpcError) as refused:
-        PSClient([accepting, holding], layout, name="refused", retry=NO_RETRY)
+        PSClient([accepting, holding], layout, name="refused", config=ClientConfig(retry=NO_RETRY))
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert _joined(stub_for(accepting)) == [] and _joined(stub_for(holding)) == ["other"]
     # The command says so in one line, with no traceback.
+    config = tmp_path / "no-retry.toml"
+    config.write_text("[train.client.retry]\ngive_up_seconds = 0\n")
     result = subprocess.run(
-        [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first, "--retry-seconds", "0"],
+        [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first, "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=120,

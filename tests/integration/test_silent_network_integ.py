@@ -68,8 +68,10 @@ class Worker:
 
 
 def start_worker(address: str, name: str, seed: int) -> Worker:
-    extra = ["--retry-seconds", "60", "--keepalive-seconds", str(KEEPALIVE_S)]
-    return Worker(name, start_train(train_command(address, name, UNTIL_CLOCK, seed=seed, extra=extra)))
+    client = {"retry": {"give_up_seconds": 60}, "keepalive_seconds": KEEPALIVE_S}
+    return Worker(
+        name, start_train(train_command(address, name, UNTIL_CLOCK, seed=seed, settings={"train": {"client": client}}))
+    )
 
 
 @pytest.fixture

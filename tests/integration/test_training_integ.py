@@ -17,7 +17,9 @@ pytestmark = pytest.mark.integration
 
 
 def _worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.Popen[str]:
-    command = train_command(address, name, 1000, seed=int(name[-1]), slowdown=slowdown, eval_every=100, log=log)
+    command = train_command(
+        address, name, 1000, seed=int(name[-1]), slowdown=slowdown, log=log, settings={"train": {"eval_every": 100}}
+    )
     return start_train(command)
 
 

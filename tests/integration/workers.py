@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from psproto.config_file import dump_toml, merged
 
 
 def train_command(
@@ -15,11 +19,15 @@ def train_command(
     *,
     seed: int = 0,
     slowdown: float = 1.0,
-    eval_every: int = 0,
     log: Path | None = None,
     extra: Sequence[str] = (),
+    settings: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """``python -m psworker train`` against ``address`` with no progress bar; ``extra`` flags last."""
+    """``python -m psworker train`` against ``address`` with no progress bar and no evaluation; ``settings`` are keys of
+    its ``--config`` file (``{"train": {"step_seconds": 0.02}}``) and ``extra`` flags come last."""
+    table = merged({"train": {"progress": False, "eval_every": 0, "seed": seed}}, settings or {})
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", prefix=f"{name}-", delete=False) as file:
+        file.write(dump_toml(table))
     command = [
         sys.executable,
         "-m",
@@ -35,11 +43,8 @@ def train_command(
         str(slowdown),
         "--until-clock",
         str(until_clock),
-        "--no-progress",
-        "--eval-every",
-        str(eval_every),
-        "--seed",
-        str(seed),
+        "--config",
+        file.name,
     ]
     if log is not None:
         command += ["--log-file", str(log)]

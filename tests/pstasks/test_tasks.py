@@ -106,7 +106,7 @@ def test_digits_ignores_the_data_dir_and_does_not_shard_by_default() -> None:
 @pytest.mark.parametrize("spec", ["fashion", "fashion-resnet18"])
 def test_a_missing_data_dir_is_exit_2_with_one_line(spec: str) -> None:
     result = CliRunner().invoke(
-        main, ["train", "--server", "127.0.0.1:9", "--task", spec, "--data-dir", "/nonexistent", "--no-progress"]
+        main, ["train", "--server", "127.0.0.1:9", "--task", spec, "--data-dir", "/nonexistent"]
     )
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()

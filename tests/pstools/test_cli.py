@@ -33,7 +33,7 @@ def test_cluster_checks_the_slowdowns_before_starting_anything() -> None:
     assert result.exit_code == 2 and "3 slowdown(s) for 2 worker(s)" in result.output
 
 
-def test_cluster_passes_the_push_and_pull_dtypes_the_chunk_size_and_the_server_config_on(
+def test_cluster_passes_its_file_and_flags_on_to_the_servers_and_workers(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     configs: list[ClusterConfig] = []
@@ -43,19 +43,54 @@ def test_cluster_passes_the_push_and_pull_dtypes_the_chunk_size_and_the_server_c
         raise ClusterError("stopped before anything started")
 
     monkeypatch.setattr(cli, "run_cluster", stop_at_the_config)
-    flags = ["--push-dtype", "int8", "--pull-dtype", "bf16", "--no-error-feedback", "--chunk-size", "512KiB"]
-    result = CliRunner().invoke(main, ["cluster", "--workers", "1", "--slowdowns", "1", *flags])
-    assert result.exit_code != 0 and len(configs) == 1
-    chunk = ("--chunk-size", str(512 * 1024))
-    assert configs[0].worker_args == (*chunk, "--no-error-feedback", "--push-dtype", "int8", "--pull-dtype", "bf16")
-    # The servers cut pulled parameters the same way.
-    assert configs[0].server_config == {"shard": {"chunk_bytes": 512 * 1024}}
-    server_toml = tmp_path / "server.toml"
-    server_toml.write_text("threads = 8\n[shard]\nreceive_buffers = 1\n")
-    CliRunner().invoke(main, ["cluster", "--workers", "1", "--slowdowns", "1", "--server-config", str(server_toml)])
-    assert configs[1].server_config == {"threads": 8, "shard": {"receive_buffers": 1, "chunk_bytes": 1024**2}}
-    server_toml.write_text("threads = \n")
-    refused = CliRunner().invoke(main, ["cluster", "--server-config", str(server_toml)])
-    assert refused.exit_code == 2 and "--server-config" in refused.output and "not valid TOML" in refused.output
-    refused = CliRunner().invoke(main, ["cluster", "--pull-dtype", "int8"])
+    toml = tmp_path / "cluster.toml"
+    toml.write_text(
+        "seed = 3\ntimeout_s = 60\n[server]\nthreads = 8\n[server.shard]\nreceive_buffers = 1\n"
+        "[worker.train.client]\npull_dtype = 'bf16'\nerror_feedback = false\nchunk_bytes = '512KiB'\n"
+    )
+    flags = [
+        "--workers",
+        "1",
+        "--slowdowns",
+        "1",
+        "--push-dtype",
+        "int8",
+        "--consistency",
+        "ssp",
+        "--config",
+        str(toml),
+    ]
+    result = CliRunner().invoke(main, ["cluster", *flags])
+    assert result.exit_code != 0 and len(configs) == 1, result.output
+    config = configs[0]
+    assert (config.seed, config.timeout_s) == (3, 60.0)
+    client = {"pull_dtype": "bf16", "error_feedback": False, "chunk_bytes": "512KiB", "push_dtype": "int8"}
+    assert config.worker_config == {"train": {"client": client}}
+    # The servers cut pulled parameters the same way as the workers cut pushes.
+    shard = {"receive_buffers": 1, "chunk_bytes": "512KiB", "consistency": {"model": "ssp"}}
+    assert config.server_config == {"threads": 8, "shard": shard}
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("threads = \n", "not valid TOML"),
+        ("seeds = 1\n", "unknown key seeds"),
+        ("server = 1\n", "server must be a table"),
+        ("[server]\nthread = 8\n", "unknown key thread"),
+        ("[worker.train]\nseed = 'one'\n", "train.seed must be a whole number"),
+        ("[worker.train.client]\npull_dtype = 'int8'\n", "is for pushes only"),
+    ],
+)
+def test_a_wrong_cluster_file_exits_2_before_anything_starts(tmp_path: Path, text: str, says: str) -> None:
+    toml = tmp_path / "cluster.toml"
+    toml.write_text(text)
+    refused = CliRunner().invoke(main, ["cluster", "--config", str(toml)])
+    output = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and "--config" in output and says in output, output
+
+
+def test_cluster_shows_at_most_16_options() -> None:
+    assert len([param for param in cli.cluster.params if param.name != "help"]) <= 16
+    refused = CliRunner().invoke(main, ["cluster", "--wire-dtype", "int8"])
     assert refused.exit_code == 2 and "is for pushes only" in refused.output

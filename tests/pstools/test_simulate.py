@@ -187,7 +187,31 @@ def test_cli_writes_json(tmp_path: Path) -> None:
 def test_cli_passes_int8_pushes_without_error_feedback_to_the_simulation(tmp_path: Path) -> None:
     out = tmp_path / "sim.json"
     arguments = ["simulate", "--rule", "asgd", "--lr", "0.1", "--task", MLP, "--steps", "8", "--json", str(out)]
-    result = CliRunner().invoke(main, [*arguments, "--push-dtype", "int8", "--no-error-feedback"])
+    settings = tmp_path / "sim.toml"
+    settings.write_text("error_feedback = false\nseed = 4\n")
+    result = CliRunner().invoke(main, [*arguments, "--push-dtype", "int8", "--config", str(settings)])
     assert result.exit_code == 0, result.output
     config = json.loads(out.read_text())["config"]
-    assert (config["push_dtype"], config["error_feedback"]) == ("int8", False)
+    assert (config["push_dtype"], config["error_feedback"], config["seed"]) == ("int8", False, 4)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("sed = 1\n", "unknown key sed"),
+        ("eval_every = 'often'\n", "eval_every must be a whole number"),
+        ("ssp_bound = -1\n", "ssp_bound must be 0 or more, not -1"),
+        ("step_seconds = 0\n", "step_seconds must be positive, not 0"),
+    ],
+)
+def test_a_wrong_simulate_file_exits_2_naming_the_key(tmp_path: Path, text: str, says: str) -> None:
+    settings = tmp_path / "sim.toml"
+    settings.write_text(text)
+    result = CliRunner().invoke(main, ["simulate", "--steps", "8", "--config", str(settings)])
+    assert result.exit_code == 2 and "--config" in result.output and says in result.output, result.output
+
+
+def test_simulate_shows_at_most_16_options() -> None:
+    from pstools.sim_cli import simulate_command
+
+    assert len([param for param in simulate_command.params if param.name != "help"]) <= 16

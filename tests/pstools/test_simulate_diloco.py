@@ -16,8 +16,10 @@ from pstools.simulate import SimConfig, Simulation, SimulationError, SpeedModel,
 @pytest.mark.parametrize("rule", ["diloco", "diloco-dn"])
 def test_simulate_runs_and_learns(rule: str, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
+    settings = tmp_path / "sim.toml"
+    settings.write_text("eval_every = 600\n")
     args = ["simulate", "--rule", rule, "--rule-opt", "window=10", "--workers", "2", "--speeds", "1:2"]
-    args += ["--task", "digits", "--steps", "600", "--eval-every", "600", "--json", str(out)]
+    args += ["--task", "digits", "--steps", "600", "--config", str(settings), "--json", str(out)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())

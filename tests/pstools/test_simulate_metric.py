@@ -52,7 +52,9 @@ def test_a_diverged_run_has_the_worst_loss() -> None:
 def test_the_cli_prints_validation_loss_and_perplexity(tmp_path: Path) -> None:
     out = tmp_path / "sim.json"
     args = ["simulate", "--task", f"{__name__}:loss_mlp", "--rule", "asgd", "--lr", "0.1", "--steps", "200"]
-    result = CliRunner().invoke(main, [*args, "--eval-every", "20", "--target", "1.5", "--json", str(out)])
+    settings = tmp_path / "sim.toml"
+    settings.write_text("eval_every = 20\n")
+    result = CliRunner().invoke(main, [*args, "--config", str(settings), "--target", "1.5", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "validation loss" in result.output and "perplexity" in result.output
     assert "reached validation loss 1.5" in result.output

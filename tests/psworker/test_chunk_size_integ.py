@@ -13,7 +13,7 @@ from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psworker.client import PSClient
+from psworker.client import ClientConfig, PSClient
 from psworker.push_encoding import PushEncoder
 from tests.psworker.live import serving
 
@@ -35,7 +35,7 @@ def test_a_push_is_cut_into_chunks_of_the_size_asked_for() -> None:
 @pytest.mark.parametrize("chunk_bytes", [1024, 64 * 1024 * 1024])
 def test_a_chunk_size_out_of_bounds_is_refused_with_what_to_fix(chunk_bytes: int) -> None:
     with pytest.raises(ValueError, match="a chunk of"):
-        PSClient(["127.0.0.1:9"], LAYOUT, chunk_bytes=chunk_bytes)
+        PSClient(["127.0.0.1:9"], LAYOUT, config=ClientConfig(chunk_bytes=chunk_bytes))
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def small_chunks() -> Iterator[str]:
 def test_a_step_in_small_chunks_both_ways_moves_every_element(small_chunks: str) -> None:
     initial = torch.randn(LENGTH)
     gradient = torch.randn(LENGTH)
-    with PSClient([small_chunks], LAYOUT, name="small", chunk_bytes=SMALL) as client:
+    with PSClient([small_chunks], LAYOUT, name="small", config=ClientConfig(chunk_bytes=SMALL)) as client:
         client.init(initial)
         pulled = torch.empty(LENGTH)
         client.push(gradient, pull_into=pulled)

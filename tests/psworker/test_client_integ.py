@@ -15,7 +15,7 @@ from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.server import RunningServer, start_server
-from psworker.client import PSClient
+from psworker.client import ClientConfig, PSClient
 from psworker.sessions import ShardSession
 
 LAYOUT = Layout.from_named_shapes([("w", [4])], 1)
@@ -79,7 +79,7 @@ def test_int8_pushes_are_applied_as_decoded_and_a_retry_resends_the_same_bytes(
 ) -> None:
     _, running = served
     address = f"127.0.0.1:{running.port}"
-    with PSClient([address], LAYOUT, name="int8", push_dtype="int8", pull_dtype="bf16") as client:
+    with PSClient([address], LAYOUT, name="int8", config=ClientConfig(push_dtype="int8", pull_dtype="bf16")) as client:
         assert (client.push_encoder.dtype, client.wire_dtype) == (codec.INT8_BLOCK, codec.BFLOAT16)
         client.init(torch.zeros(4))
         sent: list[list[bytes]] = []
@@ -118,4 +118,4 @@ def test_int8_pushes_are_applied_as_decoded_and_a_retry_resends_the_same_bytes(
 )
 def test_int8_pulls_are_refused_before_any_join(dtypes: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        PSClient(["127.0.0.1:9"], LAYOUT, name="int8-pulls", **dtypes)  # type: ignore[arg-type]
+        PSClient(["127.0.0.1:9"], LAYOUT, name="int8-pulls", config=ClientConfig(**dtypes))  # type: ignore[arg-type]

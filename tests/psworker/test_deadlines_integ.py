@@ -14,7 +14,7 @@ from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.server import RunningServer, start_server
 from psworker.channels import open_channel
-from psworker.client import DeadlinePolicy, PSClient
+from psworker.client import ClientConfig, DeadlinePolicy, PSClient
 from tests.psworker.test_deadlines import MB
 
 
@@ -64,7 +64,9 @@ def test_the_client_puts_a_deadline_sized_to_its_payload_on_every_call(
 
     monkeypatch.setattr(PSClient, "_channel", channel)
     policy = DeadlinePolicy(base_seconds=5.0, min_bytes_per_second=0.5 * MB)
-    with PSClient([served], layout, name="deadlines", wire_dtype="bf16", deadlines=policy) as client:
+    with PSClient(
+        [served], layout, name="deadlines", config=ClientConfig(wire_dtype="bf16", deadlines=policy)
+    ) as client:
         client.init(torch.zeros(length))
         client.pull(torch.empty(length))
         client.push(torch.ones(length))  # one chunk: PushUnary

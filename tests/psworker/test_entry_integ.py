@@ -22,7 +22,7 @@ def test_sigint_stops_a_worker_started_with_sigint_ignored() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # nothing listens here: the worker keeps retrying its Join
-    worker = f"{shlex.quote(sys.executable)} -m psworker train --server 127.0.0.1:{port} --no-progress"
+    worker = f"{shlex.quote(sys.executable)} -m psworker train --server 127.0.0.1:{port}"
     # What a non-interactive shell does to a command it starts in the background: SIGINT ignored.
     command = ["bash", "-c", f"trap '' INT; exec {worker}"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

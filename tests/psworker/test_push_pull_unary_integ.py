@@ -20,7 +20,7 @@ from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.server import ServerLimits
 from psserver.rpc.status_codes import refusal
 from psworker.channels import open_channel
-from psworker.client import PSClient
+from psworker.client import ClientConfig, PSClient
 from psworker.transfer import refuses_unary
 from tests.psworker.live import serving
 from tests.psworker.test_recovery_integ import FakeRpcError, _BareStatus
@@ -101,7 +101,7 @@ def _train(
     methods = _watched(monkeypatch)
     generator = torch.Generator().manual_seed(3)
     got = []
-    with PSClient(addresses, layout, name="w", **options) as client:
+    with PSClient(addresses, layout, name="w", config=ClientConfig(**options)) as client:
         if init:
             client.init(torch.randn(layout.total_length, generator=generator))
         client.unary_push_pulls = [unary and fits for fits in client.unary_push_pulls]
@@ -164,7 +164,7 @@ def test_a_reply_too_large_for_the_server_s_messages_goes_as_streams(monkeypatch
     layout = Layout.from_named_shapes([("w", (40_000,))])
     shards = [_shard(chunk_bytes=64 * 1024)]  # as psserver serve cuts replies for 128 KiB messages
     with _serving(shards, limits=ServerLimits(max_message_bytes=128 * 1024)) as addresses:
-        with PSClient(addresses, layout, name="init", chunk_bytes=64 * 1024) as uploader:
+        with PSClient(addresses, layout, name="init", config=ClientConfig(chunk_bytes=64 * 1024)) as uploader:
             assert uploader.init(torch.zeros(layout.total_length))
         got, called, still = _train(
             addresses, True, monkeypatch, layout, init=False, push_dtype="int8", chunk_bytes=256 * 1024

@@ -22,7 +22,7 @@ from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psproto.wire import PulledChunk
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
-from psworker.client import PSClient, PushResult, RetryPolicy, Rollback
+from psworker.client import ClientConfig, PSClient, PushResult, RetryPolicy, Rollback
 from psworker.sessions import (
     Recovery,
     ShardSession,
@@ -152,7 +152,7 @@ def test_a_limit_that_passes_on_its_own_is_retried_and_the_others_fail() -> None
 
 def test_the_client_sends_a_push_again_while_every_receive_buffer_is_taken(served: tuple[Shard, str]) -> None:
     _, address = served
-    with PSClient([address], LAYOUT, name="buffers", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="buffers", config=ClientConfig(retry=FAST)) as client:
         client.init(torch.zeros(4))
         attempts: list[int] = []
 
@@ -190,7 +190,7 @@ def served() -> Iterator[tuple[Shard, str]]:
 
 def test_the_client_joins_again_on_unknown_worker(served: tuple[Shard, str]) -> None:
     shard, address = served
-    with PSClient([address], LAYOUT, name="rejoin", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="rejoin", config=ClientConfig(retry=FAST)) as client:
         client.init(torch.zeros(4))
         first = client.sessions[0]
         seen: list[int] = []
@@ -209,7 +209,7 @@ def test_the_client_joins_again_on_unknown_worker(served: tuple[Shard, str]) -> 
 
 def test_the_client_raises_a_refusal_without_reason_whatever_its_text(served: tuple[Shard, str]) -> None:
     _, address = served
-    with PSClient([address], LAYOUT, name="text", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="text", config=ClientConfig(retry=FAST)) as client:
 
         def call(session: ShardSession) -> None:
             raise bare(grpc.StatusCode.NOT_FOUND, f"worker {session.worker_id} is not joined (evicted)")
@@ -235,14 +235,14 @@ def test_the_first_join_waits_out_a_name_in_use_without_resume(
         return real_join(self, *args, resume=resume, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(PSClient, "_join", join)
-    with PSClient([address], LAYOUT, name="held", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="held", config=ClientConfig(retry=FAST)) as client:
         assert client.stats.retries == 2
     assert attempts == [False, False, False]
 
 
 def test_a_push_refused_for_a_future_base_clock_is_sent_against_the_shard_clock(served: tuple[Shard, str]) -> None:
     shard, address = served
-    with PSClient([address], LAYOUT, name="future", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="future", config=ClientConfig(retry=FAST)) as client:
         client.init(torch.zeros(4))
         # As after a restart from an older checkpoint: this client saw clock 7, the shard is at 0.
         client.pulled_clocks[0] = client.seen_clocks[0] = 7
@@ -289,7 +289,7 @@ def test_from_an_older_server_a_push_pull_with_an_older_shared_version_is_no_rol
     served: tuple[Shard, str],
 ) -> None:
     shard, address = served
-    with PSClient([address], LAYOUT, name="shared", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="shared", config=ClientConfig(retry=FAST)) as client:
         client.init(torch.zeros(4))
         for _ in range(5):
             client.push(torch.ones(4))
@@ -305,7 +305,7 @@ def test_from_an_older_server_a_push_pull_with_an_older_shared_version_is_no_rol
 
 def test_a_push_pull_from_a_shard_behind_what_the_client_saw_is_a_rollback(served: tuple[Shard, str]) -> None:
     _, address = served
-    with PSClient([address], LAYOUT, name="behind", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="behind", config=ClientConfig(retry=FAST)) as client:
         client.init(torch.zeros(4))
         client.pull(torch.empty(4))
         # As after a restart from an older checkpoint: this client saw clock 9, the shard is at 0.
@@ -317,7 +317,7 @@ def test_a_push_pull_from_a_shard_behind_what_the_client_saw_is_a_rollback(serve
 
 def test_a_push_refused_for_another_reason_is_not_resent(served: tuple[Shard, str]) -> None:
     _, address = served
-    with PSClient([address], LAYOUT, name="range", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="range", config=ClientConfig(retry=FAST)) as client:
         client.init(torch.zeros(4))
         sent: list[object] = []
 
@@ -335,7 +335,7 @@ def test_a_call_without_answer_is_retried_on_a_new_connection_and_logged(
     served: tuple[Shard, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     shard, address = served
-    with PSClient([address], LAYOUT, name="silent", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="silent", config=ClientConfig(retry=FAST)) as client:
         client.init(torch.zeros(4))
         first = client.sessions[0]
         used: list[ShardSession] = []
@@ -365,7 +365,7 @@ def test_a_call_without_answer_is_retried_on_a_new_connection_and_logged(
 def test_the_retry_budget_counts_from_the_first_failure_not_from_the_call(served: tuple[Shard, str]) -> None:
     _, address = served
     budget = RetryPolicy(give_up_seconds=0.3, initial_backoff=0.001, max_backoff=0.001)
-    with PSClient([address], LAYOUT, name="budget", retry=budget) as client:
+    with PSClient([address], LAYOUT, name="budget", config=ClientConfig(retry=budget)) as client:
         attempts: list[float] = []
 
         def slow_then_fails_once(session: ShardSession) -> str:
@@ -405,7 +405,7 @@ def test_a_first_join_without_answer_is_retried_on_a_new_channel(
         return real_join(self, index, address, channel, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(PSClient, "_join", join)
-    with PSClient([address], LAYOUT, name="handshake", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="handshake", config=ClientConfig(retry=FAST)) as client:
         assert len(channels) == 2 and channels[0] is not channels[1]
         assert client.sessions[0].channel is channels[1]
         with pytest.raises(ValueError, match="closed channel"):

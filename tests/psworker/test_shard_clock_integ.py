@@ -21,7 +21,7 @@ from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psserver.rpc.pull_encoding import PULL_RESPONSE, PUSH_PULL_PARAMS
 from psserver.rpc.server import start_server
-from psworker.client import PSClient, RetryPolicy, Rollback
+from psworker.client import ClientConfig, PSClient, RetryPolicy, Rollback
 from psworker.sessions import pulled_shard_clock
 from psworker.transfer import shard_clock
 from tests.psworker.live import serving
@@ -97,7 +97,7 @@ def served() -> Iterator[tuple[Shard, str]]:
 
 def test_a_pull_answered_with_an_older_shared_version_is_no_rollback(served: tuple[Shard, str]) -> None:
     shard, address = served
-    with PSClient([address], LAYOUT, name="puller", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="puller", config=ClientConfig(retry=FAST)) as client:
         client.init(torch.zeros(4))
         for _ in range(3):
             client.push(torch.ones(4))
@@ -112,7 +112,7 @@ def test_a_pull_answered_with_an_older_shared_version_is_no_rollback(served: tup
 
 def test_a_push_pull_answered_with_an_older_shared_version_is_no_rollback(served: tuple[Shard, str]) -> None:
     shard, address = served
-    with PSClient([address], LAYOUT, name="push-puller", retry=FAST) as client:
+    with PSClient([address], LAYOUT, name="push-puller", config=ClientConfig(retry=FAST)) as client:
         client.init(torch.zeros(4))
         holder = shard.join("holder", "cpu", False, LAYOUT, LAYOUT.hash).worker.worker_id
         held = shard.pull(holder, ps_pb2.DTYPE_FLOAT32, encoder=PUSH_PULL_PARAMS)  # clock 0, in flight
@@ -128,7 +128,7 @@ def test_a_pull_from_a_shard_restarted_from_an_older_state_is_a_rollback() -> No
     running = start_server(shard, "127.0.0.1:0")
     address = f"127.0.0.1:{running.port}"
     try:
-        with PSClient([address], LAYOUT, name="survivor", retry=FAST) as client:
+        with PSClient([address], LAYOUT, name="survivor", config=ClientConfig(retry=FAST)) as client:
             client.init(torch.zeros(4))
             client.push(torch.ones(4))
             saved = shard.state_dict()  # the checkpoint the shard comes back from, at clock 1
