@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pstools.launcher import start_server, stop_process
+from tests.integration.workers import train_command
 
 # -- the live view, under tmux ----------------------------------------------------------
 
@@ -22,10 +23,7 @@ TMUX = shutil.which("tmux")
 
 
 def _worker(address: str, name: str, slowdown: float, log: Path) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable, "-m", "psworker", "train", "--server", address, "--name", name, "--slowdown", str(slowdown),
-        "--until-clock", "1000000", "--eval-every", "0", "--no-progress", "--torch-threads", "1",
-    ]  # fmt: skip
+    command = train_command(address, name, 1_000_000, slowdown=slowdown, settings={"torch_threads": 1})
     return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
