@@ -76,6 +76,12 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 
 # The task's data folder, as every command that builds a task takes it (psworker train, cluster, simulate).
+task_option = click.option(
+    "--task",
+    default="digits",
+    show_default=True,
+    help="built-in task (digits, fashion, fashion-resnet18, tinylm) or module:function",
+)
 data_dir_option = click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -125,12 +131,7 @@ TRAIN_SECTIONS = {
 )
 @tls_ca_option
 @auth_token_option
-@click.option(
-    "--task",
-    default="digits",
-    show_default=True,
-    help="built-in task (digits, fashion, fashion-resnet18, tinylm) or module:function",
-)
+@task_option
 @data_dir_option
 @click.option(
     "--shard-data",

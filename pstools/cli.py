@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from psproto.config_file import ConfigFileError, build, merged, read_toml
-from pstasks.cli import DataFileError, data_dir_option, main, server_failure
+from pstasks.cli import DataFileError, data_dir_option, main, server_failure, task_option
 from pstasks.idx import IdxError
 from pstasks.run_config import worker_run_config
 from pstasks.task_error import TaskError
@@ -114,12 +114,7 @@ def cluster_tables(table: Mapping[str, Any]) -> tuple[ClusterSettings, dict[str,
 @click.option("--rule", default="asgd", show_default=True, help="update rule (see `psserver rules`)")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None)
 @click.option("--rule-opt", "rule_opts", multiple=True, metavar="KEY=VALUE")
-@click.option(
-    "--task",
-    default="digits",
-    show_default=True,
-    help="built-in task (digits, fashion, fashion-resnet18, tinylm) or module:function",
-)
+@task_option
 @data_dir_option
 @click.option(
     "--shard-data/--no-shard-data",
