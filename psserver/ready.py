@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 READY_FORMAT = 1
 
@@ -58,9 +58,16 @@ def read_ready_file(path: Path) -> ReadyInfo:
     return ReadyInfo(**data)
 
 
-def wait_for_ready_file(
-    path: Path, process: subprocess.Popen[bytes] | subprocess.Popen[str] | None = None, timeout_s: float = 60.0
-) -> ReadyInfo:
+class _Started(Protocol):
+    """The process that will write the file (a :class:`subprocess.Popen` or the like)."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+
+def wait_for_ready_file(path: Path, process: _Started | None = None, timeout_s: float = 60.0) -> ReadyInfo:
     """Wait until ``path`` exists and return what it says; fails early when ``process`` exits.
 
     A server that crashed leaves its file behind: remove ``path`` before starting the process."""

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +26,7 @@ from psserver.config_file import dump_toml, merged
 from psserver.ready import ReadyFileError, wait_for_ready_file
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
+from pstools.warm_start import Program, WarmProcess, start_program
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
 from psworker.task import Task, evaluate, metric_named, perplexity
@@ -98,10 +97,6 @@ class ClusterReport:
         return metric_named(self.metric).describe(self.test_accuracy, self.test_loss)
 
 
-def _python() -> list[str]:
-    return [sys.executable, "-m"]
-
-
 def start_server(
     log_dir: Path,
     rule: str,
@@ -111,7 +106,7 @@ def start_server(
     log_name: str | None = None,
     environment: Mapping[str, str] | None = None,
     config: Mapping[str, Any] | None = None,
-) -> tuple[subprocess.Popen[str], str]:
+) -> tuple[WarmProcess, str]:
     """Start ``psserver serve`` on a free loopback port; returns the process and its address.
 
     Its log goes to ``log_dir/server-<shard>.log`` (or ``log_dir/<log_name>``, e.g. for a restart).
@@ -120,8 +115,6 @@ def start_server(
     its ``shard.shard_index`` and ``shard.num_shards`` say which shard of how many)."""
     shard_index = (config or {}).get("shard", {}).get("shard_index", 0)
     command = [
-        *_python(),
-        "psserver",
         "serve",
         "--host",
         "127.0.0.1",
@@ -147,9 +140,7 @@ def start_server(
     ready_file = log_path.with_suffix(".ready.json")
     ready_file.unlink(missing_ok=True)
     command += ["--ready-file", str(ready_file)]
-    env = {**os.environ, **environment} if environment else None
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    process = start_program("psserver", command, log_path, environment)
     try:
         ready = wait_for_ready_file(ready_file, process, SERVER_START_TIMEOUT_S)
     except ReadyFileError as error:
@@ -160,16 +151,16 @@ def start_server(
     return process, ready.address
 
 
-def stop_process(process: subprocess.Popen[str], timeout_s: float = 20.0) -> int:
+def stop_process(process: Program, timeout_s: float = 20.0) -> int:
     """SIGTERM, wait, SIGKILL if it does not stop; returns the exit code."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return int(process.returncode)
+    if process.poll() is not None:
+        return process.wait()
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 def run_cluster(config: ClusterConfig) -> ClusterReport:
@@ -186,8 +177,8 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
     shard_data = (task.disjoint_shards if config.shard_data is None else config.shard_data) and config.workers > 1
     config.log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    servers: list[subprocess.Popen[str]] = []
-    workers: list[subprocess.Popen[str]] = []
+    servers: list[WarmProcess] = []
+    workers: list[WarmProcess] = []
     try:
         addresses = []
         for index in range(config.shards):
@@ -202,15 +193,8 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
             servers.append(process)
             addresses.append(address)
         for rank in range(config.workers):
-            command = [
-                *_python(),
-                "pstools",
-                "train",
-                "--config",
-                str(_worker_config_file(config, rank, addresses, shard_data)),
-            ]
-            output = (config.log_dir / f"worker-{rank}.log").open("w")
-            workers.append(subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True))
+            command = ["train", "--config", str(_worker_config_file(config, rank, addresses, shard_data))]
+            workers.append(start_program("pstools", command, config.log_dir / f"worker-{rank}.log"))
         _wait_for_workers(config, workers, started)
         report = _report(config, task, addresses, started)
     finally:
@@ -251,7 +235,7 @@ def _worker_config_file(config: ClusterConfig, rank: int, servers: list[str], sh
     return path
 
 
-def _wait_for_workers(config: ClusterConfig, workers: list[subprocess.Popen[str]], started: float) -> None:
+def _wait_for_workers(config: ClusterConfig, workers: list[WarmProcess], started: float) -> None:
     """Wait for every worker to finish; a ClusterError names one that failed or ran out of time."""
     deadline = started + config.timeout_s
     for rank, process in enumerate(workers):
