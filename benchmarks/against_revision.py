@@ -1,7 +1,7 @@
 """This tree's worker step against another revision's, in the same run: is hetps any slower than it was?
 
     python -m benchmarks.against_revision REV [--models small,resnet18] [--wire-dtype fp32]
-        [--rounds 15] [--steps 20] [--out benchmarks/results/against_revision.json]
+        [--rounds 15] [--steps N] [--out benchmarks/results/against_revision.json]
 
 REV is checked out into a temporary git worktree. For each model, both trees start a server and
 a worker of their own (``benchmarks/harness/revision_step.py``: one ASGD shard on loopback, each
@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +34,8 @@ from benchmarks.harness.stats import summarize, verdict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).resolve().parent / "harness" / "revision_step.py"
+# About a second of steps: a round's median of a few milliseconds' steps is noise otherwise.
+STEPS_PER_ROUND = {"tiny": 300, "small": 200, "resnet18": 10}
 
 
 class Side:
@@ -99,7 +102,7 @@ def compare(model: str, revision_tree: Path, args: argparse.Namespace) -> dict[s
     try:
         for _ in range(args.rounds):
             for side in order.sample(sides, len(sides)):
-                side.run(args.steps)
+                side.run(args.steps or STEPS_PER_ROUND.get(model, 20))
     finally:
         for side in sides:
             side.close()
@@ -120,14 +123,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--models", default="small,resnet18", help="comma-separated: small, resnet18, tiny")
     parser.add_argument("--wire-dtype", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=20, help="steps per side per round")
+    parser.add_argument("--steps", type=int, help="steps per side per round (default: about a second's worth)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "against_revision.json")
     args = parser.parse_args(argv)
+    known = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet", f"{args.revision}^{{commit}}"],
+        capture_output=True,
+        check=False,
+    )
+    if known.returncode != 0:
+        parser.error(f"{args.revision!r} is no commit of this repository (try a hash from `git log`, or a tag)")
     console, _ = prepare_output(args.out)
     rows: list[dict[str, Any]] = []
     table = Table(title=f"Worker step, 1 shard, {args.wire_dtype}: this tree against {args.revision}")
     for column in ("model", f"{args.revision} median ms", "this tree median ms", "speed ratio per round", "verdict"):
         table.add_column(column, justify="left" if column == "model" else "right")
+    started = time.perf_counter()
     with checked_out(args.revision) as tree:
         for model in args.models.split(","):
             row = compare(model, tree, args)
@@ -142,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
     console.print(table)
     results = {**run_header(None), "revision": args.revision, "wire_dtype": args.wire_dtype, "models": rows}
+    results["wall_seconds"] = time.perf_counter() - started
     write_results("against_revision", argv, results, args.out, console)
 
 

@@ -45,7 +45,9 @@ def _start_server(work_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     command = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0"]
     command += ["--rule", "asgd", "--lr", "0.01", "--metrics-port", "0", "--ready-file", str(ready_file)]
     log = (work_dir / "server.log").open("wb")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    # HETPS_SERVER_TREE: the server from another tree than the worker (to tell which side moved).
+    env = {**os.environ, "PYTHONPATH": os.environ.get("HETPS_SERVER_TREE", os.environ.get("PYTHONPATH", ""))}
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 120
     while not ready_file.exists():
         if server.poll() is not None or time.monotonic() > deadline:
