@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from psproto.errors import Reason, reason_of
@@ -24,67 +16,10 @@ from psproto.security import ClientTls
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from pstools.launcher import start_server, stop_process
 from psworker.client import NO_RETRY, ClientConfig, PSClient
+from tests.pki import TOKEN, Pki
 
 pytestmark = pytest.mark.integration
 LAYOUT = Layout.from_named_shapes([("w", (8,))])
-TOKEN = "s3cret-token-for-tests"
-
-
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-
-def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> tuple[Path, Path]:
-    path.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    path.with_suffix(".key").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return path.with_suffix(".crt"), path.with_suffix(".key")
-
-
-def _certificate(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
-    ca: bool = False,
-    server: bool = False,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    issuer_name, issuer_key = issuer or (_name(subject), key)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if server:
-        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-class Pki:
-    """Two CAs; CA 1 signs the server and a client, CA 2 signs an intruder's client certificate."""
-
-    def __init__(self, root: Path) -> None:
-        root.mkdir()
-        keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in ("ca1", "ca2", "server", "client", "other")}
-        ca1 = _certificate("hetps test CA 1", keys["ca1"], None, ca=True)
-        ca2 = _certificate("hetps test CA 2", keys["ca2"], None, ca=True)
-        self.ca1, _ = _write(root / "ca1", ca1, keys["ca1"])
-        self.ca2, _ = _write(root / "ca2", ca2, keys["ca2"])
-        signer1 = (ca1.subject, keys["ca1"])
-        signer2 = (ca2.subject, keys["ca2"])
-        server = _certificate("server", keys["server"], signer1, server=True)
-        self.server = _write(root / "server", server, keys["server"])
-        self.client = _write(root / "client", _certificate("worker", keys["client"], signer1), keys["client"])
-        self.other = _write(root / "other", _certificate("intruder", keys["other"], signer2), keys["other"])
-        self.token = root / "token"
-        self.token.write_text(TOKEN + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -176,28 +111,3 @@ def test_the_right_credentials_train_and_health_needs_no_token(secured: tuple[st
         )
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "--checkpoint-dir" in (refused.value.details() or "")
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=60)
-
-
-def test_bad_security_flags_exit_2_with_what_to_fix(tmp_path: Path) -> None:
-    pki = Pki(tmp_path / "pki")
-    empty = tmp_path / "empty"
-    empty.write_text("\n")
-    cert, key = pki.server
-    # A client certificate without the CA that signed the server: the worker's file names the key.
-    worker_cert_only = tmp_path / "worker.toml"
-    worker_cert_only.write_text(f"[train.client.tls]\ncert = '{cert}'\nkey = '{key}'\n")
-    cases = [
-        (("psserver", "serve", "--port", "0", "--no-metrics", "--tls-cert", str(cert)), "--tls-key"),
-        (("psserver", "serve", "--port", "0", "--no-metrics", "--tls-client-ca", str(pki.ca1)), "--tls-cert"),
-        (("psserver", "serve", "--port", "0", "--no-metrics", "--auth-token-file", str(empty)), "is empty"),
-        (("psserver", "serve", "--port", "0", "--no-metrics", "--tls-cert", str(key), "--tls-key", str(key)), "PEM"),
-        (("psworker", "train", "--server", "127.0.0.1:1", "--config", str(worker_cert_only)), "train.client.tls.ca"),
-    ]
-    for args, hint in cases:
-        result = _cli(*args)
-        assert result.returncode == 2, (args, result.stderr)
-        assert hint in result.stderr, (args, result.stderr)
