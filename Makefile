@@ -48,12 +48,15 @@ image: $(DEPLOY_STAMP)
 demo: $(STAMP)
 	$(BIN)/psworker cluster --workers 4 --slowdowns 1,1,2,4 --updates 1500
 
-# Everything CI runs: lint, types, then every test (the unit tier first, then files named *_integ.py).
+# Everything CI runs: lint, types, then every test in TEST_WORKERS processes (pytest-xdist; a
+# module's tests stay together, so its fixtures start once). Most integration tests wait on
+# sockets, leases and their processes rather than compute: two at once halve the suite on 2 cores.
+TEST_WORKERS ?= 2
 test: $(STAMP) test-tools deploy-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 # The unit tier alone: every test file not named *_integ.py (never imported here, so neither are the
 # integration tests' tools); no process, socket or gRPC server (tests/conftest.py fails a test that makes one).
