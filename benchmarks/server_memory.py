@@ -38,9 +38,9 @@ from benchmarks.harness.refusals import refused_during, rejected_requests
 from benchmarks.harness.report import parse_settings, prepare_output, print_targets, run_header, target, write_results
 from benchmarks.harness.settings import TORCH_THREADS, Settings
 from benchmarks.harness.steps import initialize_parameters
+from pscli.config_file import merged, read_toml
 from psproto.layout import Layout
 from psserver.allocator import WORKER, apply_allocator
-from psserver.config_file import merged, read_toml
 
 
 def gap_aware_job(settings: Settings) -> HetpsJob:

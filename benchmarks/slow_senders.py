@@ -32,11 +32,11 @@ from rich.table import Table
 
 from benchmarks.harness.report import prepare_output, print_targets, spread, target, write_results
 from benchmarks.harness.stats import summarize
+from pscli.config_file import merged
 from psproto import codec
 from psproto.errors import error_info
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from psserver.config_file import merged
 from pstools.launcher import start_server, stop_process
 from psworker.client import ClientConfig, PSClient
 from psworker.deadlines import DeadlinePolicy

@@ -24,8 +24,9 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from pscli.config_file import ConfigFileError, Converters, build, merged, read_toml
+from pscli.help_sections import SectionedCommand
 from psproto import codec
-from psproto.help_sections import SectionedHelp
 from psserver.allocator import apply_allocator
 from psserver.app import (
     BindError,
@@ -36,7 +37,6 @@ from psserver.app import (
     ServerConfig,
     ServerConfigError,
 )
-from psserver.config_file import ConfigFileError, Converters, build, merged, read_toml
 from psserver.core.consistency import ConsistencyModel
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.flags import parse_checkpoint_every, parse_rule_options
@@ -47,10 +47,6 @@ from psserver.sharding import shard_index_from_hostname as shard_index_from_ordi
 _LOGGER = logging.getLogger("psserver")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEFAULT_RULE = "asgd"
-
-
-class SectionedCommand(SectionedHelp, click.Command):
-    """A command whose ``--help`` lists its options under headings (``sections``: heading -> option names)."""
 
 
 def _rule_spec(value: Any, key: str) -> RuleSpec:

@@ -19,13 +19,13 @@ import click
 import grpc
 import torch
 
-from psproto.config_file import ConfigFileError, merged, read_toml
+from pscli.config_file import ConfigFileError, merged, read_toml
+from pscli.help_sections import SectionedCommand
 from pstasks.idx import IdxError
 from pstasks.run_config import WorkerRunConfig, worker_run_config
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
 from psworker.cli_options import (
-    SectionedCommand,
     auth_token_option,
     client_security_from_flags,
     config_option,

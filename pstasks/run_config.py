@@ -3,7 +3,7 @@
 Its top level names the task and the process's resources; ``[train]`` is the run
 (:class:`psworker.train.TrainConfig`), ``[train.client]`` how the worker talks to its shards
 (:class:`psworker.client.ClientConfig`), ``[train.client.tls]`` the TLS files. Read with the
-server's own reader (:mod:`psproto.config_file`): an unknown key, a wrong type or a bad value is a
+server's own reader (:mod:`pscli.config_file`): an unknown key, a wrong type or a bad value is a
 ``ConfigFileError`` naming the key.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psproto.config_file import build
+from pscli.config_file import build
 from psworker.train import TrainConfig
 
 # When no stopping rule is set: train until the server has applied this many updates.

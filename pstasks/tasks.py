@@ -12,6 +12,7 @@ nothing is downloaded at run time.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -65,18 +66,19 @@ def digits(seed: int = 0, data_dir: Path | None = None) -> Task:
     )
 
 
-def fashion(seed: int = 0, data_dir: Path | None = None) -> Task:
-    """Fashion-MNIST (60,000 training, 10,000 test images) and a ~420k-parameter CNN."""
-    from pstasks.fashion import FashionCNN, load_fashion
+def _fashion_task(name: str, model: Callable[[], nn.Module], seed: int, data_dir: Path | None) -> Task:
+    """Fashion-MNIST (60,000 training, 10,000 test images) for ``model``, seeded; batches of 64,
+    each worker on its own part."""
+    from pstasks.fashion import load_fashion
 
     data = load_fashion(data_dir)
 
     def build() -> nn.Module:
         torch.manual_seed(seed)
-        return FashionCNN()
+        return model()
 
     return Task(
-        "fashion",
+        name,
         build,
         data.train_inputs,
         data.train_targets,
@@ -85,29 +87,20 @@ def fashion(seed: int = 0, data_dir: Path | None = None) -> Task:
         batch_size=64,
         disjoint_shards=True,
     )
+
+
+def fashion(seed: int = 0, data_dir: Path | None = None) -> Task:
+    """Fashion-MNIST and a ~420k-parameter CNN."""
+    from pstasks.fashion import FashionCNN
+
+    return _fashion_task("fashion", FashionCNN, seed, data_dir)
 
 
 def fashion_resnet18(seed: int = 0, data_dir: Path | None = None) -> Task:
     """Fashion-MNIST and ResNet-18 adapted to 1×28×28 (about 11M parameters)."""
-    from pstasks.fashion import load_fashion
     from pstasks.models.resnet import ResNet18
 
-    data = load_fashion(data_dir)
-
-    def build() -> nn.Module:
-        torch.manual_seed(seed)
-        return ResNet18(in_channels=1, num_classes=10)
-
-    return Task(
-        "fashion-resnet18",
-        build,
-        data.train_inputs,
-        data.train_targets,
-        data.test_inputs,
-        data.test_targets,
-        batch_size=64,
-        disjoint_shards=True,
-    )
+    return _fashion_task("fashion-resnet18", lambda: ResNet18(in_channels=1, num_classes=10), seed, data_dir)
 
 
 class TaskFactory(Protocol):

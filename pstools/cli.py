@@ -20,7 +20,8 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from psproto.config_file import ConfigFileError, build, merged, read_toml
+from pscli.config_file import ConfigFileError, build, merged, read_toml
+from pscli.help_sections import SectionedCommand
 from pstasks.cli import DataFileError, data_dir_option, main, server_failure, task_option
 from pstasks.idx import IdxError
 from pstasks.run_config import worker_run_config
@@ -31,7 +32,6 @@ from pstools.launcher import ClusterConfig, ClusterError, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
 from psworker.cli_options import (
-    SectionedCommand,
     client_security_from_flags,
     client_security_options,
     config_option,

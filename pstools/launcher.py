@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from pscli.config_file import dump_toml, merged
 from psproto.layout import LayoutError
 from psproto.v1 import ps_pb2
-from psserver.config_file import dump_toml, merged
 from psserver.ready import ReadyFileError, wait_for_ready_file
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task

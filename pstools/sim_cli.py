@@ -11,15 +11,16 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from pscli.config_file import ConfigFileError, build, read_toml
+from pscli.help_sections import SectionedCommand
 from psproto import codec
-from psproto.config_file import ConfigFileError, build, read_toml
 from pstasks.cli import DataFileError, data_dir_option
 from pstasks.idx import IdxError
 from pstasks.task_error import TaskError
 from pstools.sim_config import SimSettings
 from pstools.sim_tasks import sim_task
 from pstools.simulate import SimConfig, SimulationError, SpeedModel, simulate
-from psworker.cli_options import SectionedCommand, config_option
+from psworker.cli_options import config_option
 from psworker.task import Task
 
 SIM_SECTIONS = {

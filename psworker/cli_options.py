@@ -1,5 +1,5 @@
 """Command-line options of the ``psworker`` commands: the TLS files and token of the commands that
-call a server, the wire dtypes of the commands that run workers, grouped help, and the flags given
+call a server, the wire dtypes of the commands that run workers, and the flags given
 on the command line as a configuration table to put over a ``--config`` file."""
 
 from __future__ import annotations
@@ -11,14 +11,9 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from pscli.config_file import merged
 from psproto import dtypes
-from psproto.config_file import merged
-from psproto.help_sections import SectionedHelp
 from psproto.security import ClientTls, SecurityConfigError, client_security
-
-
-class SectionedCommand(SectionedHelp, click.Command):
-    """A command whose ``--help`` lists its options under headings (``sections``: heading -> option names)."""
 
 
 def path_option(flag: str, help_text: str) -> Callable[[Any], Any]:

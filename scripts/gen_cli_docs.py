@@ -111,7 +111,7 @@ def _default(field: dataclasses.Field[Any]) -> str:
 
 
 def _config_rows(cls: type, where: str, special: dict[type, str]) -> list[str]:
-    from psproto.config_file import docstrings
+    from pscli.config_file import docstrings
 
     hints = typing.get_type_hints(cls)
     docs = docstrings(cls)

@@ -1,8 +1,9 @@
 """The dependency direction of DESIGN.md, checked on the source (parsed, never imported).
 
 ``psproto`` <- ``psserver`` and ``psproto`` <- ``psworker`` <- ``pstasks``, and ``pstools`` above
-them: the server never imports the worker, the worker never imports the server, the tasks or
-the tools, the tasks never import the server, and there are no exceptions. The server's core
+them; ``pscli`` (what the command lines share) under all of them, importing none. The server
+never imports the worker, the worker never imports the server, the tasks or the tools, the tasks
+never import the server, and there are no exceptions. The server's core
 (shard state, rules, consistency) imports neither grpc nor the wire (generated messages, wire
 bytes). What the client library imports from outside the standard library is in the base
 install (no extras), so ``pip install hetps`` gives a working client without scikit-learn.
@@ -100,6 +101,11 @@ def test_the_wire_contract_imports_neither_side() -> None:
     assert _violations("psproto", ("psserver", "psworker", "pstasks", "pstools")) == []
 
 
+def test_the_command_line_package_imports_no_other_hetps_package() -> None:
+    found = _violations("pscli", ("psproto", "psserver", "psworker", "pstasks", "pstools"))
+    assert found == [], "pscli sits below both sides: click and the standard library only"
+
+
 def test_the_server_never_imports_the_worker_the_tasks_or_the_tools() -> None:
     assert _violations("psserver", ("psworker", "pstasks", "pstools")) == []
 
@@ -119,7 +125,7 @@ def test_nothing_imports_the_experiments() -> None:
     assert [line for package in packages for line in _violations(package, ("experiments",))] == []
 
 
-_OURS = ("psproto", "psserver", "psworker", "pstasks", "pstools", "benchmarks", "experiments", "tests")
+_OURS = ("pscli", "psproto", "psserver", "psworker", "pstasks", "pstools", "benchmarks", "experiments", "tests")
 
 
 def _base_requirements() -> set[str]:
@@ -138,7 +144,7 @@ def test_the_client_library_needs_only_the_base_install() -> None:
     outside = sorted(
         {
             f"{path.relative_to(ROOT)}:{line} imports {name} ({', '.join(providers.get(top, ['no distribution']))})"
-            for package in ("psproto", "psworker")
+            for package in ("pscli", "psproto", "psworker")
             for path in _sources(package)
             for line, name in _imports(path)
             if (top := name.split(".")[0]) not in sys.stdlib_module_names

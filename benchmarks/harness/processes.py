@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from benchmarks.harness.settings import LR, SERVER_CONFIG, TORCH_THREADS
-from psserver.config_file import dump_toml, merged
+from pscli.config_file import dump_toml, merged
 from psserver.ready import ReadyInfo, wait_for_ready_file
 from pstools.launcher import stop_process
 

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 
-from psproto.config_file import merged
+from pscli.config_file import merged
 from psproto.v1 import ps_pb2_grpc
 from pstools.launcher import start_server, stop_process
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from psproto.config_file import dump_toml, merged
+from pscli.config_file import dump_toml, merged
 
 
 def train_command(

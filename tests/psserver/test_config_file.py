@@ -1,4 +1,4 @@
-"""The configuration file format (psserver.config_file): tables merged key by key, written back as read."""
+"""The configuration file format (pscli.config_file): tables merged key by key, written back as read."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from psserver.config_file import ConfigFileError, dump_toml, merged, read_toml
+from pscli.config_file import ConfigFileError, dump_toml, merged, read_toml
 
 
 def test_tables_merge_key_by_key_and_the_later_wins() -> None:

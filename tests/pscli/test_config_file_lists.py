@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from psproto.config_file import ConfigFileError, build, dump_toml, read_toml
+from pscli.config_file import ConfigFileError, build, dump_toml, read_toml
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,14 @@
-"""Options listed under headings in a command's ``--help``, for both sides' commands.
-
-Click-free on purpose (this package is the contract, and click is no part of it): each side mixes
-:class:`SectionedHelp` into its own ``click.Command`` (``class SectionedCommand(SectionedHelp,
-click.Command)``), and the methods below only call what that class provides."""
+"""A command whose ``--help`` lists its options under headings, for every hetps command."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+import click
 
-class SectionedHelp:
+
+class SectionedCommand(click.Command):
     """Lists a command's options under headings (``sections``: heading -> option names); options no
     section names come last, under "Other"."""
 
@@ -18,8 +16,8 @@ class SectionedHelp:
         super().__init__(*args, **kwargs)
         self.sections = sections
 
-    def format_options(self, ctx: Any, formatter: Any) -> None:
-        records = {param.name: param.get_help_record(ctx) for param in self.get_params(ctx)}  # type: ignore[attr-defined]
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        records = {param.name: param.get_help_record(ctx) for param in self.get_params(ctx)}
         listed = {name for names in self.sections.values() for name in names}
         rest = [record for name, record in records.items() if name not in listed and record is not None]
         for heading, names in [*self.sections.items(), ("Other", ())]:
