@@ -29,8 +29,8 @@ from benchmarks.harness.report import prepare_output, run_header, run_size, writ
 from benchmarks.harness.settings import TORCH_THREADS
 from benchmarks.harness.stats import summarize
 from benchmarks.harness.steps import BareStep, HetpsStep, StepSystem, seeded_parameters, warm_up
+from pscli.config_file import parse_byte_size
 from psproto import codec
-from psproto.dtypes import parse_byte_size
 from psproto.layout import Layout
 
 WIRES = ("fp32", "bf16", "fp16")  # what both systems send

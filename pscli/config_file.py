@@ -25,13 +25,23 @@ from typing import Any, TypeVar
 
 import tomllib
 
-from psproto.dtypes import parse_byte_size
-
 T = TypeVar("T")
 # Types read by a function of (value, key) rather than field by field (a rule and its options).
 Converters = Mapping[type, Callable[[Any, str], Any]]
 AUTO = "auto"
 _FIELD = re.compile(r"^    (\w+): ")
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib|gib)?\s*$", re.IGNORECASE | re.ASCII)
+_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_byte_size(text: str) -> int | None:
+    """A whole number of bytes, KiB, MiB or GiB (``4MiB``, ``65536``); None when ``text`` is not one."""
+    match = _SIZE.match(text)
+    if match is None:
+        return None
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
 
 
 class ConfigFileError(ValueError):

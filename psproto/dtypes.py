@@ -6,7 +6,6 @@ dtype or checks a chunk size (the admin commands, option parsing) does not impor
 
 from __future__ import annotations
 
-import re
 from typing import TypeAlias
 
 from psproto.v1 import ps_pb2
@@ -60,15 +59,3 @@ def pull_dtype_problem(name: str) -> str:
             f"pull in {', '.join(WIRE_DTYPE_NAMES)} (e.g. --push-dtype {name} --pull-dtype bf16)"
         )
     return f"pull dtype {name!r} is not one of {', '.join(WIRE_DTYPE_NAMES)}"
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib|gib)?\s*$", re.IGNORECASE | re.ASCII)
-_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
-
-
-def parse_byte_size(text: str) -> int | None:
-    """A whole number of bytes, KiB, MiB or GiB (``4MiB``, ``65536``); None when ``text`` is not one."""
-    match = _SIZE.match(text)
-    if match is None:
-        return None
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]

@@ -11,7 +11,7 @@ import re
 
 import click
 
-from psproto.dtypes import parse_byte_size
+from pscli.config_file import parse_byte_size
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
 from psserver.rpc.server import MAX_RECEIVE_WINDOW_BYTES, MIN_RECEIVE_WINDOW_BYTES
 

@@ -226,6 +226,9 @@ class RunningServer:
         self.server.stop(0).wait()
 
 
+RPC_THREAD_PREFIX = "psserver-rpc"
+
+
 def start_server(
     shard: Shard,
     address: str,
@@ -246,7 +249,8 @@ def start_server(
     # Innermost, so the other interceptors (latency) see its refusals while draining.
     drain = DrainInterceptor()
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers),
+        # Named, so a thread dump (py-spy, faulthandler) tells the RPC handlers from the rest.
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=RPC_THREAD_PREFIX),
         options=options,
         interceptors=[*interceptors, drain],
         maximum_concurrent_rpcs=limits.max_concurrent_rpcs,

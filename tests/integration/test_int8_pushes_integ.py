@@ -25,8 +25,13 @@ def test_a_digits_cluster_trains_with_int8_pushes(tmp_path: Path) -> None:
         "2",
         "--slowdowns",
         "1,2",
+        # At the default rate over 600 updates a run beside another test process ended at 0.794
+        # (training loss 0.12-0.17 at the end; 0.956 in the run before): the dips of asgd at lr 0.1
+        # that test_rules_cluster_integ.py describes. lr 0.05 over 1000 updates is its wider margin.
+        "--lr",
+        "0.05",
         "--updates",
-        "600",
+        "1000",
         "--push-dtype",
         "int8",
         "--config",
@@ -39,5 +44,5 @@ def test_a_digits_cluster_trains_with_int8_pushes(tmp_path: Path) -> None:
     report = json.loads((run_dir / "report.json").read_text())
     print(f"int8 pushes, bf16 pulls: test accuracy {report['test_accuracy']:.4f} after {report['clock']} updates")
     assert report["test_accuracy"] >= 0.88, report
-    assert report["clock"] >= 600 and report["rejected"] == {}, report
+    assert report["clock"] >= 1000 and report["rejected"] == {}, report
     assert all(w["pushes"] > 0 for w in report["workers"]), report
