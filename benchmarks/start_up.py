@@ -14,7 +14,12 @@ system, from ``resource.getrusage`` of the finished child) are recorded for each
   the task is compared with in the same run;
 - ``psserver status --help``: an admin command, which imports neither torch nor the server;
 - ``psserver serve --help``: the command that serves, which imports both (as every ``psserver``
-  command did before the group imported ``serve`` lazily): the admin command's peer.
+  command did before the group imported ``serve`` lazily): the admin command's peer;
+- ``4 workers, fresh`` and ``4 workers, warm``: four ``psworker train --help`` at once, as a local
+  cluster starts its workers: each a fresh interpreter, against forks of one process that has
+  imported torch (``pstools.warm_start``, the launcher's way; the forkserver's start included).
+  The warm row's CPU counts the launching process alone (the forks are the forkserver's children),
+  so the two are compared by wall time.
 """
 
 from __future__ import annotations
@@ -45,9 +50,21 @@ PROGRAMS: dict[str, list[str]] = {
     ],
     "psserver status --help": ["-m", "psserver", "status", "--help"],
     "psserver serve --help": ["-m", "psserver", "serve", "--help"],
+    "4 workers, fresh": [
+        "-c",
+        "import subprocess, sys; ps = [subprocess.Popen([sys.executable, '-m', 'pstools', 'train', '--help'], "
+        "stdout=subprocess.DEVNULL) for _ in range(4)]; assert [p.wait() for p in ps] == [0] * 4",
+    ],
+    "4 workers, warm": [
+        "-c",
+        "import os; from pathlib import Path; from pstools.warm_start import start_program; "
+        "ps = [start_program('pstools', ['train', '--help'], Path(os.devnull)) for _ in range(4)]; "
+        "assert [p.wait() for p in ps] == [0] * 4",
+    ],
 }
 TASK, PEER = "digits task", "digits through scikit-learn"
 ADMIN, SERVE = "psserver status --help", "psserver serve --help"
+FRESH, WARM = "4 workers, fresh", "4 workers, warm"
 
 
 def _child_cpu_seconds() -> float:
@@ -77,6 +94,7 @@ def measure(repeats: int) -> dict[str, Any]:
         "programs": {name: {"wall_s": summarize(wall[name]), "cpu_s": summarize(cpu[name])} for name in PROGRAMS},
         "task_vs_peer_cpu": summarize([a / b for a, b in zip(cpu[TASK], cpu[PEER], strict=True)]),
         "admin_vs_serve_cpu": summarize([a / b for a, b in zip(cpu[ADMIN], cpu[SERVE], strict=True)]),
+        "warm_vs_fresh_wall": summarize([a / b for a, b in zip(wall[WARM], wall[FRESH], strict=True)]),
     }
 
 
@@ -101,9 +119,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{c['median']:.2f} ({spread(c, 2)})",
         )
     console.print(table)
-    for key, (name, peer) in {"task_vs_peer_cpu": (TASK, PEER), "admin_vs_serve_cpu": (ADMIN, SERVE)}.items():
+    ratios = {
+        "task_vs_peer_cpu": (TASK, PEER, "CPU"),
+        "admin_vs_serve_cpu": (ADMIN, SERVE, "CPU"),
+        "warm_vs_fresh_wall": (WARM, FRESH, "wall"),
+    }
+    for key, (name, peer, what) in ratios.items():
         ratio = measured[key]
-        console.print(f"{name} vs {peer}, CPU: {ratio['median']:.2f}× ({spread(ratio, 2)}×)")
+        console.print(f"{name} vs {peer}, {what}: {ratio['median']:.2f}× ({spread(ratio, 2)}×)")
     results = {**run_header(None), **measured, "wall_seconds": time.perf_counter() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_results("start_up", argv, results, args.out, console)

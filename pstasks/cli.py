@@ -75,7 +75,7 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return index, count
 
 
-# The task's data folder, as every command that builds a task takes it (psworker train, cluster, simulate).
+# The task and its data folder, as every command that builds a task takes them (psworker train, cluster, simulate).
 task_option = click.option(
     "--task",
     default="digits",

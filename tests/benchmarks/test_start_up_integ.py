@@ -22,6 +22,7 @@ def test_one_round_times_every_program_and_compares_the_task_with_its_peer(tmp_p
         assert program["cpu_s"]["median"] > 0
     assert results["task_vs_peer_cpu"]["median"] > 0
     assert 0 < results["admin_vs_serve_cpu"]["median"] < 1  # the admin command imports neither torch nor the server
+    assert results["warm_vs_fresh_wall"]["median"] > 0
 
 
 def test_no_rounds_is_a_usage_error(tmp_path: Path) -> None:
