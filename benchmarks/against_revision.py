@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from rich.table import Table
 
+from benchmarks.harness.models import MODELS
 from benchmarks.harness.report import prepare_output, run_header, write_results
 from benchmarks.harness.stats import summarize, verdict
 
@@ -45,7 +46,7 @@ class Side:
         self.label = label
         env = {**os.environ, "PYTHONPATH": str(tree)}
         self.process = subprocess.Popen(
-            [sys.executable, str(DRIVER), model, wire_dtype],
+            [sys.executable, str(DRIVER), json.dumps([shape for _, shape in MODELS[model]()]), wire_dtype],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

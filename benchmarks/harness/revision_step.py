@@ -1,6 +1,7 @@
 """One side of ``benchmarks.against_revision``: a hetps server and one worker, both from one source tree.
 
-Run as a script (``python PATH/revision_step.py MODEL WIRE_DTYPE``) with ``PYTHONPATH`` set to the
+Run as a script (``python PATH/revision_step.py SHAPES_JSON WIRE_DTYPE``: the model's tensor
+shapes, a JSON list of lists, and the wire dtype) with ``PYTHONPATH`` set to the
 tree under test, so ``psserver`` and ``psworker`` are that tree's; it imports nothing else of
 hetps, and only what every revision compared has kept: ``psserver serve`` with ``--ready-file``
 and ``psworker.optim.ParameterServerOptimizer``. Each side runs on its own defaults (allocator,
@@ -29,25 +30,12 @@ from torch import nn
 WARM_UP_STEPS = 20
 
 
-def _shapes(model: str) -> list[tuple[int, ...]]:
-    """The tensor sizes of ``benchmarks.harness.models.MODELS[model]``, from this script's tree (not
-    the one under test, which may not have them), imported before any of hetps is."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    try:
-        from benchmarks.harness.models import MODELS
-    finally:
-        sys.path.pop(0)
-    return [shape for _, shape in MODELS[model]()]
-
-
 def _start_server(work_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     ready_file = work_dir / "ready.json"
     command = [sys.executable, "-m", "psserver", "serve", "--host", "127.0.0.1", "--port", "0"]
     command += ["--rule", "asgd", "--lr", "0.01", "--metrics-port", "0", "--ready-file", str(ready_file)]
     log = (work_dir / "server.log").open("wb")
-    # HETPS_SERVER_TREE: the server from another tree than the worker (to tell which side moved).
-    env = {**os.environ, "PYTHONPATH": os.environ.get("HETPS_SERVER_TREE", os.environ.get("PYTHONPATH", ""))}
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while not ready_file.exists():
         if server.poll() is not None or time.monotonic() > deadline:
@@ -58,11 +46,11 @@ def _start_server(work_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def main() -> None:
-    model_name, wire_dtype = sys.argv[1], sys.argv[2]
+    shapes, wire_dtype = json.loads(sys.argv[1]), sys.argv[2]
     from psworker.optim import ParameterServerOptimizer
 
     torch.manual_seed(0)
-    model = nn.ParameterList([nn.Parameter(torch.randn(shape) * 0.01) for shape in _shapes(model_name)])
+    model = nn.ParameterList([nn.Parameter(torch.randn(shape) * 0.01) for shape in shapes])
     gradients = [torch.randn_like(parameter) * 1e-3 for parameter in model]
     with tempfile.TemporaryDirectory(prefix="hetps-ab-") as work:
         server, address = _start_server(Path(work))
