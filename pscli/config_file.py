@@ -100,8 +100,8 @@ def _convert(kind: Any, value: Any, key: str, converters: Converters) -> Any:
         if not isinstance(value, dict):
             raise ConfigFileError(f"{key} must be a table{' (or false)' if optional else ''}, not {value!r}")
         return build(typing.cast(type[Any], kind), value, converters, f"{key}.")
-    if typing.get_origin(kind) is tuple:
-        return _sequence(typing.get_args(kind), value, key)
+    if typing.get_origin(kind) in (tuple, dict):
+        return _collection(kind, value, key, converters)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         choices = [member.value for member in kind]
         if value not in choices:
@@ -110,14 +110,30 @@ def _convert(kind: Any, value: Any, key: str, converters: Converters) -> Any:
     return _scalar(kind, value, key, optional)
 
 
-def _sequence(items: tuple[Any, ...], value: Any, key: str) -> tuple[Any, ...]:
-    """A list for ``tuple[X, ...]`` (any length) or ``tuple[X, Y]`` (exactly that many items)."""
+def _collection(kind: Any, value: Any, key: str, converters: Converters) -> Any:
+    if typing.get_origin(kind) is dict:
+        return _mapping(typing.get_args(kind), value, key)
+    return _sequence(typing.get_args(kind), value, key, converters)
+
+
+def _sequence(items: tuple[Any, ...], value: Any, key: str, converters: Converters) -> tuple[Any, ...]:
+    """A list for ``tuple[X, ...]`` (any length) or ``tuple[X, Y]`` (exactly that many items); a
+    list of tables (``[[groups]]``) for ``tuple[SomeDataclass, ...]``."""
     any_length = items[-1] is Ellipsis
     if not isinstance(value, list) or not (any_length or len(value) == len(items)):
         size = "" if any_length else f" of {len(items)}"
         raise ConfigFileError(f"{key} must be a list{size}, not {value!r}")
     kinds = items[:1] * len(value) if any_length else items
+    if any_length and dataclasses.is_dataclass(items[0]):
+        return tuple(_convert(items[0], item, f"{key}[{index}]", converters) for index, item in enumerate(value))
     return tuple(_scalar(kind, item, key, False) for kind, item in zip(kinds, value, strict=True))
+
+
+def _mapping(kinds: tuple[Any, ...], value: Any, key: str) -> dict[str, Any]:
+    """An inline table for ``dict[str, X]`` (``resources = { a100 = 1 }``), each value an X."""
+    if not isinstance(value, dict):
+        raise ConfigFileError(f"{key} must be a table, not {value!r}")
+    return {name: _scalar(kinds[1], item, f"{key}.{name}", False) for name, item in value.items()}
 
 
 def _scalar(kind: Any, value: Any, key: str, optional: bool) -> Any:
@@ -171,4 +187,6 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{name} = {_toml_value(item)}" for name, item in value.items()) + " }"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

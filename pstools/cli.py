@@ -12,6 +12,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from pstasks.run_config import worker_run_config
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
 from pstools.export import ExportError, named_tensors, save_state_dict, state_dict_from_checkpoints
-from pstools.launcher import ClusterConfig, ClusterError, run_cluster
+from pstools.launcher import ClusterConfig, ClusterError, ClusterReport, run_cluster
 from pstools.sim_cli import simulate_command
 from psworker.binding import ModelBinding
 from psworker.cli_options import (
@@ -66,8 +67,9 @@ CLUSTER_FLAG_KEYS: dict[str, tuple[str, ...]] = {
 CLUSTER_SECTIONS = {
     "Workers": ("workers", "slowdowns", "device", "wire_dtype", "push_dtype"),
     "Model & rule": ("rule", "lr", "rule_opts", "consistency", "shards"),
-    "Task & data": ("task", "data_dir", "shard_data", "updates"),
+    "Task & data": ("task", "data_dir", "updates"),
     "Output & configuration": ("log_dir", "config_file"),
+    "Where it runs": ("ray_address",),
 }
 
 
@@ -81,6 +83,9 @@ class ClusterSettings:
     timeout_s: float = 600.0
     # Evaluate on the test set every this many steps in each worker (0: only at the end).
     eval_every: int = 0
+    # Whether worker r trains on part r of as many disjoint parts of the training set as there are
+    # workers; "auto": as the task says (the fashion tasks do, digits does not).
+    shard_data: bool | None = None
 
 
 def cluster_tables(table: Mapping[str, Any]) -> tuple[ClusterSettings, dict[str, Any], dict[str, Any]]:
@@ -117,12 +122,6 @@ def cluster_tables(table: Mapping[str, Any]) -> tuple[ClusterSettings, dict[str,
 @task_option
 @data_dir_option
 @click.option(
-    "--shard-data/--no-shard-data",
-    default=None,
-    help="worker r trains on part r of WORKERS disjoint parts of the training set "
-    "(default: as the task says; the fashion tasks do, digits does not)",
-)
-@click.option(
     "--updates",
     default=1500,
     show_default=True,
@@ -140,9 +139,18 @@ def cluster_tables(table: Mapping[str, Any]) -> tuple[ClusterSettings, dict[str,
 @wire_dtype_options
 @click.option("--device", default="auto", show_default=True)
 @click.option("--log-dir", default=Path("runs/latest"), show_default=True, type=click.Path(path_type=Path))
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="run on the Ray cluster at ADDRESS (auto: the one this machine is in; ray://HOST:10001), "
+    "the shards and workers as actors placed by the [ray] table's resources (docs/ray.md)",
+)
 @config_option(
-    "TOML file: seed, timeout_s and eval_every, a [server] table (`psserver serve --config` keys) for "
-    "every shard and a [worker] table (`psworker train --config` keys) for every worker; flags override it"
+    "TOML file: seed, timeout_s, eval_every and shard_data, a [server] table (`psserver serve --config` keys) for "
+    "every shard, a [worker] table (`psworker train --config` keys) for every worker and, with --ray, "
+    "a [ray] table (groups of workers, resources); flags override it"
 )
 @click.pass_context
 def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> None:
@@ -157,12 +165,15 @@ def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> No
     from psserver.flags import parse_rule
 
     parse_rule(flags["rule"], flags["lr"], flags["rule_opts"])
+    where = f"--config {config_file}: " if config_file is not None else ""
     try:
         file_table = read_toml(config_file) if config_file is not None else {}
+        ray_table = file_table.pop("ray", None)
         settings, server, worker = cluster_tables(merged(file_table, flag_table(ctx, flags, CLUSTER_FLAG_KEYS)))
     except ConfigFileError as error:
-        where = f"--config {config_file}: " if config_file is not None else ""
         raise click.UsageError(f"{where}{error}") from None
+    if ray_table is not None and flags["ray_address"] is None:
+        raise click.UsageError(f"{where}a [ray] table says where a job on Ray runs: give --ray ADDRESS too")
     config = ClusterConfig(
         flags["workers"],
         speeds,
@@ -180,9 +191,12 @@ def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> No
         timeout_s=settings.timeout_s,
         server_config=server,
         data_dir=flags["data_dir"],
-        shard_data=flags["shard_data"],
+        shard_data=settings.shard_data,
         worker_config=worker,
     )
+    if flags["ray_address"] is not None:
+        _run_on_ray(config, flags["ray_address"], ray_table or {}, where)
+        return
     console = Console()
     console.print(
         f"hetps local cluster: rule [bold]{config.rule}[/] ({flags['consistency']}), {config.workers} workers "
@@ -195,7 +209,13 @@ def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> No
         raise click.ClickException(str(error)) from None
     except IdxError as error:
         raise DataFileError(str(error)) from None
-    table = Table("worker", "slowdown", "steps", "pushes", "staleness mean", "staleness max", "s/step")
+    _print_report(console, report)
+
+
+def _print_report(console: Console, report: ClusterReport) -> None:
+    on_ray = bool(report.groups)
+    columns = ["worker", "slowdown", "steps", "pushes", "staleness mean", "staleness max", "s/step"]
+    table = Table(*columns, *(["group", "ended"] if on_ray else []))
     for w in report.workers:
         table.add_row(
             w.name,
@@ -205,10 +225,57 @@ def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> No
             f"{w.mean_staleness:.2f}",
             str(w.max_staleness),
             f"{w.compute_seconds_per_step * 1000:.1f} ms",
+            *([w.group, w.state] if on_ray else []),
         )
     console.print(table)
+    if on_ray:
+        groups = Table("group", "workers", "finished", "lost", "steps", "pushes", "staleness mean", "staleness max")
+        for g in report.groups:
+            staleness = f"{g.mean_staleness:.2f}"
+            groups.add_row(
+                g.name, *map(str, (g.count, g.finished, g.lost, g.steps, g.pushes)), staleness, str(g.max_staleness)
+            )
+        console.print(groups)
+        console.print(
+            f"shard restarts: {report.shard_restarts}; metrics: {', '.join(report.metrics_targets) or 'none'}"
+        )
     console.print(f"final {report.describe()} after {report.clock} updates in {report.wall_seconds:.1f} s")
     sys.stdout.flush()
+
+
+def _run_on_ray(config: ClusterConfig, address: str, ray_table: Mapping[str, Any], where: str) -> None:
+    """``psworker cluster --ray``: the same job, its shards and workers as actors on a Ray cluster."""
+    if find_spec("ray") is None:
+        click.echo("psworker cluster --ray needs the ray extra: pip install 'hetps[ray]'", err=True)
+        sys.exit(2)
+    from pstools.on_ray import RayJobConfig, RayJobError, run_job
+    from pstools.on_ray.config import ray_settings
+
+    try:
+        job = RayJobConfig(config, ray_settings(ray_table))
+    except ConfigFileError as error:
+        raise click.UsageError(f"{where}{error}") from None
+    console = Console()
+    groups = ", ".join(f"{g.name} ×{g.count}" for g in job.worker_groups())
+    console.print(
+        f"hetps on Ray ({address}): rule [bold]{config.rule}[/], {config.shards} shard(s), groups {groups}, "
+        f"{config.until_clock} updates, report in {config.log_dir}"
+    )
+    import ray
+
+    try:
+        ray.init(address=address, namespace="hetps", log_to_driver=False)
+    except (ConnectionError, ValueError) as error:
+        raise click.ClickException(f"--ray {address}: cannot connect to a Ray cluster there ({error})") from None
+    try:
+        report = run_job(job)
+    except RayJobError as error:
+        raise click.ClickException(str(error)) from None
+    except IdxError as error:
+        raise DataFileError(str(error)) from None
+    finally:
+        ray.shutdown()
+    _print_report(console, report)
 
 
 @main.command("export")

@@ -75,6 +75,56 @@ class WorkerReport:
     mean_staleness: float
     max_staleness: int
     compute_seconds_per_step: float
+    # On Ray (pstools.on_ray): the worker's group, and how it ended (WORKER_STATES).
+    group: str = ""
+    state: str = "finished"
+
+    @classmethod
+    def of_summary(cls, name: str, slowdown: float, summary: Mapping[str, Any]) -> WorkerReport:
+        """From a worker's summary (``psworker.train.TrainSummary`` as a dict; empty: nothing known)."""
+        return cls(
+            name=name,
+            slowdown=slowdown,
+            steps=int(summary.get("steps", 0)),
+            pushes=int(summary.get("pushes", 0)),
+            mean_staleness=float(summary.get("mean_staleness", 0.0)),
+            max_staleness=int(summary.get("max_staleness", 0)),
+            compute_seconds_per_step=float(summary.get("compute_seconds_per_step", 0.0)),
+        )
+
+
+# How a worker's run ended: as asked; as asked after its engine restarted it; its process and
+# every restart gone before the job ended (lost); or with an error from its own code (failed).
+WORKER_STATES = ("finished", "restarted", "lost", "failed")
+
+
+@dataclass
+class GroupReport:
+    """A group of workers (same resources and speed) in a job's report."""
+
+    name: str
+    count: int
+    finished: int
+    lost: int
+    steps: int
+    pushes: int
+    mean_staleness: float
+    max_staleness: int
+
+    @classmethod
+    def of(cls, name: str, workers: Sequence[WorkerReport]) -> GroupReport:
+        pushes = sum(w.pushes for w in workers)
+        staleness = sum(w.mean_staleness * w.pushes for w in workers)
+        return cls(
+            name,
+            len(workers),
+            finished=sum(w.state in ("finished", "restarted") for w in workers),
+            lost=sum(w.state in ("lost", "failed") for w in workers),
+            steps=sum(w.steps for w in workers),
+            pushes=pushes,
+            mean_staleness=staleness / pushes if pushes else 0.0,
+            max_staleness=max((w.max_staleness for w in workers), default=0),
+        )
 
 
 @dataclass
@@ -91,6 +141,10 @@ class ClusterReport:
     higher_is_better: bool = True
     metric_value: float = math.nan
     perplexity: float | None = None
+    # On Ray (pstools.on_ray): each group of workers, the shards' restarts, the scrape targets.
+    groups: list[GroupReport] = field(default_factory=list)
+    shard_restarts: int = 0
+    metrics_targets: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """The final evaluation in words, e.g. ``test accuracy 0.9700 (loss 0.0824)``."""
@@ -210,29 +264,32 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
 
 
 def _worker_config_file(config: ClusterConfig, rank: int, servers: list[str], shard_data: bool) -> Path:
-    """Worker ``rank``'s ``psworker train --config`` file: the cluster's worker table under what
-    the cluster decides (its servers, name, speed, seed, stopping clock, data part, log), no
-    progress bar, one torch thread (the local shards and workers share this machine's cores)."""
+    """Worker ``rank``'s ``psworker train --config`` file (:func:`worker_table`, its log in the log folder)."""
+    run: dict[str, Any] = {
+        "servers": servers,
+        "name": f"worker-{rank}",
+        "slowdown": float(config.slowdowns[rank]),
+        "seed": config.seed * 1000 + rank,
+        "log_file": str(config.log_dir / f"worker-{rank}.jsonl"),
+    }
+    if shard_data:
+        run["shard_data"] = [rank, config.workers]
+    path = config.log_dir / f"worker-{rank}.toml"
+    path.write_text(dump_toml(worker_table(config, run)))
+    return path
+
+
+def worker_table(config: ClusterConfig, run: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker's ``psworker train --config`` table: the cluster's worker table under what the
+    cluster decides (the task, its data, the stopping clock, no progress bar, and ``run``: servers,
+    name, speed, seed, data part ...), one torch thread unless the worker table says."""
     train = {"eval_every": config.eval_every, "device": config.device, "client": {"wire_dtype": config.wire_dtype}}
     own: dict[str, Any] = {"torch_threads": 1, "train": train}
     decided: dict[str, Any] = {"task": config.task}
     if config.data_dir is not None:
         decided["data_dir"] = str(config.data_dir)
-    run = {
-        "servers": servers,
-        "name": f"worker-{rank}",
-        "slowdown": float(config.slowdowns[rank]),
-        "seed": config.seed * 1000 + rank,
-        "until_clock": config.until_clock,
-        "log_file": str(config.log_dir / f"worker-{rank}.jsonl"),
-        "progress": False,
-    }
-    if shard_data:
-        run["shard_data"] = [rank, config.workers]
-    table = merged(merged(own, config.worker_config), {**decided, "train": run})
-    path = config.log_dir / f"worker-{rank}.toml"
-    path.write_text(dump_toml(table))
-    return path
+    decided["train"] = {"until_clock": config.until_clock, "progress": False, **run}
+    return merged(merged(own, config.worker_config), decided)
 
 
 def _wait_for_workers(config: ClusterConfig, workers: list[WarmProcess], started: float) -> None:
@@ -248,52 +305,64 @@ def _wait_for_workers(config: ClusterConfig, workers: list[WarmProcess], started
             raise ClusterError(f"worker-{rank} exited with {code}; see {config.log_dir / f'worker-{rank}.log'}")
 
 
-def _report(config: ClusterConfig, task: Task, addresses: list[str], started: float) -> ClusterReport:
+@dataclass(frozen=True)
+class Evaluation:
+    """The servers' model evaluated on the task's test set, with their clock and refusals."""
+
+    accuracy: float
+    loss: float
+    clock: int
+    rejected: dict[str, int]
+
+
+def evaluate_servers(task: Task, addresses: Sequence[str]) -> Evaluation:
+    """Pull the servers' parameters as an observer and evaluate them on ``task``'s test set."""
     model = task.build_model()
-    binding = ModelBinding(model, num_shards=config.shards)
-    with PSClient(addresses, binding.layout, name="launcher-eval", observer=True) as observer:
+    binding = ModelBinding(model, num_shards=len(addresses))
+    with PSClient(list(addresses), binding.layout, name="launcher-eval", observer=True) as observer:
         statuses: list[ps_pb2.StatusResponse] = observer.status()
         observer.pull(binding.params)
         binding.scatter_params()
     accuracy, loss = evaluate(model, task, torch.device("cpu"))
+    rejected: dict[str, int] = {}
+    for status in statuses:
+        for reason, count in status.rejected.items():
+            rejected[reason] = rejected.get(reason, 0) + count
+    return Evaluation(accuracy, loss, min(s.clock for s in statuses), rejected)
+
+
+def _report(config: ClusterConfig, task: Task, addresses: list[str], started: float) -> ClusterReport:
+    evaluation = evaluate_servers(task, addresses)
     summaries = {}
     for rank in range(config.workers):
         path = config.log_dir / f"worker-{rank}.jsonl"
         done = [json.loads(line) for line in path.read_text().splitlines() if '"event": "done"' in line]
         summaries[rank] = done[-1] if done else {}
-    workers = []
-    for rank, slowdown in enumerate(config.slowdowns):
-        name = f"worker-{rank}"
-        # Workers leave the server when done, so their own summaries (built from the
-        # staleness the server returned for every push) are the record.
-        summary = summaries[rank]
-        workers.append(
-            WorkerReport(
-                name=name,
-                slowdown=slowdown,
-                steps=int(summary.get("steps", 0)),
-                pushes=int(summary.get("pushes", 0)),
-                mean_staleness=float(summary.get("mean_staleness", 0.0)),
-                max_staleness=int(summary.get("max_staleness", 0)),
-                compute_seconds_per_step=float(summary.get("compute_seconds_per_step", 0.0)),
-            )
-        )
-    rejected: dict[str, int] = {}
-    for status in statuses:
-        for reason, count in status.rejected.items():
-            rejected[reason] = rejected.get(reason, 0) + count
+    # Workers leave the server when done, so their own summaries (built from the staleness the
+    # server returned for every push) are the record.
+    workers = [
+        WorkerReport.of_summary(f"worker-{rank}", slowdown, summaries[rank])
+        for rank, slowdown in enumerate(config.slowdowns)
+    ]
+    return report_of(config, task, evaluation, workers, time.monotonic() - started)
+
+
+def report_of(
+    config: ClusterConfig, task: Task, evaluation: Evaluation, workers: list[WorkerReport], wall_seconds: float
+) -> ClusterReport:
+    """The run's report: its evaluation by the task's metric, and its workers."""
     return ClusterReport(
         config.rule,
-        accuracy,
-        loss,
-        min(s.clock for s in statuses),
-        time.monotonic() - started,
+        evaluation.accuracy,
+        evaluation.loss,
+        evaluation.clock,
+        wall_seconds,
         workers,
-        rejected,
+        evaluation.rejected,
         metric=task.metric.name,
         higher_is_better=task.metric.higher_is_better,
-        metric_value=task.metric.of(accuracy, loss),
-        perplexity=None if task.metric.higher_is_better else perplexity(loss),
+        metric_value=task.metric.of(evaluation.accuracy, evaluation.loss),
+        perplexity=None if task.metric.higher_is_better else perplexity(evaluation.loss),
     )
 
 

@@ -110,6 +110,10 @@ class ClientConfig:
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
     # How long the first Join waits for each shard to come up.
     connect_timeout: float = 30.0
+    # This process succeeds a dead worker of the same name (an engine such as Ray restarted it, so
+    # the earlier one can no longer push): its first Join takes over that name's record and push-id
+    # memory at once, rather than waiting for the record's lease to run out.
+    takes_over_name: bool = False
     # HTTP/2 ping interval: a link that went silent is noticed within 1.5 times this.
     keepalive_seconds: float = DEFAULT_KEEPALIVE_S
     # Backoff for calls that got no answer; give_up_seconds: how long a call may keep failing.
@@ -208,6 +212,7 @@ class PSClient:
             self.retry,
             max(self.connect_timeout, self.retry.give_up_seconds),
             retried,
+            takes_over=self.config.takes_over_name,
         )
 
     def _join(

@@ -10,6 +10,7 @@ for x, y in loader:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -20,6 +21,27 @@ from psworker.client import ClientConfig, PSClient
 from psworker.procedures import StepOutcome
 from psworker.startup import start_worker
 from psworker.task import OptimizerFactory
+
+
+@dataclass
+class StepCounts:
+    """What an optimizer's steps did: how many, how many pushed, and the staleness of those pushes."""
+
+    steps: int = 0
+    pushes: int = 0
+    staleness_sum: int = 0
+    max_staleness: int = 0
+
+    def count(self, outcome: StepOutcome) -> None:
+        self.steps += 1
+        if outcome.pushed:
+            self.pushes += 1
+            self.staleness_sum += outcome.staleness
+            self.max_staleness = max(self.max_staleness, outcome.staleness)
+
+    @property
+    def mean_staleness(self) -> float:
+        return self.staleness_sum / self.pushes if self.pushes else 0.0
 
 
 class ParameterServerOptimizer:
@@ -41,21 +63,42 @@ class ParameterServerOptimizer:
         ``keepalive_seconds``, the HTTP/2 ping interval (a silent link is noticed within 1.5 of it);
         ``build_optimizer``, the inner optimizer of rules whose local steps use the model's own
         (``diloco``, ``diloco-dn``), e.g. ``lambda ps: torch.optim.AdamW(ps, lr=1e-3)``."""
+        config = ClientConfig(
+            wire_dtype=wire_dtype, tls=tls, auth_token=auth_token, keepalive_seconds=keepalive_seconds
+        )
+        self._start(model, servers, name, config, build_optimizer)
+
+    @classmethod
+    def configured(
+        cls,
+        model: nn.Module,
+        servers: str | Sequence[str],
+        name: str | None,
+        config: ClientConfig,
+        build_optimizer: OptimizerFactory | None = None,
+    ) -> ParameterServerOptimizer:
+        """The same, with every client setting in ``config`` (retries, deadlines, chunking, a name
+        taken over from a dead worker ...)."""
+        optimizer = cls.__new__(cls)
+        optimizer._start(model, servers, name, config, build_optimizer)
+        return optimizer
+
+    def _start(
+        self,
+        model: nn.Module,
+        servers: str | Sequence[str],
+        name: str | None,
+        config: ClientConfig,
+        build_optimizer: OptimizerFactory | None,
+    ) -> None:
         addresses = [servers] if isinstance(servers, str) else list(servers)
         self.model = model
         self.binding = ModelBinding(model, num_shards=len(addresses))
         device = str(self.binding.device)
-        self.client = PSClient(
-            addresses,
-            self.binding.layout,
-            name=name,
-            device=device,
-            config=ClientConfig(
-                wire_dtype=wire_dtype, tls=tls, auth_token=auth_token, keepalive_seconds=keepalive_seconds
-            ),
-        )
+        self.client = PSClient(addresses, self.binding.layout, name=name, device=device, config=config)
         self.procedure = start_worker(self.client, self.binding, build_optimizer=build_optimizer)
         self.last: StepOutcome | None = None
+        self.counts = StepCounts()
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=False)
@@ -63,6 +106,7 @@ class ParameterServerOptimizer:
     def step(self, loss: float = float("nan")) -> StepOutcome:
         """Hand the gradients now in the model to the server's procedure."""
         self.last = self.procedure.step(loss)
+        self.counts.count(self.last)
         return self.last
 
     def close(self) -> None:

@@ -217,9 +217,11 @@ def first_join(
     policy: RetryPolicy,
     patience_seconds: float,
     on_retry: Callable[[Recovery, grpc.RpcError], None],
+    takes_over: bool = False,
 ) -> ShardSession:
     """Join (``join(channel, resume)``) with retries for up to ``patience_seconds``; a retry resumes,
-    replacing a record an unanswered attempt may have left.
+    replacing a record an unanswered attempt may have left. With ``takes_over`` (the caller knows
+    the name's earlier holder is dead) the first attempt resumes too.
 
     A name still held by a joined worker (NAME_IN_USE: most often this worker's previous process,
     not yet expired) is retried without resume until that record's lease runs out, so a restarted
@@ -228,7 +230,7 @@ def first_join(
     channel = open_channel()
     deadline = time.monotonic() + patience_seconds
     backoff = policy.initial_backoff
-    resume = False
+    resume = takes_over
     # Once another worker was seen holding the name, never resume: that would take its record over.
     name_held = False
     while True:

@@ -84,7 +84,9 @@ def _type_name(kind: Any) -> str:
         inner = _type_name(args[0])
         return f'{inner} or "auto"' if not dataclasses.is_dataclass(args[0]) else "table or false"
     if typing.get_origin(kind) in (list, tuple):
-        return f"list of {_type_name(args[0])}"
+        return f"list of {_type_name(args[0])}s"
+    if typing.get_origin(kind) is dict:
+        return f"table of {_type_name(args[1])}s"
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return " / ".join(f'"{member.value}"' for member in kind)
     if dataclasses.is_dataclass(kind):
@@ -142,6 +144,7 @@ def configuration_page() -> str:
     from psserver.core.rules import RuleSpec
     from pstasks.run_config import WorkerRunConfig
     from pstools.cli import ClusterSettings
+    from pstools.on_ray.config import RaySettings, WorkerGroup
     from pstools.sim_config import SimSettings
     from psworker.client import RetryPolicy
 
@@ -185,6 +188,15 @@ def configuration_page() -> str:
         "",
         *table,
         *_config_rows(ClusterSettings, "", {}),
+        "",
+        "### On Ray (`[ray]`, with `psworker cluster --ray ADDRESS`)",
+        "",
+        "Where the job's shards and workers run (docs/ray.md); each `[[ray.groups]]` table is a group of",
+        "workers with the keys `ray.groups[].*`.",
+        "",
+        *table,
+        *_config_rows(RaySettings, "ray.", {}),
+        *_config_rows(WorkerGroup, "ray.groups[].", {}),
         "",
         "## Simulator (`psworker simulate --config`)",
         "",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -35,3 +35,26 @@ def test_lists_read_as_tuples_and_round_trip(tmp_path: Path) -> None:
 def test_a_wrong_list_names_its_key(table: dict[str, object], says: str) -> None:
     with pytest.raises(ConfigFileError, match=says):
         build(_Lists, table)
+
+
+@dataclass(frozen=True)
+class _Item:
+    name: str
+    weights: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Items:
+    items: tuple[_Item, ...] = ()
+
+
+def test_a_list_of_tables_reads_each_table_and_names_a_wrong_one_by_its_place(tmp_path: Path) -> None:
+    path = tmp_path / "items.toml"
+    path.write_text('[[items]]\nname = "a"\nweights = { x = 1, y = 0.5 }\n[[items]]\nname = "b"\n')
+    assert build(_Items, read_toml(path)) == _Items((_Item("a", {"x": 1.0, "y": 0.5}), _Item("b")))
+    with pytest.raises(ConfigFileError, match=r"unknown key items\[1\]\.nam;"):
+        build(_Items, {"items": [{"name": "a"}, {"nam": "b"}]})
+    with pytest.raises(ConfigFileError, match=r"items\[0\]\.weights\.x must be a number, not 'heavy'"):
+        build(_Items, {"items": [{"name": "a", "weights": {"x": "heavy"}}]})
+    with pytest.raises(ConfigFileError, match=r"items\[0\]\.weights must be a table"):
+        build(_Items, {"items": [{"name": "a", "weights": [1]}]})

@@ -240,6 +240,23 @@ def test_the_first_join_waits_out_a_name_in_use_without_resume(
     assert attempts == [False, False, False]
 
 
+def test_a_successor_takes_over_a_dead_workers_name_at_once(served: tuple[Shard, str]) -> None:
+    shard, address = served
+    # The earlier process died without leaving: its record holds the name for a whole lease.
+    dead = PSClient([address], LAYOUT, name="restarted", config=ClientConfig(retry=FAST))
+    dead.init(torch.zeros(4))
+    (earlier,) = shard.workers
+    plain = ClientConfig(retry=RetryPolicy(give_up_seconds=0.0), connect_timeout=0.5)
+    with pytest.raises(grpc.RpcError) as refused:
+        PSClient([address], LAYOUT, name="restarted", config=plain)
+    assert refused.value.code() is grpc.StatusCode.ALREADY_EXISTS
+    successor = ClientConfig(retry=FAST, takes_over_name=True)
+    with PSClient([address], LAYOUT, name="restarted", config=successor) as client:
+        assert client.stats.retries == 0
+        assert list(shard.workers) == [client.sessions[0].worker_id] != [earlier]
+    dead.close()
+
+
 def test_a_push_refused_for_a_future_base_clock_is_sent_against_the_shard_clock(served: tuple[Shard, str]) -> None:
     shard, address = served
     with PSClient([address], LAYOUT, name="future", config=ClientConfig(retry=FAST)) as client:

@@ -1,0 +1,172 @@
+"""Jobs on a real multi-node Ray cluster on this host: Ray's own test cluster, a head that carries the
+shards and two worker nodes whose custom resources stand for two GPU kinds.
+
+Each test trains digits to accuracy through real actors and gRPC, and breaks something on the way:
+a worker's process killed (Ray restarts it and it re-joins under its name), a node removed (its
+workers are lost, the job finishes with the rest), a shard's process killed (Ray restarts it, it
+restores its checkpoint on the same port and the workers carry on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from pstools.launcher import ClusterConfig  # noqa: E402
+from pstools.on_ray import RayJob, RayJobConfig, RaySettings, WorkerGroup  # noqa: E402
+from pstools.on_ray.job import NAMESPACE  # noqa: E402
+
+NODE_MEMORY = {"object_store_memory": 80 * 2**20}
+# Two workers of each kind: A (full speed) and B (half speed), on their own nodes.
+GROUPS = (
+    WorkerGroup("kind-a", 2, num_cpus=1, resources={"gpu_a": 1}),
+    WorkerGroup("kind-b", 2, num_cpus=1, resources={"gpu_b": 1}, slowdown=2.0),
+)
+UPDATES = 600
+ACCURACY = 0.8
+
+
+@dataclass
+class RayTestCluster:
+    cluster: Cluster
+    node_b: Any
+
+    def replace_node_b(self) -> None:
+        self.cluster.remove_node(self.node_b)
+        self.node_b = self.cluster.add_node(num_cpus=2, resources={"gpu_b": 2}, **NODE_MEMORY)
+        self.cluster.wait_for_nodes()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayTestCluster]:
+    head = {"num_cpus": 2, "resources": {"hetps_server": 2}, "include_dashboard": False, **NODE_MEMORY}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    cluster.add_node(num_cpus=2, resources={"gpu_a": 2}, **NODE_MEMORY)
+    node_b = cluster.add_node(num_cpus=2, resources={"gpu_b": 2}, **NODE_MEMORY)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    try:
+        yield RayTestCluster(cluster, node_b)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _config(log_dir: Path, server_config: dict[str, Any] | None = None, **ray_settings: Any) -> RayJobConfig:
+    cluster = ClusterConfig(task="digits", lr=0.03, until_clock=UPDATES, log_dir=log_dir, timeout_s=240)
+    cluster.server_config = server_config or {}
+    settings = RaySettings(groups=GROUPS, server_resources={"hetps_server": 1}, **ray_settings)
+    return RayJobConfig(cluster, settings)
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _clock_reaches(clock: int, shard_name: str = "hetps-shard-0") -> Callable[[], bool]:
+    def reached() -> bool:
+        try:
+            return bool(ray.get(ray.get_actor(shard_name, NAMESPACE).clock.remote(), timeout=5) >= clock)
+        except (ValueError, ray.exceptions.RayError):
+            return False  # not created yet, or restarting
+
+    return reached
+
+
+def test_the_command_line_job_reaches_accuracy_across_nodes_and_a_killed_worker_rejoins(
+    ray_cluster: RayTestCluster, tmp_path: Path
+) -> None:
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(
+        '[ray]\nname = "cli"\nserver_resources = { hetps_server = 1 }\n'
+        '[[ray.groups]]\nname = "kind-a"\ncount = 2\nresources = { gpu_a = 1 }\n'
+        '[[ray.groups]]\nname = "kind-b"\ncount = 2\nresources = { gpu_b = 1 }\nslowdown = 2.0\n'
+    )
+    log_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "pstools", "cluster", "--ray", ray_cluster.cluster.address]
+    command += ["--config", str(job_file), "--task", "digits", "--lr", "0.03", "--updates", str(UPDATES)]
+    command += ["--log-dir", str(log_dir)]
+    driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(_clock_reaches(UPDATES // 4, "cli-shard-0"), "a quarter of the updates")
+        victim = ray.get_actor("cli-kind-a-0", NAMESPACE)
+        os.kill(ray.get(victim.pid.remote()), signal.SIGKILL)
+        output, _ = driver.communicate(timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert driver.returncode == 0, output
+    report = json.loads((log_dir / "report.json").read_text())
+    assert report["test_accuracy"] >= ACCURACY, output
+    assert report["clock"] >= UPDATES
+    states = {w["name"]: w["state"] for w in report["workers"]}
+    assert states == {"kind-a-0": "restarted", "kind-a-1": "finished", "kind-b-0": "finished", "kind-b-1": "finished"}
+    groups = {g["name"]: g for g in report["groups"]}
+    assert groups["kind-a"]["finished"] == groups["kind-b"]["finished"] == 2
+    # The half-speed kind pushes less often, so its gradients are staler.
+    assert groups["kind-b"]["mean_staleness"] > groups["kind-a"]["mean_staleness"] > 0
+    assert "final test accuracy" in output
+    targets = json.loads((log_dir / "prometheus-targets.json").read_text())
+    assert [t["labels"] for t in targets] == [{"hetps_job": "cli", "shard": "0"}]
+    assert report["metrics_targets"] == targets[0]["targets"]
+
+
+def test_a_node_removed_mid_run_takes_its_workers_and_the_job_finishes_with_the_rest(
+    ray_cluster: RayTestCluster, tmp_path: Path
+) -> None:
+    job = RayJob.start(_config(tmp_path, name="node-loss", max_worker_restarts=1))
+    try:
+        _wait_for(_clock_reaches(UPDATES // 4, "node-loss-shard-0"), "a quarter of the updates")
+        ray_cluster.cluster.remove_node(ray_cluster.node_b)
+        report = job.wait()
+    finally:
+        job.stop()
+        ray_cluster.node_b = ray_cluster.cluster.add_node(num_cpus=2, resources={"gpu_b": 2}, **NODE_MEMORY)
+        ray_cluster.cluster.wait_for_nodes()
+    states = {w.name: w.state for w in report.workers}
+    assert states == {"kind-a-0": "finished", "kind-a-1": "finished", "kind-b-0": "lost", "kind-b-1": "lost"}
+    assert [(g.name, g.finished, g.lost) for g in report.groups] == [("kind-a", 2, 0), ("kind-b", 0, 2)]
+    assert report.clock >= UPDATES
+    assert report.test_accuracy >= ACCURACY
+
+
+def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_workers_carry_on(
+    ray_cluster: RayTestCluster, tmp_path: Path
+) -> None:
+    every_50 = {"checkpoints": {"every_updates": 50}}
+    job = RayJob.start(_config(tmp_path / "run", every_50, name="shard-loss", checkpoint_dir=tmp_path / "checkpoints"))
+    try:
+        before = job.addresses()[0]
+        _wait_for(_clock_reaches(UPDATES // 6, "shard-loss-shard-0"), "a sixth of the updates")
+        os.kill(before.pid, signal.SIGKILL)
+        report = job.wait()
+        after = job.addresses()[0]
+    finally:
+        job.stop()
+    assert report.shard_restarts == 1
+    assert (after.starts, after.address) == (2, before.address)
+    assert after.pid != before.pid
+    assert {w.state for w in report.workers} == {"finished"}
+    assert report.clock >= UPDATES
+    # Workers come back from their retries' backoff seconds apart, and ASGD applies the late ones'
+    # gradients whatever their staleness (up to ~100 updates here): a lower bar than a clean run's.
+    assert report.test_accuracy >= ACCURACY - 0.1
+    assert any((tmp_path / "checkpoints" / "shard-0").iterdir())
