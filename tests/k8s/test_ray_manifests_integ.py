@@ -544,6 +544,8 @@ def test_the_image_has_the_ray_release_the_manifests_name() -> None:
     version = rayjob()["spec"]["rayClusterSpec"]["rayVersion"]
     major, minor, _ = (int(part) for part in version.split("."))
     assert (major, minor) >= (2, 53), "KubeRay probes Ray 2.53 and later over HTTP (the image has no wget)"
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ray"]
+    assert f"ray[default]=={version}" in extra, "the image installs hetps[ray]: its Ray release is the manifests'"
     deploy = (ROOT / "docs" / "deploy.md").read_text()
-    assert f'"ray[default]=={version}"' in deploy, "docs/deploy.md builds the image with this Ray release"
+    assert "EXTRAS=server,tasks,ray" in deploy, "docs/deploy.md builds the image with the ray extra"
     assert "kubectl apply -k k8s/ray" in deploy
