@@ -78,6 +78,8 @@ class WorkerReport:
     # On Ray (pstools.on_ray): the worker's group, and how it ended (WORKER_STATES).
     group: str = ""
     state: str = "finished"
+    # What the user's training function returned (pstools.on_ray WorkerGroup.train_fn), as JSON allows.
+    result: Any = None
 
     @classmethod
     def of_summary(cls, name: str, slowdown: float, summary: Mapping[str, Any]) -> WorkerReport:

@@ -41,7 +41,7 @@ from pstools.on_ray.config import RayJobConfig, WorkerGroup
 # Ray's namespace for a job's named actors.
 NAMESPACE = "hetps"
 # Once some workers are done, how long the rest have to answer before they are counted lost.
-ANSWER_TIMEOUT_S = 15.0
+ANSWER_TIMEOUT_S = 10.0
 # How long the shards have to start.
 SHARDS_START_TIMEOUT_S = 120.0
 _POLL_S = 1.0
@@ -224,7 +224,7 @@ class RayJob:
         ]
         report.shard_restarts = sum(a.starts - 1 for a in addresses)
         report.metrics_targets = targets
-        (cluster.log_dir / "report.json").write_text(json.dumps(asdict(report), indent=2))
+        (cluster.log_dir / "report.json").write_text(json.dumps(asdict(report), indent=2, default=str))
         return report
 
     def stop(self) -> None:
@@ -313,12 +313,11 @@ def _unanswering(handles: Sequence[WorkerHandle]) -> list[WorkerHandle]:
 
 
 def _worker_report(spec: WorkerSpec, state: str, detail: str) -> WorkerReport:
-    summary: Mapping[str, Any] = {}
-    if state in ("finished", "restarted"):
-        summary = json.loads(detail)["summary"]
-    report = WorkerReport.of_summary(spec.name, spec.group.slowdown, summary)
+    ended: Mapping[str, Any] = json.loads(detail) if state in ("finished", "restarted") else {}
+    report = WorkerReport.of_summary(spec.name, spec.group.slowdown, ended.get("summary", {}))
     report.group = spec.group.name
     report.state = state
+    report.result = ended.get("result")
     return report
 
 

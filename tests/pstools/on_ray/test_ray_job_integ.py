@@ -57,7 +57,9 @@ def ray_cluster() -> Iterator[RayTestCluster]:
     cluster.add_node(num_cpus=2, resources={"gpu_a": 2}, **NODE_MEMORY)
     node_b = cluster.add_node(num_cpus=2, resources={"gpu_b": 2}, **NODE_MEMORY)
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    # The workers find the user's training loop of examples/ray (a group's train_fn) on their path.
+    loops = {"env_vars": {"PYTHONPATH": str(Path(__file__).parents[3] / "examples" / "ray")}}
+    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False, runtime_env=loops)
     try:
         yield RayTestCluster(cluster, node_b)
     finally:
@@ -65,10 +67,15 @@ def ray_cluster() -> Iterator[RayTestCluster]:
         cluster.shutdown()
 
 
-def _config(log_dir: Path, server_config: dict[str, Any] | None = None, **ray_settings: Any) -> RayJobConfig:
+def _config(
+    log_dir: Path,
+    server_config: dict[str, Any] | None = None,
+    groups: tuple[WorkerGroup, ...] = GROUPS,
+    **ray_settings: Any,
+) -> RayJobConfig:
     cluster = ClusterConfig(task="digits", lr=0.03, until_clock=UPDATES, log_dir=log_dir, timeout_s=240)
     cluster.server_config = server_config or {}
-    settings = RaySettings(groups=GROUPS, server_resources={"hetps_server": 1}, **ray_settings)
+    settings = RaySettings(groups=groups, server_resources={"hetps_server": 1}, **ray_settings)
     return RayJobConfig(cluster, settings)
 
 
@@ -151,8 +158,12 @@ def test_a_node_removed_mid_run_takes_its_workers_and_the_job_finishes_with_the_
 def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_workers_carry_on(
     ray_cluster: RayTestCluster, tmp_path: Path
 ) -> None:
+    # Kind A runs the user's own loop (examples/ray/own_loop.py), kind B the built-in task.
+    own_loop = WorkerGroup("kind-a", 2, num_cpus=1, resources={"gpu_a": 1}, train_fn="own_loop:train")
+    groups = (own_loop, GROUPS[1])
     every_50 = {"checkpoints": {"every_updates": 50}}
-    job = RayJob.start(_config(tmp_path / "run", every_50, name="shard-loss", checkpoint_dir=tmp_path / "checkpoints"))
+    config = _config(tmp_path / "run", every_50, groups, name="shard-loss", checkpoint_dir=tmp_path / "checkpoints")
+    job = RayJob.start(config)
     try:
         before = job.addresses()[0]
         _wait_for(_clock_reaches(UPDATES // 6, "shard-loss-shard-0"), "a sixth of the updates")
@@ -165,6 +176,9 @@ def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_workers_carry_o
     assert (after.starts, after.address) == (2, before.address)
     assert after.pid != before.pid
     assert {w.state for w in report.workers} == {"finished"}
+    own = [w for w in report.workers if w.group == "kind-a"]
+    assert all(w.steps > 0 and w.pushes == w.steps for w in own), own
+    assert all(w.result["restarted"] is False and w.result["last_loss"] < 2.3 for w in own), own
     assert report.clock >= UPDATES
     # Workers come back from their retries' backoff seconds apart, and ASGD applies the late ones'
     # gradients whatever their staleness (up to ~100 updates here): a lower bar than a clean run's.
