@@ -115,6 +115,37 @@ class RayJobConfig:
         return self.ray.groups or groups_of_slowdowns(self.cluster.slowdowns)
 
 
+def worker_needs(group: WorkerGroup) -> dict[str, float]:
+    """What one worker of ``group`` takes of a node, in Ray's resource names."""
+    needs = {"CPU": group.num_cpus, "GPU": group.num_gpus, **group.resources}
+    if group.accelerator_type is not None:
+        needs[f"accelerator_type:{group.accelerator_type}"] = 0.001
+    return {name: amount for name, amount in needs.items() if amount > 0}
+
+
+def unplaceable(config: RayJobConfig, nodes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What no live node of the cluster (``ray.nodes()``) can hold: a shard, or one worker of a
+    group; each as a sentence saying what it asks for. A group whose kind of node is not up yet
+    (an autoscaler adding it on demand) is one of them: keep a node of each kind up."""
+    offered = [node["Resources"] for node in nodes if node.get("Alive")]
+
+    def fits(needs: Mapping[str, float]) -> bool:
+        return any(all(resources.get(name, 0.0) >= amount for name, amount in needs.items()) for resources in offered)
+
+    def described(needs: Mapping[str, float]) -> str:
+        return ", ".join(name if name.startswith("accelerator_type:") else f"{name} {n:g}" for name, n in needs.items())
+
+    settings = config.ray
+    problems = []
+    shard = {name: n for name, n in {"CPU": settings.server_cpus, **settings.server_resources}.items() if n > 0}
+    if not fits(shard):
+        problems.append(f"a shard asks for {described(shard)} (server_cpus, server_resources)")
+    for group in config.worker_groups():
+        if not fits(worker_needs(group)):
+            problems.append(f"a worker of group {group.name} asks for {described(worker_needs(group))}")
+    return problems
+
+
 def groups_of_slowdowns(slowdowns: Sequence[float]) -> tuple[WorkerGroup, ...]:
     """One group per distinct slowdown (``x1``, ``x2`` ...), each as many workers as ask for it."""
     counts = Counter(float(s) for s in slowdowns)

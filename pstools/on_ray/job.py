@@ -36,7 +36,7 @@ from pstools.launcher import (
     worker_table,
 )
 from pstools.on_ray.actors import JobDirectory, ShardActor, ShardAddress, ShardSpec, WorkerActor, WorkerSpec
-from pstools.on_ray.config import RayJobConfig, WorkerGroup
+from pstools.on_ray.config import RayJobConfig, WorkerGroup, unplaceable
 
 # Ray's namespace for a job's named actors.
 NAMESPACE = "hetps"
@@ -118,7 +118,13 @@ class RayJob:
 
     @classmethod
     def start(cls, config: RayJobConfig) -> RayJob:
-        """Start the shards, wait until they serve, then start every worker's run."""
+        """Start the shards, wait until they serve, then start every worker's run. A job some part
+        of which no live node can hold is refused first (``RayJobError`` naming it)."""
+        import ray
+
+        problems = unplaceable(config, ray.nodes())  # type: ignore[no-untyped-call]
+        if problems:
+            raise RayJobError(f"no node of the Ray cluster can hold it: {'; '.join(problems)}")
         job = cls(config)
         try:
             job._start_shards()

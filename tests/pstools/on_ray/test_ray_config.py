@@ -13,7 +13,14 @@ from psserver.serve_cli import server_config
 from pstasks.run_config import worker_run_config
 from pstools.cli import main
 from pstools.launcher import ClusterConfig, GroupReport, WorkerReport
-from pstools.on_ray.config import RayJobConfig, RaySettings, WorkerGroup, groups_of_slowdowns, ray_settings
+from pstools.on_ray.config import (
+    RayJobConfig,
+    RaySettings,
+    WorkerGroup,
+    groups_of_slowdowns,
+    ray_settings,
+    unplaceable,
+)
 from pstools.on_ray.job import shard_specs, worker_specs
 
 
@@ -133,3 +140,24 @@ def test_without_the_ray_extra_the_command_says_what_to_install(monkeypatch: pyt
     monkeypatch.setattr("pstools.cli.find_spec", lambda name: None)
     refused = CliRunner().invoke(main, ["cluster", "--ray", "auto"])
     assert refused.exit_code == 2 and "pip install 'hetps[ray]'" in refused.output, refused.output
+
+
+def _node(alive: bool = True, **resources: float) -> dict[str, object]:
+    return {"Alive": alive, "Resources": resources}
+
+
+def test_a_job_no_live_node_can_hold_is_named_part_by_part() -> None:
+    groups = (
+        WorkerGroup("a100", 2, num_gpus=1, resources={"a100": 1}, accelerator_type="A100"),
+        WorkerGroup("cpu", 1, num_cpus=4),
+    )
+    job = RayJobConfig(ClusterConfig(), RaySettings(groups=groups, server_resources={"hetps_server": 1}))
+    head = _node(CPU=2, hetps_server=2)
+    gpu = _node(CPU=8, GPU=1, a100=1, **{"accelerator_type:A100": 1})
+    assert unplaceable(job, [head, gpu]) == []
+    problems = unplaceable(job, [head, _node(alive=False, CPU=8, GPU=1, a100=1), _node(CPU=3, GPU=1, a100=1)])
+    assert problems == [
+        "a worker of group a100 asks for CPU 1, GPU 1, a100 1, accelerator_type:A100",
+        "a worker of group cpu asks for CPU 4",
+    ]
+    assert unplaceable(job, [gpu]) == ["a shard asks for CPU 1, hetps_server 1 (server_cpus, server_resources)"]

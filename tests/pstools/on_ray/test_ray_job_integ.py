@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
+from click.testing import CliRunner
+from ray.cluster_utils import Cluster
 
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from pstools.launcher import ClusterConfig  # noqa: E402
-from pstools.on_ray import RayJob, RayJobConfig, RaySettings, WorkerGroup  # noqa: E402
-from pstools.on_ray.job import NAMESPACE  # noqa: E402
+from pstools.cli import main
+from pstools.launcher import ClusterConfig
+from pstools.on_ray import RayJob, RayJobConfig, RayJobError, RaySettings, WorkerGroup
+from pstools.on_ray.job import NAMESPACE
 
 NODE_MEMORY = {"object_store_memory": 80 * 2**20}
 # Two workers of each kind: A (full speed) and B (half speed), on their own nodes.
@@ -184,3 +186,22 @@ def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_workers_carry_o
     # gradients whatever their staleness (up to ~100 updates here): a lower bar than a clean run's.
     assert report.test_accuracy >= ACCURACY - 0.1
     assert any((tmp_path / "checkpoints" / "shard-0").iterdir())
+
+
+def test_a_job_no_node_can_hold_is_refused_before_any_actor_starts(ray_cluster: RayTestCluster, tmp_path: Path) -> None:
+    h100 = (WorkerGroup("h100", 1, num_gpus=1, resources={"h100": 1}),)
+    with pytest.raises(RayJobError) as refused:
+        RayJob.start(_config(tmp_path, groups=h100, name="nowhere"))
+    assert "group h100 asks for CPU 1, GPU 1, h100 1" in str(refused.value)
+    with pytest.raises(ValueError, match="Failed to look up actor"):
+        ray.get_actor("nowhere-shard-0", NAMESPACE)
+
+
+def test_an_address_where_no_ray_cluster_answers_exits_1_at_once() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    started = time.monotonic()
+    refused = CliRunner().invoke(main, ["cluster", "--ray", f"127.0.0.1:{port}"])
+    assert refused.exit_code == 1 and "no Ray cluster answers there (Connection refused)" in refused.output
+    assert time.monotonic() - started < 10
