@@ -16,7 +16,8 @@
 #      container, where overlay mounts and cgroups are not available);
 #   6. unpacks the image's filesystem into $OUT_DIR/rootfs and writes its configuration to
 #      $OUT_DIR/inspect.json and the build's numbers to $OUT_DIR/build.json, so that
-#      tests/docker/test_image.py can run the image's own psserver under chroot.
+#      tests/docker/test_image_integ.py can run the image's own psserver under chroot (it waits
+#      for a build still running: $OUT_DIR.building names its pid).
 #
 # Environment: IMAGE (default localhost/hetps:dev), BASE_IMAGE, TORCH_VERSION (2.13.0),
 # PYTHON (the host interpreter for pip download: .venv/bin/python, else python3),
@@ -49,9 +50,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# While this runs, $OUT_DIR.building holds its pid: the image test, started beside the build, waits
+# for it to go.
+mkdir -p "$(dirname "$OUT_DIR")"
+echo $$ > "$OUT_DIR.building"
 # podman in a container without a daemon: vfs storage, chroot isolation, no ulimits to set.
 CONF_DIR=$(mktemp -d)
-trap 'rm -rf "$CONF_DIR"' EXIT
+trap 'rm -rf "$CONF_DIR" "$OUT_DIR.building"' EXIT
 printf '[containers]\ndefault_ulimits = []\n' > "$CONF_DIR/containers.conf"
 export CONTAINERS_CONF="$CONF_DIR/containers.conf"
 podman_() { podman --storage-driver vfs "$@"; }

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,29 @@ IMAGE_USER = "10001:10001"
 # The allocator policy lives in the code (psserver.allocator), applied with mallopt: none in the image.
 MALLOC_PREFIX = "MALLOC_"
 
-# In CI the image must have been built (`make image` runs before the tests); elsewhere it may be absent.
+# In CI the image must have been built (`make image` runs beside the tests: a test that needs the
+# image waits for the build, whose pid is in BUILDING); elsewhere it may be absent.
 _REQUIRED = os.environ.get("HETPS_REQUIRE_IMAGE") == "1"
-_BUILT = (IMAGE_DIR / "inspect.json").is_file() and (ROOTFS / "opt" / "hetps" / "bin" / "psserver").exists()
+BUILDING = IMAGE_DIR.with_name(IMAGE_DIR.name + ".building")
+BUILD_TIMEOUT_S = 900.0
+
+
+def wait_for_the_build() -> None:
+    """Return once no build of the image is running (one that outlives BUILD_TIMEOUT_S fails the test)."""
+    deadline = time.monotonic() + BUILD_TIMEOUT_S
+    while BUILDING.exists():
+        try:
+            os.kill(int(BUILDING.read_text()), 0)
+        except (ValueError, ProcessLookupError, FileNotFoundError):
+            return  # a build that died without removing its file, or one that just ended
+        if time.monotonic() > deadline:
+            pytest.fail(f"the image build ({BUILDING}) still runs after {BUILD_TIMEOUT_S:.0f} s")
+        time.sleep(1.0)
+
+
+_BUILT = BUILDING.exists() or (
+    (IMAGE_DIR / "inspect.json").is_file() and (ROOTFS / "opt" / "hetps" / "bin" / "psserver").exists()
+)
 needs_image = pytest.mark.skipif(
     not _BUILT and not _REQUIRED, reason=f"no image unpacked in {IMAGE_DIR}: run `make image` first"
 )
@@ -68,6 +89,7 @@ def test_dockerfile_takes_its_base_as_an_argument_and_drops_root() -> None:
 
 
 def inspect() -> dict[str, Any]:
+    wait_for_the_build()
     data: list[dict[str, Any]] = json.loads((IMAGE_DIR / "inspect.json").read_text())
     return data[0]
 
@@ -92,6 +114,7 @@ def test_image_configuration() -> None:
 @pytest.fixture
 def image_root() -> Iterator[Path]:
     """The unpacked image with /proc and /dev bound in, unmounted afterwards."""
+    wait_for_the_build()
     mounted = []
     try:
         for name in ("proc", "dev"):
