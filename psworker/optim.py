@@ -10,7 +10,6 @@ for x, y in loader:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from torch import nn
 
@@ -18,30 +17,9 @@ from psproto.security import ClientTls
 from psworker.binding import ModelBinding
 from psworker.channels import DEFAULT_KEEPALIVE_S
 from psworker.client import ClientConfig, PSClient
-from psworker.procedures import StepOutcome
+from psworker.procedures import StepCounts, StepOutcome
 from psworker.startup import start_worker
 from psworker.task import OptimizerFactory
-
-
-@dataclass
-class StepCounts:
-    """What an optimizer's steps did: how many, how many pushed, and the staleness of those pushes."""
-
-    steps: int = 0
-    pushes: int = 0
-    staleness_sum: int = 0
-    max_staleness: int = 0
-
-    def count(self, outcome: StepOutcome) -> None:
-        self.steps += 1
-        if outcome.pushed:
-            self.pushes += 1
-            self.staleness_sum += outcome.staleness
-            self.max_staleness = max(self.max_staleness, outcome.staleness)
-
-    @property
-    def mean_staleness(self) -> float:
-        return self.staleness_sum / self.pushes if self.pushes else 0.0
 
 
 class ParameterServerOptimizer:

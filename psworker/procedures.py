@@ -64,6 +64,27 @@ class StepOutcome:
     telemetry: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class StepCounts:
+    """What a worker's steps did: how many, how many pushed, and the staleness of those pushes."""
+
+    steps: int = 0
+    pushes: int = 0
+    staleness_sum: int = 0
+    max_staleness: int = 0
+
+    def count(self, outcome: StepOutcome) -> None:
+        self.steps += 1
+        if outcome.pushed:
+            self.pushes += 1
+            self.staleness_sum += outcome.staleness
+            self.max_staleness = max(self.max_staleness, outcome.staleness)
+
+    @property
+    def mean_staleness(self) -> float:
+        return self.staleness_sum / self.pushes if self.pushes else 0.0
+
+
 def assigned_window(results: list[PushResult]) -> int | None:
     """The local steps the shards assign to the next window, None when none does. Shards time
     the same pushes and agree but for jitter; the fewest keeps a slow worker from holding anyone up."""

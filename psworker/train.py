@@ -18,7 +18,7 @@ from psproto import codec
 from psworker.binding import ModelBinding
 from psworker.client import ClientConfig, PSClient
 from psworker.pacing import Pace
-from psworker.procedures import Procedure, StepOutcome
+from psworker.procedures import Procedure, StepCounts, StepOutcome
 from psworker.push_encoding import wire_dtypes
 from psworker.startup import start_worker
 from psworker.task import Task, evaluate, perplexity
@@ -158,7 +158,7 @@ def _progress(enabled: bool, total: int | None, description: str) -> Iterator[Pr
         yield progress
 
 
-class _Steps:
+class _Steps(StepCounts):
     """Computes a step's gradient on a sampled batch, paced to the emulated device, and counts
     what the steps did (pushes, staleness, compute time)."""
 
@@ -169,7 +169,7 @@ class _Steps:
         self.train_x = task.train_inputs.to(device)
         self.train_y = task.train_targets.to(device)
         self.compute_seconds = 0.0
-        self.steps = self.pushes = self.staleness_sum = self.max_staleness = 0
+        super().__init__()
         self.telemetry: dict[str, float] = {}
 
     def warm_up(self) -> None:
@@ -193,11 +193,8 @@ class _Steps:
         return float(loss.detach())
 
     def count(self, outcome: StepOutcome) -> None:
-        self.steps += 1
+        super().count(outcome)
         if outcome.pushed:
-            self.pushes += 1
-            self.staleness_sum += outcome.staleness
-            self.max_staleness = max(self.max_staleness, outcome.staleness)
             self.telemetry = outcome.telemetry
 
     def speed(self) -> dict[str, float]:
@@ -333,7 +330,7 @@ def _summary(config: TrainConfig, steps: _Steps, client: PSClient, device: torch
         device=str(device),
         steps=n,
         pushes=steps.pushes,
-        mean_staleness=steps.staleness_sum / steps.pushes if steps.pushes else 0.0,
+        mean_staleness=steps.mean_staleness,
         max_staleness=steps.max_staleness,
         compute_seconds_per_step=steps.compute_seconds / n if n else 0.0,
         test_accuracy=accuracy,

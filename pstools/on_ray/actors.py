@@ -36,7 +36,8 @@ from pstasks.run_config import WorkerRunConfig, worker_run_config
 from pstasks.tasks import load_task
 from pstools.on_ray.config import WorkerGroup
 from psworker.client import ClientConfig
-from psworker.optim import ParameterServerOptimizer, StepCounts
+from psworker.optim import ParameterServerOptimizer
+from psworker.procedures import StepCounts
 from psworker.task import OptimizerFactory
 from psworker.train import train
 
