@@ -169,6 +169,10 @@ def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> No
     try:
         file_table = read_toml(config_file) if config_file is not None else {}
         ray_table = file_table.pop("ray", None)
+        if isinstance(ray_table, dict) and "checkpoint_dir" in ray_table:
+            # On Ray each shard's checkpoint folder is decided under [ray] checkpoint_dir.
+            folder = {"server": {"checkpoints": {"directory": str(ray_table["checkpoint_dir"])}}}
+            file_table = merged(file_table, folder)
         settings, server, worker = cluster_tables(merged(file_table, flag_table(ctx, flags, CLUSTER_FLAG_KEYS)))
     except ConfigFileError as error:
         raise click.UsageError(f"{where}{error}") from None
