@@ -161,3 +161,18 @@ def test_a_job_no_live_node_can_hold_is_named_part_by_part() -> None:
         "a worker of group cpu asks for CPU 4",
     ]
     assert unplaceable(job, [gpu]) == ["a shard asks for CPU 1, hetps_server 1 (server_cpus, server_resources)"]
+
+
+def test_ray_checkpoint_dir_gives_the_shards_their_checkpoint_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs: list[ClusterConfig] = []
+    monkeypatch.setattr("pstools.cli._run_on_ray", lambda config, *_: runs.append(config))
+    job = tmp_path / "job.toml"
+    job.write_text("[server.checkpoints]\nevery_updates = 50\n")
+    refused = CliRunner().invoke(main, ["cluster", "--ray", "auto", "--config", str(job)])
+    assert refused.exit_code == 2 and "checkpoints.directory" in refused.output, refused.output
+    job.write_text(f'[server.checkpoints]\nevery_updates = 50\n[ray]\ncheckpoint_dir = "{tmp_path}"\n')
+    accepted = CliRunner().invoke(main, ["cluster", "--ray", "auto", "--config", str(job)])
+    assert accepted.exit_code == 0, accepted.output
+    assert runs[0].server_config["checkpoints"] == {"every_updates": 50, "directory": str(tmp_path)}
