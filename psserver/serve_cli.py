@@ -119,15 +119,20 @@ def _str_path(value: Any) -> Any:
     return str(value) if isinstance(value, Path) else value
 
 
+def rule_over_file(rule: Mapping[str, Any], file_rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``[shard.rule]`` given over a file's: the same rule keeps the file's options under the
+    ones given; another rule takes none of them."""
+    same = rule.get("name", file_rule.get("name", DEFAULT_RULE)) == file_rule.get("name", DEFAULT_RULE)
+    return merged(file_rule, rule) if same else dict(rule)
+
+
 def _shard_keys(given: Mapping[str, Any], file_rule: Mapping[str, Any]) -> dict[str, Any]:
     """``[shard]`` of the flags: the rule, the shard's place, the consistency model."""
     shard: dict[str, Any] = {key: given[key] for key in ("shard_index", "num_shards") if key in given}
     rule: dict[str, Any] = {key: given[flag] for flag, key in (("rule_name", "name"), ("lr", "lr")) if flag in given}
     rule.update(parse_rule_options(given.get("rule_opts", ())))
     if rule:
-        # Another rule than the file's takes none of the file's options.
-        same = rule.get("name", file_rule.get("name", DEFAULT_RULE)) == file_rule.get("name", DEFAULT_RULE)
-        shard["rule"] = merged(file_rule, rule) if same else rule
+        shard["rule"] = rule_over_file(rule, file_rule)
     consistency = {
         key: given[flag] for flag, key in (("consistency", "model"), ("ssp_bound", "staleness_bound")) if flag in given
     }

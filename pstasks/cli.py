@@ -6,7 +6,6 @@ from :mod:`pstools.cli`. This module imports nothing of the server."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import signal
 from collections.abc import Mapping
@@ -21,13 +20,13 @@ import torch
 
 from pscli.config_file import ConfigFileError, merged, read_toml
 from pscli.help_sections import SectionedCommand
+from psproto.security import SecurityConfigError
 from pstasks.idx import IdxError
-from pstasks.run_config import WorkerRunConfig, worker_run_config
+from pstasks.run_config import WorkerRunConfig, with_security_files_read, worker_run_config
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
 from psworker.cli_options import (
     auth_token_option,
-    client_security_from_flags,
     config_option,
     flag_table,
     tls_ca_option,
@@ -209,13 +208,10 @@ def read_run_config(ctx: click.Context, config_file: Path | None, flags: Mapping
         config = worker_run_config(table)
     except ConfigFileError as error:
         raise click.UsageError(f"{where}{error}") from None
-    client = config.train.client
-    tls = client.tls
-    tls_config, token = client_security_from_flags(
-        tls.ca if tls else None, tls.cert if tls else None, tls.key if tls else None, config.auth_token_file
-    )
-    client = dataclasses.replace(client, tls=tls_config, auth_token=token or client.auth_token)
-    return dataclasses.replace(config, train=dataclasses.replace(config.train, client=client))
+    try:
+        return with_security_files_read(config)
+    except SecurityConfigError as error:
+        raise click.UsageError(str(error)) from None
 
 
 if __name__ == "__main__":

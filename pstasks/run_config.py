@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pscli.config_file import build
+from psproto.security import client_security
 from psworker.train import TrainConfig
 
 # When no stopping rule is set: train until the server has applied this many updates.
@@ -40,6 +41,18 @@ class WorkerRunConfig:
     def __post_init__(self) -> None:
         if self.torch_threads < 1:
             raise ValueError(f"torch_threads must be at least 1, not {self.torch_threads}")
+
+
+def with_security_files_read(config: WorkerRunConfig) -> WorkerRunConfig:
+    """``config`` with its TLS files checked and its token file read into the client's settings;
+    ``psproto.security.SecurityConfigError`` says what to fix."""
+    client = config.train.client
+    tls = client.tls
+    tls_config, token = client_security(
+        tls.ca if tls else None, tls.cert if tls else None, tls.key if tls else None, config.auth_token_file
+    )
+    client = dataclasses.replace(client, tls=tls_config, auth_token=token or client.auth_token)
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, client=client))
 
 
 def worker_run_config(table: Mapping[str, Any]) -> WorkerRunConfig:

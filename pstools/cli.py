@@ -247,23 +247,6 @@ def _print_report(console: Console, report: ClusterReport) -> None:
     sys.stdout.flush()
 
 
-# How long a Ray head's address may take to accept a connection.
-_RAY_CONNECT_TIMEOUT_S = 5.0
-
-
-def _unreachable(address: str) -> str | None:
-    """Why a ``HOST:PORT`` Ray address takes no connection (None when it does, or is not of that
-    form): Ray itself retries an unanswered head for minutes before it says so."""
-    host, _, port = address.rpartition(":")
-    if "://" in address or not host or not port.isdigit():
-        return None
-    try:
-        socket.create_connection((host, int(port)), timeout=_RAY_CONNECT_TIMEOUT_S).close()
-    except OSError as error:
-        return error.strerror or str(error) or type(error).__name__
-    return None
-
-
 def _run_on_ray(config: ClusterConfig, address: str, ray_table: Mapping[str, Any], where: str) -> None:
     """``psworker cluster --ray``: the same job, its shards and workers as actors on a Ray cluster."""
     if find_spec("ray") is None:
@@ -282,23 +265,12 @@ def _run_on_ray(config: ClusterConfig, address: str, ray_table: Mapping[str, Any
         f"hetps on Ray ({address}): rule [bold]{config.rule}[/], {config.shards} shard(s), groups {groups}, "
         f"{config.until_clock} updates, report in {config.log_dir}"
     )
-    unreachable = _unreachable(address)
-    if unreachable is not None:
-        raise click.ClickException(f"--ray {address}: no Ray cluster answers there ({unreachable})")
-    import ray
-
     try:
-        ray.init(address=address, namespace="hetps", log_to_driver=False)
-    except (ConnectionError, ValueError) as error:
-        raise click.ClickException(f"--ray {address}: cannot connect to a Ray cluster there ({error})") from None
-    try:
-        report = run_job(job)
+        report = run_job(job, address)
     except RayJobError as error:
         raise click.ClickException(str(error)) from None
     except IdxError as error:
         raise DataFileError(str(error)) from None
-    finally:
-        ray.shutdown()
     _print_report(console, report)
 
 

@@ -31,8 +31,7 @@ import torch
 from torch import nn
 
 from pscli.config_file import merged
-from psproto.security import client_security
-from pstasks.run_config import WorkerRunConfig, worker_run_config
+from pstasks.run_config import WorkerRunConfig, with_security_files_read, worker_run_config
 from pstasks.tasks import load_task
 from pstools.on_ray.config import WorkerGroup
 from psworker.client import ClientConfig
@@ -103,17 +102,16 @@ class ShardActor:
         import ray
 
         from psserver.allocator import apply_allocator
-        from psserver.app import BindError, ServerApp
+        from psserver.app import BindError, MetricsBindError, ServerApp
         from psserver.serve_cli import server_config
 
         node_id = ray.get_runtime_context().get_node_id()
         previous: ShardAddress | None = ray.get(directory.previous.remote(spec.index))
-        # Back on the node it served from: the same port, so the workers' retries reach it.
-        port = previous.port if previous is not None and previous.node_id == node_id else 0
-        table: dict[str, Any] = merged(spec.table, {"host": "0.0.0.0", "port": port})
+        # Back on the node it served from: the same ports, so the workers' retries reach it.
+        again = previous if previous is not None and previous.node_id == node_id else None
+        table: dict[str, Any] = merged(spec.table, {"host": "0.0.0.0", "port": again.port if again else 0})
         if spec.table.get("metrics") is not False:
-            metrics_port = 0 if previous is None or previous.node_id != node_id else previous.metrics_port
-            table = merged(table, {"metrics": {"port": metrics_port or 0}})
+            table = merged(table, {"metrics": {"port": (again.metrics_port if again else None) or 0}})
         if spec.checkpoint_dir is not None:
             folder = spec.checkpoint_dir / f"shard-{spec.index}"
             folder.mkdir(parents=True, exist_ok=True)
@@ -121,12 +119,17 @@ class ShardActor:
         config = server_config(table)
         logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         apply_allocator(config.allocator)
+        app = ServerApp.build(config)
         try:
-            self.app = ServerApp.build(config).start()
-        except BindError:
-            # Its port was taken meanwhile: any port; the workers look it up in the directory.
-            config = dataclasses.replace(config, port=0)
-            self.app = ServerApp.build(config).start()
+            app.start()
+        except (BindError, MetricsBindError):
+            if again is None:
+                raise
+            # Its ports were taken meanwhile: any ports; the workers look it up in the directory.
+            metrics = config.metrics and dataclasses.replace(config.metrics, port=0)
+            app.config = dataclasses.replace(config, port=0, metrics=metrics)
+            app.start()
+        self.app = app
         self.address = ShardAddress(
             spec.index,
             ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
@@ -216,8 +219,6 @@ class WorkerActor:
         self.spec = spec
         self.directory = directory
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        self.run_config = worker_run_config(merged(spec.table, {"train": {"servers": ["unset:1"]}}))
-        torch.set_num_threads(self.run_config.torch_threads)
 
     def pid(self) -> int:
         return os.getpid()
@@ -225,37 +226,37 @@ class WorkerActor:
     def run(self) -> WorkerOutcome:
         """Train until the servers' clock reaches the job's end; a shard that stopped answering
         and came back elsewhere is looked up again and the run resumed there."""
-        servers = self._servers(())
+        servers = self._servers()
         while True:
             try:
                 return self._run(servers)
             except grpc.RpcError as error:
-                if error.code() not in _GONE:
-                    raise
-                moved = self._servers(servers)
-                if moved == servers:
+                # A shard that came back elsewhere recorded its new address before serving.
+                moved = self._servers()
+                if error.code() not in _GONE or moved == servers:
                     raise
                 _LOGGER.warning("%s: shards moved to %s; resuming", self.spec.name, ", ".join(moved))
                 servers = moved
 
-    def _servers(self, known: tuple[str, ...]) -> tuple[str, ...]:
-        """Every shard's address once all are recorded (and differ from ``known``, if given, or
-        the wait runs out)."""
+    def _servers(self) -> tuple[str, ...]:
+        """Every shard's address, once all have started."""
         import ray
 
         deadline = time.monotonic() + SHARDS_UP_TIMEOUT_S
-        while True:
-            records = ray.get(self.directory.shards.remote())
-            addresses = tuple(r.address for r in records if r is not None)
-            complete = len(addresses) == len(records)
-            if complete and (addresses != known or time.monotonic() > deadline):
-                return addresses
+        while None in (records := ray.get(self.directory.shards.remote())):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.spec.name}: not every shard started within {SHARDS_UP_TIMEOUT_S:.0f} s")
             time.sleep(0.5)
+        return tuple(record.address for record in records)
 
     def _run(self, servers: tuple[str, ...]) -> WorkerOutcome:
-        config = _with_servers(self.run_config, servers, self.restarted)
+        config = worker_run_config(merged(self.spec.table, {"train": {"servers": list(servers)}}))
+        config = with_security_files_read(config)
+        # Ray starts it only after the earlier process died: no two processes push under one name.
+        client = config.train.client
+        client = dataclasses.replace(client, takes_over_name=self.restarted or client.takes_over_name)
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, client=client))
+        torch.set_num_threads(config.torch_threads)
         if self.spec.group.train_fn is not None:
             return self._run_function(config, self.spec.group.train_fn)
         task = load_task(config.task, config.data_dir)
@@ -283,18 +284,6 @@ class WorkerActor:
         summary: dict[str, Any] = {"steps": counts.steps, "pushes": counts.pushes}
         summary |= {"mean_staleness": counts.mean_staleness, "max_staleness": counts.max_staleness}
         return WorkerOutcome(self.spec.name, self.restarted, summary, result)
-
-
-def _with_servers(config: WorkerRunConfig, servers: tuple[str, ...], takes_over: bool) -> WorkerRunConfig:
-    """The run's configuration with its servers, the security files read, the name taken over by a restart."""
-    client = config.train.client
-    tls = client.tls
-    tls_config, token = client_security(
-        tls.ca if tls else None, tls.cert if tls else None, tls.key if tls else None, config.auth_token_file
-    )
-    client = dataclasses.replace(client, tls=tls_config, auth_token=token or client.auth_token)
-    client = dataclasses.replace(client, takes_over_name=takes_over or client.takes_over_name)
-    return dataclasses.replace(config, train=dataclasses.replace(config.train, servers=servers, client=client))
 
 
 def _function(spec: str) -> Callable[[WorkerContext], Any]:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,17 @@ from pstools.launcher import (
     report_of,
     worker_table,
 )
-from pstools.on_ray.actors import JobDirectory, ShardActor, ShardAddress, ShardSpec, WorkerActor, WorkerSpec
-from pstools.on_ray.config import RayJobConfig, WorkerGroup, unplaceable
+from pstools.on_ray.actors import (
+    JobDirectory,
+    ShardActor,
+    ShardAddress,
+    ShardSpec,
+    WorkerActor,
+    WorkerOutcome,
+    WorkerSpec,
+)
+from pstools.on_ray.config import RayJobConfig, unplaceable
+from psworker.task import Task
 
 # Ray's namespace for a job's named actors.
 NAMESPACE = "hetps"
@@ -45,6 +55,8 @@ ANSWER_TIMEOUT_S = 10.0
 # How long the shards have to start.
 SHARDS_START_TIMEOUT_S = 120.0
 _POLL_S = 1.0
+# How long a Ray head's address may take to accept a connection.
+CONNECT_TIMEOUT_S = 5.0
 
 
 class RayJobError(ClusterError):
@@ -60,12 +72,11 @@ class WorkerHandle:
     run: Any
 
 
-def worker_specs(config: RayJobConfig) -> list[WorkerSpec]:
+def worker_specs(config: RayJobConfig, task: Task) -> list[WorkerSpec]:
     """Every worker of every group, with its ``psworker train --config`` table (its servers aside)."""
     cluster = config.cluster
     groups = config.worker_groups()
     total = sum(group.count for group in groups)
-    task = load_task(cluster.task, cluster.data_dir)
     shard_data = (task.disjoint_shards if cluster.shard_data is None else cluster.shard_data) and total > 1
     specs: list[WorkerSpec] = []
     for group in groups:
@@ -85,6 +96,7 @@ def worker_specs(config: RayJobConfig) -> list[WorkerSpec]:
 def shard_specs(config: RayJobConfig) -> list[ShardSpec]:
     """Every shard: the job's rule under the cluster's ``[server]`` table, its place, its threads."""
     from psserver.flags import parse_rule_options
+    from psserver.serve_cli import rule_over_file
 
     cluster = config.cluster
     rule: dict[str, Any] = {"name": cluster.rule, **parse_rule_options(tuple(cluster.rule_opts))}
@@ -92,9 +104,8 @@ def shard_specs(config: RayJobConfig) -> list[ShardSpec]:
         rule["lr"] = cluster.lr
     server = dict(cluster.server_config)
     file_shard = dict(server.get("shard", {}))
-    # As `psserver serve --rule` does: the file's options of the same rule stay, another rule's go.
-    if file_shard.pop("rule", {}).get("name", cluster.rule) == cluster.rule:
-        rule = merged(cluster.server_config.get("shard", {}).get("rule", {}), rule)
+    # As `psserver serve --rule` does.
+    rule = rule_over_file(rule, file_shard.pop("rule", {}))
     server["shard"] = file_shard
     own = {"torch_threads": max(1, int(config.ray.server_cpus))}
     specs = []
@@ -111,6 +122,8 @@ class RayJob:
     def __init__(self, config: RayJobConfig) -> None:
         """Use ``RayJob.start``."""
         self.config = config
+        # Read once: its data decide how the workers split it, its metric the report.
+        self.task = load_task(config.cluster.task, config.cluster.data_dir)
         self.started = time.monotonic()
         self.directory: Any = None
         self.shards: list[Any] = []
@@ -171,7 +184,7 @@ class RayJob:
 
         settings = self.config.ray
         actor = ray.remote(WorkerActor)
-        for spec in worker_specs(self.config):
+        for spec in worker_specs(self.config, self.task):
             group = spec.group
             options = actor.options(
                 name=f"{settings.name}-{spec.name}",
@@ -212,18 +225,17 @@ class RayJob:
 
         cluster = self.config.cluster
         targets = self.write_metrics_targets(cluster.log_dir / "prometheus-targets.json")
-        outcomes = _collect(self.workers, self.started + cluster.timeout_s)
-        if not any(state in ("finished", "restarted") for state, _ in outcomes.values()):
-            problems = "; ".join(f"{name}: {state} {detail}" for name, (state, detail) in outcomes.items())
+        ends = _collect(self.workers, self.started + cluster.timeout_s)
+        if not any(end.outcome is not None for end in ends.values()):
+            problems = "; ".join(f"{name}: {end.state}, {end.why}" for name, end in ends.items())
             raise RayJobError(f"no worker finished: {problems}")
         addresses = self.addresses()
         evaluate = ray.remote(_evaluate).options(num_cpus=0)
         evaluation: Evaluation = ray.get(
             evaluate.remote(cluster.task, cluster.data_dir, [a.address for a in addresses])
         )
-        workers = [_worker_report(handle.spec, *outcomes[handle.spec.name]) for handle in self.workers]
-        report = report_of(cluster, load_task(cluster.task, cluster.data_dir), evaluation, workers, 0.0)
-        report.wall_seconds = time.monotonic() - self.started
+        workers = [_worker_report(handle.spec, ends[handle.spec.name]) for handle in self.workers]
+        report = report_of(cluster, self.task, evaluation, workers, time.monotonic() - self.started)
         report.groups = [
             GroupReport.of(group.name, [w for w in workers if w.group == group.name])
             for group in self.config.worker_groups()
@@ -251,55 +263,94 @@ class RayJob:
 
 def run_job(config: RayJobConfig, address: str | None = None) -> ClusterReport:
     """Run ``config`` on the Ray cluster at ``address`` (None: the one this process is connected
-    to, or a new local one) and return its report."""
+    to, or a new local one) and return its report; a connection it made is closed after."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-    job = RayJob.start(config)
+    connected_here = address is not None or not ray.is_initialized()
+    if connected_here:
+        connect(address)
     try:
-        return job.wait()
+        job = RayJob.start(config)
+        try:
+            return job.wait()
+        finally:
+            job.stop()
     finally:
-        job.stop()
+        if connected_here:
+            ray.shutdown()
+
+
+def connect(address: str | None) -> None:
+    """Connect this process to the Ray cluster at ``address`` (``auto``, ``HOST:PORT``,
+    ``ray://HOST:PORT``; None: a new local one); ``RayJobError`` says why it could not."""
+    import ray
+
+    unreachable = _unreachable(address) if address is not None else None
+    if unreachable is not None:
+        raise RayJobError(f"--ray {address}: no Ray cluster answers there ({unreachable})")
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    except (ConnectionError, ValueError) as error:
+        raise RayJobError(f"--ray {address}: cannot connect to a Ray cluster there ({error})") from None
+
+
+def _unreachable(address: str) -> str | None:
+    """Why a ``HOST:PORT`` address takes no connection (None when it does, or is not of that
+    form): Ray itself retries an unanswered head for minutes before it says so."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        return error.strerror or str(error) or type(error).__name__
+    return None
 
 
 def _evaluate(task: str, data_dir: Path | None, addresses: Sequence[str]) -> Evaluation:
     return evaluate_servers(load_task(task, data_dir), addresses)
 
 
-def _collect(workers: Sequence[WorkerHandle], deadline: float) -> dict[str, tuple[str, str]]:
-    """Each worker's (state, detail); detail is its summary as JSON, or what went wrong."""
+@dataclass(frozen=True)
+class _End:
+    """How a worker's run ended (``WORKER_STATES``): its outcome when it finished, else why not."""
+
+    state: str
+    outcome: WorkerOutcome | None = None
+    why: str = ""
+
+
+def _collect(workers: Sequence[WorkerHandle], deadline: float) -> dict[str, _End]:
+    """How each worker's run ended, by name."""
     import ray
 
     pending = {handle.run: handle for handle in workers}
-    outcomes: dict[str, tuple[str, str]] = {}
+    ends: dict[str, _End] = {}
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_S)
         for ref in ready:
-            handle = pending.pop(ref)
-            outcomes[handle.spec.name] = _outcome(ref)
-        if pending and any(state in ("finished", "restarted") for state, _ in outcomes.values()):
+            ends[pending.pop(ref).spec.name] = _end(ref)
+        if pending and any(end.outcome is not None for end in ends.values()):
             for handle in _unanswering(list(pending.values())):
                 ray.kill(handle.actor, no_restart=True)
                 del pending[handle.run]
-                outcomes[handle.spec.name] = ("lost", "no answer after the others finished (its node gone?)")
+                ends[handle.spec.name] = _End("lost", why="no answer after the others finished (its node gone?)")
         if time.monotonic() > deadline:
             names = ", ".join(handle.spec.name for handle in pending.values())
             raise RayJobError(f"workers {names} did not finish within the job's timeout_s")
-    return outcomes
+    return ends
 
 
-def _outcome(ref: Any) -> tuple[str, str]:
+def _end(ref: Any) -> _End:
     import ray
 
     try:
-        outcome = ray.get(ref)
+        outcome: WorkerOutcome = ray.get(ref)
     except ray.exceptions.RayActorError as error:
-        return "lost", f"its actor died past its restarts ({type(error).__name__})"
+        return _End("lost", why=f"its actor died past its restarts ({type(error).__name__})")
     except ray.exceptions.RayTaskError as error:
-        return "failed", str(error.cause if error.cause is not None else error).splitlines()[0]
-    state = "restarted" if outcome.restarted else "finished"
-    return state, json.dumps({"summary": outcome.summary, "result": outcome.result}, default=str)
+        return _End("failed", why=str(error.cause if error.cause is not None else error).splitlines()[0])
+    return _End("restarted" if outcome.restarted else "finished", outcome)
 
 
 def _unanswering(handles: Sequence[WorkerHandle]) -> list[WorkerHandle]:
@@ -318,13 +369,13 @@ def _unanswering(handles: Sequence[WorkerHandle]) -> list[WorkerHandle]:
     return [handle for handle in handles if handle.spec.name not in answered]
 
 
-def _worker_report(spec: WorkerSpec, state: str, detail: str) -> WorkerReport:
-    ended: Mapping[str, Any] = json.loads(detail) if state in ("finished", "restarted") else {}
-    report = WorkerReport.of_summary(spec.name, spec.group.slowdown, ended.get("summary", {}))
+def _worker_report(spec: WorkerSpec, end: _End) -> WorkerReport:
+    outcome = end.outcome
+    report = WorkerReport.of_summary(spec.name, spec.group.slowdown, outcome.summary if outcome else {})
     report.group = spec.group.name
-    report.state = state
-    report.result = ended.get("result")
+    report.state = end.state
+    report.result = outcome.result if outcome else None
     return report
 
 
-__all__ = ["RayJob", "RayJobError", "WorkerGroup", "run_job"]
+__all__ = ["RayJob", "RayJobError", "connect", "run_job"]

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from pscli.config_file import ConfigFileError
 from psserver.serve_cli import server_config
 from pstasks.run_config import worker_run_config
+from pstasks.tasks import load_task
 from pstools.cli import main
 from pstools.launcher import ClusterConfig, GroupReport, WorkerReport
 from pstools.on_ray.config import (
@@ -78,7 +79,7 @@ def test_without_groups_each_speed_is_a_group() -> None:
 def test_every_worker_gets_a_unique_name_seed_and_its_groups_threads_and_speed(tmp_path: Path) -> None:
     groups = (WorkerGroup("fast", 2, num_cpus=2), WorkerGroup("slow", 1, slowdown=3.0))
     cluster = ClusterConfig(task="digits", until_clock=700, seed=5, log_dir=tmp_path, eval_every=0)
-    specs = worker_specs(RayJobConfig(cluster, RaySettings(groups=groups)))
+    specs = worker_specs(RayJobConfig(cluster, RaySettings(groups=groups)), load_task("digits"))
     runs = [worker_run_config({**spec.table, "train": {**spec.table["train"], "servers": ["h:1"]}}) for spec in specs]
     assert [spec.name for spec in specs] == [r.train.name for r in runs] == ["fast-0", "fast-1", "slow-0"]
     assert [r.train.seed for r in runs] == [5000, 5001, 5002]
@@ -88,7 +89,7 @@ def test_every_worker_gets_a_unique_name_seed_and_its_groups_threads_and_speed(t
     # digits trains every worker on all of it; asked for, worker i takes part i of three.
     assert {r.train.shard_data for r in runs} == {None}
     cluster.shard_data = True
-    specs = worker_specs(RayJobConfig(cluster, RaySettings(groups=groups)))
+    specs = worker_specs(RayJobConfig(cluster, RaySettings(groups=groups)), load_task("digits"))
     assert [spec.table["train"]["shard_data"] for spec in specs] == [[0, 3], [1, 3], [2, 3]]
 
 

@@ -183,3 +183,15 @@ def test_an_address_where_no_ray_cluster_answers_exits_1_at_once() -> None:
     refused = CliRunner().invoke(main, ["cluster", "--ray", f"127.0.0.1:{port}"])
     assert refused.exit_code == 1 and "no Ray cluster answers there (Connection refused)" in refused.output
     assert time.monotonic() - started < 10
+
+
+def test_a_job_whose_every_worker_fails_says_why_for_each(ray_cluster: RayTestCluster, tmp_path: Path) -> None:
+    typo = (WorkerGroup("own", 1, resources={"gpu_a": 1}, train_fn="own_loop:trian"),)
+    job = RayJob.start(_config(tmp_path, groups=typo, name="typo"))
+    try:
+        with pytest.raises(RayJobError) as failed:
+            job.wait()
+    finally:
+        job.stop()
+    assert "no worker finished: own-0: failed" in str(failed.value)
+    assert "train_fn 'own_loop:trian': own_loop has no function trian" in str(failed.value)
