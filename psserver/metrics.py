@@ -1,13 +1,18 @@
-"""Prometheus metrics of one shard: a ``ShardObserver`` that records them, and their HTTP endpoint.
+"""Prometheus metrics of one shard: a ``ShardMetrics`` observer that records them, and their HTTP endpoint.
 
 Every metric lives in the shard's own ``CollectorRegistry`` and carries a ``shard`` label;
-per-worker series also carry ``worker`` (the worker's name, unique among running workers).
-A worker's series are removed when it leaves or is evicted, so the label set stays bounded
-by the workers alive now. Observer-role clients only pull: they get pull and byte series,
-never push series.
+per-worker series also carry ``worker``. A scrape stays small however many workers join: at
+most ``worker_series`` joined clients have series of their own, chosen as the ones an operator
+needs to see (refused, furthest behind, slowest: ``_Client.rank``); everyone else's events are
+counted in one aggregate series per metric whose ``worker`` label is empty (Prometheus stores
+it without the label), so a sum over a metric's series still counts every worker. The chosen
+set is revised at a scrape, at most every ``SELECTION_SECONDS``, and a client loses its series
+only to one clearly further behind (``_needs_series_more``), so labels do not churn. A worker's
+series are removed when it leaves, is evicted or gives its place up. Observer-role clients
+only pull: they get pull and byte series, never push series.
 
-The shard calls the observer methods with its lock held; each one is a dictionary lookup
-and a few counter increments. docs/observability.md lists every metric.
+The shard calls the observer methods with its lock held; each takes this object's lock, looks
+up one dictionary entry and increments a few counters. docs/observability.md lists every metric.
 """
 
 from __future__ import annotations
@@ -53,20 +58,36 @@ RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 
 _WORKER = ("shard", "worker")
 
+# Joined clients that have series of their own, unless ``metrics.worker_series`` says otherwise;
+# the rest are counted in the aggregate series. 32 workers keep a scrape near 150 kB.
+DEFAULT_WORKER_SERIES = 32
+# Who has series of their own is revised at a scrape at most this often: long enough that a
+# worker's series outlive a few scrapes (rate() needs two), short enough to follow a straggler.
+SELECTION_SECONDS = 30.0
+# A client without series takes the place of one with series only when it is clearly further
+# behind: more refusals, or this factor more updates behind (plus one), or, as far behind, this
+# factor slower. Workers alike therefore keep their places instead of trading them every revision.
+_SWAP_MARGIN = 1.25
+# The weight of a push's staleness in a client's smoothed staleness: the last few pushes count,
+# whenever they came, so a worker slower than SELECTION_SECONDS is judged as well as a fast one.
+_SMOOTHING = 0.25
+# The ``worker`` label value of the aggregate series. The protocol refuses an empty worker name,
+# so no worker's own series can take it; Prometheus stores the series without a ``worker`` label.
+AGGREGATE_WORKER = ""
+
 _MetricT = TypeVar("_MetricT", bound=MetricWrapperBase)
 
 
 @dataclass
-class _WorkerSeries:
-    """Who holds one worker label now, and what must be removed when the last of them goes."""
+class _Series:
+    """One ``worker`` label value's series (a client's own, or the aggregate) and what removing them takes."""
 
     labels: tuple[str, str]
-    worker_ids: set[int] = field(default_factory=set)
-    # `reason` values this name has series for in hetps_worker_rejected_requests_total.
+    # `reason` values these labels have series for in hetps_worker_rejected_requests_total.
     rejected_reasons: set[str] = field(default_factory=set)
-    # Each per-worker metric's series for this name, looked up once: ``labels`` validates and
+    # Each per-worker metric's series for these labels, looked up once: ``labels`` validates and
     # takes the metric's lock on every call, and a push records up to six. They go with this
-    # record when the name's last holder leaves, so a removed series is never written again.
+    # record when the series are removed, so a removed series is never written again.
     _children: dict[MetricWrapperBase, MetricWrapperBase] = field(default_factory=dict)
 
     def child(self, metric: _MetricT) -> _MetricT:
@@ -75,12 +96,75 @@ class _WorkerSeries:
             found = self._children[metric] = metric.labels(*self.labels)
         return found  # type: ignore[return-value]
 
+    def drop(self, metric: MetricWrapperBase) -> None:
+        """Remove this label value's series of ``metric`` (a gauge with nothing to show)."""
+        metric.remove(*self.labels)
+        self._children.pop(metric, None)
+
+
+@dataclass
+class _Client:
+    """One worker name among the joined clients: its series, if it has its own, and how much it matters."""
+
+    name: str
+    observer: bool
+    worker_ids: set[int] = field(default_factory=set)
+    # None: its events are counted in the aggregate series.
+    series: _Series | None = None
+    # The staleness of its pushes, smoothed over the last few (``_SMOOTHING``); None before its first.
+    staleness: float | None = None
+    # Requests refused since the last revision of who has series.
+    refused: int = 0
+    # The clock of the parameters it holds (its last pull, or the clock when it joined).
+    pulled_clock: int = 0
+    # Its gauges' latest values, kept while it has no series (averaged into the aggregate's) so
+    # that series given to it later start from them.
+    gauges: dict[str, float] = field(default_factory=dict)
+
+    def behind(self, clock: int) -> float:
+        """Updates it is behind: its pushes' smoothed staleness, or half the age of the parameters it
+        holds when that is larger. Between two pushes the age runs from 0 to about the staleness, so
+        at half it changes nothing for a worker keeping its pace; a stalled worker pushes nothing,
+        and its parameters' age overtakes once it has been silent about twice its usual interval."""
+        if self.observer:
+            return 0.0  # it never pushes: its parameters' age is its own business
+        return max(self.staleness or 0.0, (clock - self.pulled_clock) / 2)
+
+    def pushed(self, staleness: int) -> None:
+        if self.staleness is None:
+            self.staleness = float(staleness)
+        else:
+            self.staleness += _SMOOTHING * (staleness - self.staleness)
+
+    def rank(self, clock: int) -> tuple[int, float, float, str]:
+        """Larger first: refused requests (a client bug or misconfiguration), then how far behind
+        it is (stragglers under async and SSP), then slowness (under BSP everyone is equally
+        behind, and the slowest holds the barrier). The name breaks ties, so the order is stable."""
+        speed = self.gauges.get("samples_per_second")
+        return (self.refused, self.behind(clock), -speed if speed is not None else -math.inf, self.name)
+
+    def forget_refusals(self) -> None:
+        self.refused = 0
+
+
+def _needs_series_more(challenger: _Client, holder: _Client, clock: int) -> bool:
+    """Whether ``challenger`` (without series) should take ``holder``'s series: clearly, not by noise."""
+    if challenger.refused != holder.refused:
+        return challenger.refused > holder.refused
+    behind, holder_behind = challenger.behind(clock), holder.behind(clock)
+    if behind > _SWAP_MARGIN * holder_behind + 1:
+        return True
+    if holder_behind > _SWAP_MARGIN * behind + 1:
+        return False
+    speed, holder_speed = challenger.gauges.get("samples_per_second"), holder.gauges.get("samples_per_second")
+    return speed is not None and holder_speed is not None and speed * _SWAP_MARGIN < holder_speed
+
 
 class ShardMetrics:
     """Records what a shard reports as Prometheus metrics; pass it as the shard's observer.
 
-    Every hook but ``rejected`` runs under the shard lock, so no worker leaves in the middle
-    of one; ``rejected`` (and join/leave bookkeeping) also take this object's own lock.
+    Every hook takes this object's lock (the shard's hooks also hold the shard lock); a scrape
+    takes it to revise who has series of their own, so no event ever writes to a removed series.
     """
 
     def __init__(
@@ -90,14 +174,24 @@ class ShardMetrics:
         registry: CollectorRegistry | None = None,
         wall_clock: Callable[[], float] = time.time,
         process_metrics: bool = False,
+        worker_series: int = DEFAULT_WORKER_SERIES,
     ) -> None:
+        if worker_series < 0:
+            raise ValueError(f"worker_series must be 0 or more, not {worker_series}")
         self.registry = registry if registry is not None else CollectorRegistry()
         self.shard = str(shard_index)
+        self.worker_series = worker_series
         self._now = wall_clock
         self._lock = threading.Lock()
-        self._series: dict[str, _WorkerSeries] = {}
+        self._clients: dict[str, _Client] = {}
+        self._with_series = 0
+        self._aggregate: _Series | None = None
+        self._clock_value = 0
+        self._next_selection = wall_clock() + SELECTION_SECONDS
         self._checkpoint_timestamp: float | None = None
         r = self.registry
+        # First in the registry, so that a scrape revises who has series before it reads them.
+        r.register(_BeforeScrape(self))
 
         # Per worker.
         self.staleness = Histogram(
@@ -170,6 +264,13 @@ class ShardMetrics:
         self.active_workers = Gauge(
             "hetps_active_workers", "Joined clients, by role (worker or observer)", ["shard", "role"], registry=r
         )
+        self.aggregated_workers = Gauge(
+            "hetps_aggregated_workers",
+            "Joined clients without series of their own, counted in the per-worker metrics' aggregate series "
+            "(worker label empty), by role",
+            ["shard", "role"],
+            registry=r,
+        )
         self.joins = Counter("hetps_worker_joins_total", "Joins accepted", ["shard"], registry=r)
         self.evictions = Counter(
             "hetps_evictions_total", "Workers evicted because their lease expired", ["shard"], registry=r
@@ -219,7 +320,10 @@ class ShardMetrics:
             PlatformCollector(registry=r)
             r.register(GC_COLLECTOR)
 
-        # The shard's own series, made now (so they start from zero) and kept: never removed.
+        self._start_shard_series()
+
+    def _start_shard_series(self) -> None:
+        """The shard's own series, made now (so they start from zero) and kept: never removed."""
         self._clock = self.clock.labels(self.shard)
         self._clock.set(0)
         self._updates = self.updates.labels(self.shard)
@@ -232,45 +336,44 @@ class ShardMetrics:
         self._rpc_children: dict[tuple[str, str, str], Histogram] = {}
         for role in ("worker", "observer"):
             self.active_workers.labels(self.shard, role).set(0)
+            self.aggregated_workers.labels(self.shard, role).set(0)
 
     # -- ShardObserver ------------------------------------------------------------------
 
     def worker_joined(self, worker: WorkerRecord) -> None:
-        with self._lock:
-            series = self._series.get(worker.name)
-            if series is None:
-                series = self._series[worker.name] = _WorkerSeries((self.shard, worker.name))
-            series.worker_ids.add(worker.worker_id)
         self._joins.inc()
         self.active_workers.labels(self.shard, _role(worker)).inc()
-        # Create the series now so that rate() sees them start from zero.
-        series.child(self.pulls)
-        series.child(self.sent_bytes)
-        if not worker.observer:
-            series.child(self.pushes)
-            series.child(self.duplicate_pushes)
-            series.child(self.received_bytes)
-            series.child(self.staleness)
+        with self._lock:
+            client = self._clients.get(worker.name)
+            if client is None:
+                client = self._clients[worker.name] = _Client(worker.name, worker.observer)
+                client.pulled_clock = self._clock_value
+                if self._with_series < self.worker_series and worker.name != AGGREGATE_WORKER:
+                    self._give_series(client)
+                else:
+                    self._aggregate_series()
+                    self.aggregated_workers.labels(self.shard, _role(client)).inc()
+            client.worker_ids.add(worker.worker_id)
 
     def worker_left(self, worker: WorkerRecord, evicted: bool) -> None:
         self.active_workers.labels(self.shard, _role(worker)).dec()
         if evicted:
             self._evictions.inc()
         with self._lock:
-            series = self._series.get(worker.name)
-            if series is None:
+            client = self._live(worker)
+            if client is None:
                 return
-            series.worker_ids.discard(worker.worker_id)
-            if series.worker_ids:
+            client.worker_ids.discard(worker.worker_id)
+            if client.worker_ids:
                 return  # another running worker holds the same name
-            del self._series[worker.name]
-            labels = (self.shard, worker.name)
-            for metric in self._per_worker_metrics():
-                metric.remove(*labels)
-            for reason in series.rejected_reasons:
-                self.worker_rejected.remove(*labels, reason)
+            del self._clients[worker.name]
+            if client.series is not None:
+                self._remove_series(client)
+            else:
+                self.aggregated_workers.labels(self.shard, _role(worker)).dec()
 
     def update_applied(self, apply_seconds: float, clock: int) -> None:
+        self._clock_value = clock
         self._clock.set(clock)
         self._updates.inc()
         self._apply_seconds.observe(apply_seconds)
@@ -279,35 +382,44 @@ class ShardMetrics:
         pass
 
     def push_applied(self, worker: WorkerRecord, outcome: PushOutcome) -> None:
-        series = self._live_series(worker)
-        if series is None:
-            return
-        series.child(self.pushes).inc()
-        series.child(self.staleness).observe(outcome.staleness)
-        gap = outcome.telemetry.get("gap")
-        if gap is not None and math.isfinite(gap):
-            series.child(self.gap).observe(gap)
-        scale = outcome.telemetry.get("scale")
-        if scale is not None and math.isfinite(scale):
-            series.child(self.scale).observe(scale)
-        if outcome.local_steps > 0:
-            series.child(self.local_steps).set(outcome.local_steps)
         if outcome.telemetry.get("momentum_step") == 1.0:
             self._momentum_steps.inc()
+        with self._lock:
+            client = self._live(worker)
+            if client is None:
+                return
+            client.pushed(outcome.staleness)
+            series = self._series_of(client)
+            series.child(self.pushes).inc()
+            series.child(self.staleness).observe(outcome.staleness)
+            gap = outcome.telemetry.get("gap")
+            if gap is not None and math.isfinite(gap):
+                series.child(self.gap).observe(gap)
+            scale = outcome.telemetry.get("scale")
+            if scale is not None and math.isfinite(scale):
+                series.child(self.scale).observe(scale)
+            if outcome.local_steps > 0:
+                self._set_gauge(client, "local_steps", outcome.local_steps)
 
     def push_duplicate(self, worker: WorkerRecord) -> None:
-        series = self._live_series(worker)
-        if series is not None:
-            series.child(self.duplicate_pushes).inc()
+        with self._lock:
+            client = self._live(worker)
+            if client is not None:
+                self._series_of(client).child(self.duplicate_pushes).inc()
 
     def bytes_received(self, worker: WorkerRecord, count: int) -> None:
-        series = self._live_series(worker)
-        if series is not None:
-            series.child(self.received_bytes).inc(count)
+        with self._lock:
+            client = self._live(worker)
+            if client is not None:
+                self._series_of(client).child(self.received_bytes).inc(count)
 
     def pulled(self, worker: WorkerRecord, clock: int, bytes_sent: int) -> None:
-        series = self._live_series(worker)
-        if series is not None:
+        with self._lock:
+            client = self._live(worker)
+            if client is None:
+                return
+            client.pulled_clock = clock
+            series = self._series_of(client)
             series.child(self.pulls).inc()
             series.child(self.sent_bytes).inc(bytes_sent)
 
@@ -316,21 +428,24 @@ class ShardMetrics:
         if worker is None:
             return
         with self._lock:
-            series = self._series.get(worker.name)
-            if series is None or worker.worker_id not in series.worker_ids:
+            client = self._live(worker)
+            if client is None:
                 return
+            client.refused += 1
+            series = self._series_of(client)
             series.rejected_reasons.add(reason)
-            # Counted under the lock so that a concurrent leave cannot remove the series first.
-            self.worker_rejected.labels(self.shard, worker.name, reason).inc()
+            self.worker_rejected.labels(*series.labels, reason).inc()
 
     def heartbeat(self, worker: WorkerRecord, stats: Mapping[str, float]) -> None:
-        series = None if worker.observer else self._live_series(worker)
-        if series is None:
+        if worker.observer:
             return
-        if "compute_seconds" in stats:
-            series.child(self.compute_seconds).set(stats["compute_seconds"])
-        if "samples_per_second" in stats:
-            series.child(self.samples_per_second).set(stats["samples_per_second"])
+        with self._lock:
+            client = self._live(worker)
+            if client is None:
+                return
+            for key in ("compute_seconds", "samples_per_second"):
+                if key in stats:
+                    self._set_gauge(client, key, stats[key])
 
     def snapshot_dropped(self, clock: int) -> None:
         self._snapshots_dropped.inc()
@@ -355,19 +470,120 @@ class ShardMetrics:
 
     def clock_restored(self, clock: int) -> None:
         """The shard's clock was restored from a checkpoint (pushes move it from then on)."""
+        self._clock_value = clock
         self._clock.set(clock)
 
     def worker_names(self) -> set[str]:
-        """Names that have per-worker series now."""
+        """Names that have series of their own now."""
         with self._lock:
-            return set(self._series)
+            return {name for name, client in self._clients.items() if client.series is not None}
+
+    # -- who has series of their own --------------------------------------------------------
+
+    def before_scrape(self) -> None:
+        """Revise who has series of their own when ``SELECTION_SECONDS`` have passed, and set the
+        aggregate's gauges to the mean over the clients counted in it."""
+        with self._lock:
+            now = self._now()
+            if now >= self._next_selection:
+                self._next_selection = now + SELECTION_SECONDS
+                self._select()
+            if self._aggregate is not None:
+                self._set_aggregate_gauges(self._aggregate)
+
+    def _set_aggregate_gauges(self, aggregate: _Series) -> None:
+        """Each gauge of the aggregate: the mean over the clients counted in it that reported one."""
+        for key, metric in self._gauges():
+            values = [c.gauges[key] for c in self._clients.values() if c.series is None and key in c.gauges]
+            if values:
+                aggregate.child(metric).set(sum(values) / len(values))
+            else:
+                aggregate.drop(metric)
+
+    def _select(self) -> None:
+        """Free places go to the clients that matter most (``_Client.rank``); then, while the one
+        that matters most without series clearly matters more than the one that matters least with
+        them (``_needs_series_more``), they trade. Refusals are counted afresh from here."""
+        clock = self._clock_value
+        ranked = sorted(
+            (c for c in self._clients.values() if c.name != AGGREGATE_WORKER),
+            key=lambda c: c.rank(clock),
+            reverse=True,
+        )
+        holders = [c for c in ranked if c.series is not None]
+        challengers = [c for c in ranked if c.series is None]
+        free = self.worker_series - len(holders)
+        taking, challengers = challengers[:free], challengers[free:]
+        for challenger, holder in zip(challengers, reversed(holders), strict=False):
+            if not _needs_series_more(challenger, holder, clock):
+                break
+            self._remove_series(holder)
+            self.aggregated_workers.labels(self.shard, _role(holder)).inc()
+            taking.append(challenger)
+        for client in taking:
+            self._give_series(client)
+            self.aggregated_workers.labels(self.shard, _role(client)).dec()
+        for client in ranked:
+            client.forget_refusals()
+
+    def _give_series(self, client: _Client) -> None:
+        """Its own series, made now so that rate() sees them start from zero, and its gauges as last reported."""
+        series = client.series = _Series((self.shard, client.name))
+        self._with_series += 1
+        self._start_series(series, client.observer)
+        for key, metric in self._gauges():
+            if key in client.gauges:
+                series.child(metric).set(client.gauges[key])
+
+    def _remove_series(self, client: _Client) -> None:
+        series = client.series
+        assert series is not None
+        client.series = None
+        self._with_series -= 1
+        for metric in self._per_worker_metrics():
+            metric.remove(*series.labels)
+        for reason in series.rejected_reasons:
+            self.worker_rejected.remove(*series.labels, reason)
+
+    def _aggregate_series(self) -> _Series:
+        """The aggregate series, made when the first client is counted in them and kept from then on
+        (their counters only grow, so a sum over a metric's series never drops)."""
+        if self._aggregate is None:
+            self._aggregate = _Series((self.shard, AGGREGATE_WORKER))
+            self._start_series(self._aggregate, observer=False)
+        return self._aggregate
+
+    def _start_series(self, series: _Series, observer: bool) -> None:
+        series.child(self.pulls)
+        series.child(self.sent_bytes)
+        if not observer:
+            series.child(self.pushes)
+            series.child(self.duplicate_pushes)
+            series.child(self.received_bytes)
+            series.child(self.staleness)
+
+    def _series_of(self, client: _Client) -> _Series:
+        return client.series if client.series is not None else self._aggregate_series()
+
+    def _set_gauge(self, client: _Client, key: str, value: float) -> None:
+        client.gauges[key] = value
+        if client.series is not None:
+            client.series.child(dict(self._gauges())[key]).set(value)
 
     # -- internals ------------------------------------------------------------------------
 
-    def _live_series(self, worker: WorkerRecord) -> _WorkerSeries | None:
+    def _live(self, worker: WorkerRecord) -> _Client | None:
         """None for a worker that already left: its series were removed and must not come back."""
-        series = self._series.get(worker.name)
-        return series if series is not None and worker.worker_id in series.worker_ids else None
+        client = self._clients.get(worker.name)
+        return client if client is not None and worker.worker_id in client.worker_ids else None
+
+    def _gauges(self) -> tuple[tuple[str, Gauge], ...]:
+        """Each per-worker gauge with its key in ``_Client.gauges`` (a heartbeat's stats use the same keys)."""
+        return (
+            ("compute_seconds", self.compute_seconds),
+            ("samples_per_second", self.samples_per_second),
+            ("local_steps", self.local_steps),
+        )
 
     def _per_worker_metrics(self) -> Iterable[Counter | Gauge | Histogram]:
         return (
@@ -379,14 +595,26 @@ class ShardMetrics:
             self.pulls,
             self.received_bytes,
             self.sent_bytes,
-            self.compute_seconds,
-            self.samples_per_second,
-            self.local_steps,
+            *(metric for _, metric in self._gauges()),
         )
 
 
-def _role(worker: WorkerRecord) -> str:
-    return "observer" if worker.observer else "worker"
+def _role(client: WorkerRecord | _Client) -> str:
+    return "observer" if client.observer else "worker"
+
+
+class _BeforeScrape(Collector):
+    """Registered first, so that a scrape revises who has series of their own before it reads any."""
+
+    def __init__(self, metrics: ShardMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        self._metrics.before_scrape()
+        return []
+
+    def describe(self) -> Iterable[Metric]:
+        return []
 
 
 class _CheckpointCollector(Collector):
