@@ -29,7 +29,7 @@ from psproto.security import SecurityConfigError, read_token_file
 from psserver.allocator import AllocatorConfig
 from psserver.core import checkpoint
 from psserver.core.shard import Shard, ShardConfig, StateError
-from psserver.metrics import DEFAULT_METRICS_PORT, MetricsServer, ShardMetrics, serve_metrics
+from psserver.metrics import DEFAULT_METRICS_PORT, DEFAULT_WORKER_SERIES, MetricsServer, ShardMetrics, serve_metrics
 from psserver.ready import ReadyInfo, write_ready_file
 from psserver.rpc.latency import LatencyInterceptor
 from psserver.rpc.security import AuthInterceptor, ServerTls
@@ -106,9 +106,13 @@ class MetricsConfig:
     port: int | None = None
     # Also export the process's CPU, memory and file descriptors.
     process_metrics: bool = True
+    # At most this many workers get per-worker series of their own; the rest are counted in one
+    # aggregate series per metric (docs/observability.md).
+    worker_series: int = DEFAULT_WORKER_SERIES
 
     def __post_init__(self) -> None:
         _require(self.port is None or 0 <= self.port <= 65535, f"metrics port {self.port} is not 0..65535")
+        _require(self.worker_series >= 0, f"worker_series must be 0 or more, not {self.worker_series}")
 
 
 @dataclass(frozen=True)
@@ -236,7 +240,12 @@ class ServerApp:
                 "consistency": config.shard.consistency.model.value,
                 "num_shards": str(config.shard.num_shards),
             }
-            metrics = ShardMetrics(config.shard.shard_index, info, process_metrics=config.metrics.process_metrics)
+            metrics = ShardMetrics(
+                config.shard.shard_index,
+                info,
+                process_metrics=config.metrics.process_metrics,
+                worker_series=config.metrics.worker_series,
+            )
         shard = Shard(config.shard, observer=metrics)
         checkpointer = None
         if config.checkpoints is not None:

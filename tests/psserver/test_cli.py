@@ -86,6 +86,7 @@ def test_serve_refuses_bad_configuration_with_exit_2(args: list[str], message: s
         ('[checkpoints]\nkeep = 0\ndirectory = "ckpt"', "checkpoints: keep at least 1 checkpoint, not 0"),
         ("[checkpoints]\nkeep = 2", "checkpoints needs the key checkpoints.directory"),
         ("metrics = 3", "metrics must be a table (or false), not 3"),
+        ("[metrics]\nworker_series = -1", "metrics: worker_series must be 0 or more, not -1"),
         ('log_level = "LOUD"', "log_level must be one of DEBUG, INFO, WARNING, ERROR, not 'LOUD'"),
         ('[shard.rule]\nname = "momentum"\nvelocity = 1', "shard.rule: unknown option velocity"),
         ("port = ", "is not valid TOML"),
