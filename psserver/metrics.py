@@ -3,12 +3,12 @@
 Every metric lives in the shard's own ``CollectorRegistry`` and carries a ``shard`` label;
 per-worker series also carry ``worker``. A scrape stays small however many workers join: at
 most ``worker_series`` joined clients have series of their own, chosen as the ones an operator
-needs to see (refused, furthest behind, slowest: ``_Client.rank``); everyone else's events are
-counted in one aggregate series per metric whose ``worker`` label is empty (Prometheus stores
-it without the label), so a sum over a metric's series still counts every worker. The chosen
-set is revised at a scrape, at most every ``SELECTION_SECONDS``, and a client loses its series
-only to one clearly further behind (``_needs_series_more``), so labels do not churn. A worker's
-series are removed when it leaves, is evicted or gives its place up. Observer-role clients
+needs to see (refused, furthest behind, slowest: ``ShardMetrics._select``); everyone else's
+events are counted in one aggregate series per metric whose ``worker`` label is empty
+(Prometheus stores it without the label), so a sum of rates over a metric's series still counts
+every worker. The choice is revised at a scrape, at most every ``SELECTION_SECONDS``, and a
+place changes hands only to a client that clearly needs it more, so labels do not churn. A
+worker's series are removed when it leaves, is evicted or gives its place up. Observer-role clients
 only pull: they get pull and byte series, never push series.
 
 The shard calls the observer methods with its lock held; each takes this object's lock, looks
@@ -64,9 +64,8 @@ DEFAULT_WORKER_SERIES = 32
 # Who has series of their own is revised at a scrape at most this often: long enough that a
 # worker's series outlive a few scrapes (rate() needs two), short enough to follow a straggler.
 SELECTION_SECONDS = 30.0
-# A client without series takes the place of one with series only when it is clearly further
-# behind: more refusals, or this factor more updates behind (plus one), or, as far behind, this
-# factor slower. Workers alike therefore keep their places instead of trading them every revision.
+# A client without series takes the place of one with series only when it needs them this many
+# times more (``ShardMetrics._select``), so that workers alike keep their places.
 _SWAP_MARGIN = 1.25
 # The weight of a push's staleness in a client's smoothed staleness: the last few pushes count,
 # whenever they came, so a worker slower than SELECTION_SECONDS is judged as well as a fast one.
@@ -102,7 +101,7 @@ class _Series:
         self._children.pop(metric, None)
 
 
-@dataclass
+@dataclass(eq=False)  # one per name, compared by identity (a key while choosing)
 class _Client:
     """One worker name among the joined clients: its series, if it has its own, and how much it matters."""
 
@@ -136,28 +135,13 @@ class _Client:
         else:
             self.staleness += _SMOOTHING * (staleness - self.staleness)
 
-    def rank(self, clock: int) -> tuple[int, float, float, str]:
-        """Larger first: refused requests (a client bug or misconfiguration), then how far behind
-        it is (stragglers under async and SSP), then slowness (under BSP everyone is equally
-        behind, and the slowest holds the barrier). The name breaks ties, so the order is stable."""
+    def need(self, clock: int, fastest: float) -> float:
+        """How much an operator needs to see this client: how far behind it is (stragglers under async
+        and SSP), times how much slower it computes than the fastest that reported a speed (under BSP
+        everyone is equally behind, and the slowest holds the barrier)."""
         speed = self.gauges.get("samples_per_second")
-        return (self.refused, self.behind(clock), -speed if speed is not None else -math.inf, self.name)
-
-    def forget_refusals(self) -> None:
-        self.refused = 0
-
-
-def _needs_series_more(challenger: _Client, holder: _Client, clock: int) -> bool:
-    """Whether ``challenger`` (without series) should take ``holder``'s series: clearly, not by noise."""
-    if challenger.refused != holder.refused:
-        return challenger.refused > holder.refused
-    behind, holder_behind = challenger.behind(clock), holder.behind(clock)
-    if behind > _SWAP_MARGIN * holder_behind + 1:
-        return True
-    if holder_behind > _SWAP_MARGIN * behind + 1:
-        return False
-    speed, holder_speed = challenger.gauges.get("samples_per_second"), holder.gauges.get("samples_per_second")
-    return speed is not None and holder_speed is not None and speed * _SWAP_MARGIN < holder_speed
+        slowness = fastest / speed if speed is not None and speed > 0 and fastest > 0 else 1.0
+        return (self.behind(clock) + 1.0) * slowness
 
 
 class ShardMetrics:
@@ -501,21 +485,28 @@ class ShardMetrics:
                 aggregate.drop(metric)
 
     def _select(self) -> None:
-        """Free places go to the clients that matter most (``_Client.rank``); then, while the one
-        that matters most without series clearly matters more than the one that matters least with
-        them (``_needs_series_more``), they trade. Refusals are counted afresh from here."""
+        """Free places go to the clients that matter most; then, while the one that matters most
+        without series clearly matters more than the one that matters least with them, they trade.
+
+        What matters: refused requests since the last revision first (a client bug or a
+        misconfiguration), then ``_Client.need``. Clearly: more refusals, or as many and
+        ``_SWAP_MARGIN`` times the need, so workers alike keep their places instead of trading
+        them at every revision. Refusals are counted afresh from here."""
         clock = self._clock_value
-        ranked = sorted(
-            (c for c in self._clients.values() if c.name != AGGREGATE_WORKER),
-            key=lambda c: c.rank(clock),
-            reverse=True,
-        )
+        fastest = max((c.gauges.get("samples_per_second", 0.0) for c in self._clients.values()), default=0.0)
+        order = {
+            client: (client.refused, client.need(clock, fastest), client.name)
+            for client in self._clients.values()
+            if client.name != AGGREGATE_WORKER
+        }
+        ranked = sorted(order, key=order.__getitem__, reverse=True)
         holders = [c for c in ranked if c.series is not None]
         challengers = [c for c in ranked if c.series is None]
         free = self.worker_series - len(holders)
         taking, challengers = challengers[:free], challengers[free:]
         for challenger, holder in zip(challengers, reversed(holders), strict=False):
-            if not _needs_series_more(challenger, holder, clock):
+            (refused, need, _), (holder_refused, holder_need, _) = order[challenger], order[holder]
+            if refused < holder_refused or (refused == holder_refused and need <= _SWAP_MARGIN * holder_need):
                 break
             self._remove_series(holder)
             self.aggregated_workers.labels(self.shard, _role(holder)).inc()
@@ -524,7 +515,7 @@ class ShardMetrics:
             self._give_series(client)
             self.aggregated_workers.labels(self.shard, _role(client)).dec()
         for client in ranked:
-            client.forget_refusals()
+            client.refused = 0
 
     def _give_series(self, client: _Client) -> None:
         """Its own series, made now so that rate() sees them start from zero, and its gauges as last reported."""

@@ -15,7 +15,13 @@ from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import PushHeader, Shard, ShardConfig
 from psserver.core.workers import PushOutcome, WorkerRecord
-from psserver.metrics import STALENESS_BUCKETS, ShardMetrics
+from psserver.metrics import (
+    AGGREGATE_WORKER,
+    DEFAULT_WORKER_SERIES,
+    SELECTION_SECONDS,
+    STALENESS_BUCKETS,
+    ShardMetrics,
+)
 
 LAYOUT = Layout.from_named_shapes([("w", (2, 3)), ("b", (2,))])
 GRADIENT = int(PayloadKind.GRADIENT)
@@ -302,3 +308,162 @@ def test_the_docs_describe_every_metric_the_server_exports() -> None:
     documented_families = {re.sub(r"_(total|info)$", "", name) for name in documented}
     assert exported - documented_families == set(), "exported but not documented"
     assert documented_families - exported == set(), "documented but not exported"
+
+
+# -- a bounded number of workers with series of their own --------------------------------------------
+
+
+def join_many(metrics: ShardMetrics, count: int) -> list[WorkerRecord]:
+    workers = [WorkerRecord(i, f"w{i:03d}", "cpu", False) for i in range(count)]
+    for worker in workers:
+        metrics.worker_joined(worker)
+    return workers
+
+
+def own_series(metrics: ShardMetrics) -> set[str]:
+    """Worker names with series of their own in a scrape (the aggregate's label is empty)."""
+    return worker_label_values(metrics.registry) - {AGGREGATE_WORKER}
+
+
+def total(metrics: ShardMetrics, name: str) -> float:
+    """The sum of every series of one sample name, aggregate included."""
+    return sum(s.value for family in metrics.registry.collect() for s in family.samples if s.name == name)
+
+
+def push_round(metrics: ShardMetrics, workers: list[WorkerRecord], clock: int, staleness: dict[str, int]) -> int:
+    """Each worker pulls and pushes once (staleness 2 unless given); returns the clock after the round."""
+    for worker in workers:
+        clock += 1
+        metrics.update_applied(0.001, clock)
+        metrics.push_applied(worker, PushOutcome(clock, staleness.get(worker.name, 2), {"gap": 0.5, "scale": 0.5}))
+        metrics.pulled(worker, clock, 100)
+    return clock
+
+
+def test_512_workers_give_at_most_32_with_series_of_their_own_and_a_small_scrape_counting_all(
+    metrics: ShardMetrics, time_source: FakeTime
+) -> None:
+    workers = join_many(metrics, 512)
+    assert metrics.worker_series == DEFAULT_WORKER_SERIES == 32
+    assert own_series(metrics) == {f"w{i:03d}" for i in range(32)}  # the first to join, while places were free
+    assert value(metrics, "hetps_aggregated_workers", role="worker") == 480
+    assert value(metrics, "hetps_active_workers", role="worker") == 512
+    clock = 0
+    for _ in range(2):
+        time_source.now += SELECTION_SECONDS
+        metrics.before_scrape()
+        pushes_before = total(metrics, "hetps_pushes_total")
+        # The worst case for a scrape: every series of every kind, one refusal reason per worker.
+        for i, worker in enumerate(workers):
+            clock += 1
+            metrics.update_applied(0.001, clock)
+            outcome = PushOutcome(clock, i % 100, {"gap": 0.5, "scale": 0.5, "local_steps": 4.0})
+            metrics.push_applied(worker, outcome)
+            metrics.push_duplicate(worker)
+            metrics.bytes_received(worker, 100)
+            metrics.pulled(worker, clock, 100)
+            metrics.heartbeat(worker, {"samples_per_second": 100.0 + i, "compute_seconds": 0.01})
+            metrics.rejected("future_clock", worker)
+        # Every worker's push is in the sums, whether in its own series or in the aggregate's.
+        assert total(metrics, "hetps_pushes_total") - pushes_before == 512
+    assert len(own_series(metrics)) == 32
+    assert value(metrics, "hetps_aggregated_workers", role="worker") == 480
+    assert value(metrics, "hetps_push_staleness_count", worker=AGGREGATE_WORKER) is not None
+    scrape = generate_latest(metrics.registry)
+    assert len(scrape) < 200_000, len(scrape)  # docs/observability.md states this bound
+
+
+def test_the_refused_and_the_stragglers_take_the_places_and_the_ones_they_replace_lose_their_series(
+    time_source: FakeTime,
+) -> None:
+    metrics = ShardMetrics(shard_index=3, wall_clock=time_source, worker_series=2)
+    workers = join_many(metrics, 6)
+    assert own_series(metrics) == {"w000", "w001"}
+    clock = push_round(metrics, workers, 0, {"w004": 40})
+    metrics.rejected("future_clock", workers[5])
+    time_source.now += SELECTION_SECONDS - 1
+    assert own_series(metrics) == {"w000", "w001"}  # not revised before SELECTION_SECONDS
+    time_source.now += 1
+    assert own_series(metrics) == {"w004", "w005"}  # the refused worker first, then the furthest behind
+    # Counted before w005 had its own series: in the aggregate, and never moved from it.
+    assert value(metrics, "hetps_worker_rejected_requests_total", worker="", reason="future_clock") == 1
+    assert value(metrics, "hetps_pushes_total", worker="w005") == 0  # its series start from zero
+    assert value(metrics, "hetps_aggregated_workers", role="worker") == 4
+    # The one that gave its place up writes to the aggregate, never to a series of its own again.
+    aggregate_pushes = value(metrics, "hetps_pushes_total", worker="")
+    assert aggregate_pushes is not None
+    clock = push_round(metrics, workers[:1], clock, {})
+    metrics.rejected("future_clock", workers[0])
+    assert own_series(metrics) == {"w004", "w005"}
+    assert value(metrics, "hetps_pushes_total", worker="") == aggregate_pushes + 1
+    assert value(metrics, "hetps_worker_rejected_requests_total", worker="", reason="future_clock") == 2
+
+    # Refused again, w000 takes back the place of w005, which is no longer refused and no further
+    # behind than the rest; then, refused no more and alike the rest, w000 keeps it (no churn
+    # among workers alike) until w002 falls clearly further behind.
+    clock = push_round(metrics, workers, clock, {"w004": 40})
+    time_source.now += SELECTION_SECONDS
+    assert own_series(metrics) == {"w000", "w004"}
+    # w000 pulls last, so that w005's older parameters put it a little (not clearly) further behind.
+    clock = push_round(metrics, workers[::-1], clock, {"w004": 40})
+    time_source.now += SELECTION_SECONDS
+    assert own_series(metrics) == {"w000", "w004"}
+    for _ in range(4):
+        clock = push_round(metrics, workers, clock, {"w004": 40, "w002": 30})
+    time_source.now += SELECTION_SECONDS
+    assert own_series(metrics) == {"w002", "w004"}
+
+
+def test_a_stalled_worker_takes_a_place_as_its_parameters_age(time_source: FakeTime) -> None:
+    metrics = ShardMetrics(shard_index=3, wall_clock=time_source, worker_series=1)
+    workers = join_many(metrics, 4)
+    clock = push_round(metrics, workers, 0, {"w000": 3, "w001": 3, "w002": 3, "w003": 3})
+    for _ in range(10):  # w003 is silent while 60 updates are applied (20 times its staleness)
+        clock = push_round(metrics, workers[:3], clock, {"w000": 3, "w001": 3, "w002": 3})
+    time_source.now += SELECTION_SECONDS
+    assert own_series(metrics) == {"w003"}
+
+
+def test_under_bsp_the_slowest_worker_takes_a_place(time_source: FakeTime) -> None:
+    metrics = ShardMetrics(shard_index=3, wall_clock=time_source, worker_series=2)
+    workers = join_many(metrics, 4)
+    push_round(metrics, workers, 0, {w.name: 0 for w in workers})  # a BSP round: nobody is stale
+    for worker in workers:
+        metrics.heartbeat(worker, {"samples_per_second": 10.0 if worker.name == "w003" else 100.0})
+    time_source.now += SELECTION_SECONDS
+    # w003 holds the barrier; the others are alike, so the other place stays where it was.
+    assert own_series(metrics) == {"w000", "w003"}
+    assert value(metrics, "hetps_worker_samples_per_second", worker="w003") == 10.0  # as last reported
+
+
+def test_the_aggregates_gauges_are_the_mean_of_the_workers_it_counts(time_source: FakeTime) -> None:
+    metrics = ShardMetrics(shard_index=3, wall_clock=time_source, worker_series=1)
+    workers = join_many(metrics, 3)
+    for worker, speed in zip(workers, (50.0, 10.0, 30.0), strict=True):
+        metrics.heartbeat(worker, {"samples_per_second": speed})
+    assert value(metrics, "hetps_worker_samples_per_second", worker="w000") == 50.0
+    assert value(metrics, "hetps_worker_samples_per_second", worker="") == 20.0
+    assert value(metrics, "hetps_worker_compute_seconds", worker="") is None  # nobody reported one
+    # Workers leave: the aggregate's counters stay, its gauge goes with the last worker it counted.
+    metrics.worker_left(workers[1], evicted=False)
+    assert value(metrics, "hetps_worker_samples_per_second", worker="") == 30.0
+    assert value(metrics, "hetps_aggregated_workers", role="worker") == 1
+    metrics.worker_left(workers[2], evicted=True)
+    assert value(metrics, "hetps_worker_samples_per_second", worker="") is None
+    assert value(metrics, "hetps_aggregated_workers", role="worker") == 0
+    assert value(metrics, "hetps_pushes_total", worker="") == 0
+    # A worker with series of its own leaves: the next to join takes the free place at once.
+    metrics.worker_left(workers[0], evicted=False)
+    metrics.worker_joined(WorkerRecord(7, "late", "cpu", False))
+    assert own_series(metrics) == {"late"}
+
+
+def test_worker_series_0_counts_everyone_in_the_aggregate_and_below_0_is_refused(time_source: FakeTime) -> None:
+    metrics = ShardMetrics(shard_index=3, wall_clock=time_source, worker_series=0)
+    workers = join_many(metrics, 3)
+    push_round(metrics, workers, 0, {})
+    time_source.now += SELECTION_SECONDS
+    assert own_series(metrics) == set()
+    assert value(metrics, "hetps_pushes_total", worker="") == 3
+    with pytest.raises(ValueError, match="worker_series must be 0 or more, not -1"):
+        ShardMetrics(worker_series=-1)
