@@ -1,15 +1,22 @@
-"""The Grafana dashboard's queries and the example Prometheus config, checked by Prometheus's own promtool."""
+"""The Grafana dashboard's queries and the example Prometheus config, checked by Prometheus's own promtool; the
+dashboard read by a real Prometheus at 512 workers."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from psserver.core.workers import PushOutcome, WorkerRecord
+from psserver.metrics import ShardMetrics, serve_metrics
 from tests.docker.test_dashboard import DOCKER, as_promql, load_dashboard, queries
+from tests.integration.probes import wait_for
+from tests.integration.test_prometheus_integ import needs_prometheus, prometheus, query
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -54,3 +61,65 @@ def test_the_example_prometheus_config_is_valid() -> None:
     config = DOCKER / "prometheus" / "prometheus.yml"
     result = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+class _Cluster(threading.Thread):
+    """512 workers' events fed to a shard's metrics: worker i computes 1 + i % 8 times slower than
+    the fastest, w007 is refused now and then. Time runs 60 times faster for the metrics, so that
+    who has series of their own is revised every half second."""
+
+    def __init__(self, metrics: ShardMetrics, workers: list[WorkerRecord]) -> None:
+        super().__init__(daemon=True)
+        self.metrics = metrics
+        self.workers = workers
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        metrics, clock, step = self.metrics, 0, 0
+        pulled = [0] * len(self.workers)
+        while not self.done.wait(0.05):
+            step += 1
+            for i, worker in enumerate(self.workers):
+                if (step + i) % (1 + i % 8):
+                    continue
+                clock += 1
+                metrics.update_applied(0.001, clock)
+                staleness = clock - 1 - pulled[i]
+                outcome = PushOutcome(clock, staleness, {"gap": 0.01 * staleness, "scale": 0.5, "local_steps": 4.0})
+                metrics.push_applied(worker, outcome)
+                metrics.bytes_received(worker, 4096)
+                metrics.pulled(worker, clock, 4096)
+                pulled[i] = clock
+                metrics.heartbeat(worker, {"samples_per_second": 1000.0 / (1 + i % 8), "compute_seconds": 0.01})
+            metrics.rejected("future_clock", self.workers[7])
+            metrics.rpc_finished("psproto.v1.ParameterServer", "Push", "OK", 0.002)
+
+
+@needs_prometheus
+def test_the_dashboard_reads_at_512_workers(tmp_path: Path) -> None:
+    """Against a real Prometheus: every panel shows data, at most 32 workers have series of their own,
+    and the rest show as one "other workers" line."""
+    start = time.time()
+    metrics = ShardMetrics(0, {"rule": "gap-aware"}, wall_clock=lambda: start + 60 * (time.time() - start))
+    metrics.checkpoint_written()
+    workers = [WorkerRecord(i, f"worker-{i:03d}", "cpu", False) for i in range(512)]
+    for worker in workers:
+        metrics.worker_joined(worker)
+    cluster = _Cluster(metrics, workers)
+    server = serve_metrics(metrics.registry, "127.0.0.1", 0)
+    cluster.start()
+    try:
+        with prometheus(tmp_path, server.port) as base:
+            wait_for(lambda: query(base, "count_over_time(hetps_clock[1m]) >= 4"), 30, "four scrapes of the endpoint")
+            for where, expr in queries(load_dashboard()):
+                assert query(base, as_promql(expr)), f"{where}: no data for {expr}"
+            own = query(base, 'count(count by (worker) ({__name__=~"hetps_.+", worker!=""}))')
+            assert 0 < float(own[0]["value"][1]) <= 32
+            ((where, pushes),) = [(w, e) for w, e in queries(load_dashboard()) if w == "Pushes per worker / A"]
+            lines = {r["metric"].get("worker") for r in query(base, as_promql(pushes))}
+            assert "other workers (mean)" in lines and len(lines) <= 33, lines
+            assert "worker-007" in lines  # refused: shown on its own
+    finally:
+        cluster.done.set()
+        cluster.join(10)
+        server.close()
