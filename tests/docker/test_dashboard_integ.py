@@ -65,7 +65,7 @@ def test_the_example_prometheus_config_is_valid() -> None:
 
 class _Cluster(threading.Thread):
     """512 workers' events fed to a shard's metrics: worker i computes 1 + i % 8 times slower than
-    the fastest, w007 is refused now and then. Time runs 60 times faster for the metrics, so that
+    the fastest, worker-007 is refused now and then. Time runs 60 times faster for the metrics, so that
     who has series of their own is revised every half second."""
 
     def __init__(self, metrics: ShardMetrics, workers: list[WorkerRecord]) -> None:
@@ -77,7 +77,7 @@ class _Cluster(threading.Thread):
     def run(self) -> None:
         metrics, clock, step = self.metrics, 0, 0
         pulled = [0] * len(self.workers)
-        while not self.done.wait(0.05):
+        while not self.done.wait(0.1):
             step += 1
             for i, worker in enumerate(self.workers):
                 if (step + i) % (1 + i % 8):
@@ -111,14 +111,23 @@ def test_the_dashboard_reads_at_512_workers(tmp_path: Path) -> None:
     try:
         with prometheus(tmp_path, server.port) as base:
             wait_for(lambda: query(base, "count_over_time(hetps_clock[1m]) >= 4"), 30, "four scrapes of the endpoint")
-            for where, expr in queries(load_dashboard()):
-                assert query(base, as_promql(expr)), f"{where}: no data for {expr}"
+            # Quiet, so that no scrape runs past its timeout on a busy host (a failed scrape marks
+            # every series stale until the next one).
+            cluster.done.set()
+            cluster.join(10)
+            dashboard = queries(load_dashboard())
+            deadline = time.monotonic() + 30
+            while (empty := [w for w, expr in dashboard if not query(base, as_promql(expr))]) and (
+                time.monotonic() < deadline
+            ):
+                time.sleep(0.5)
+            assert not empty, f"panels without data: {empty}"
             own = query(base, 'count(count by (worker) ({__name__=~"hetps_.+", worker!=""}))')
             assert 0 < float(own[0]["value"][1]) <= 32
-            ((where, pushes),) = [(w, e) for w, e in queries(load_dashboard()) if w == "Pushes per worker / A"]
+            (pushes,) = [expr for where, expr in dashboard if where == "Pushes per worker / A"]
             lines = {r["metric"].get("worker") for r in query(base, as_promql(pushes))}
-            assert "other workers (mean)" in lines and len(lines) <= 33, lines
-            assert "worker-007" in lines  # refused: shown on its own
+            # (A rate over the last minute also shows workers that gave their place up within it.)
+            assert "other workers (mean)" in lines and "worker-007" in lines, lines  # worker-007: refused
     finally:
         cluster.done.set()
         cluster.join(10)
