@@ -538,7 +538,7 @@ class ShardMetrics:
 
     def _aggregate_series(self) -> _Series:
         """The aggregate series, made when the first client is counted in them and kept from then on
-        (their counters only grow, so a sum over a metric's series never drops)."""
+        (their counters only grow: rate() over them never sees a reset)."""
         if self._aggregate is None:
             self._aggregate = _Series((self.shard, AGGREGATE_WORKER))
             self._start_series(self._aggregate, observer=False)
