@@ -418,10 +418,14 @@ def test_a_stalled_worker_takes_a_place_as_its_parameters_age(time_source: FakeT
     metrics = ShardMetrics(shard_index=3, wall_clock=time_source, worker_series=1)
     workers = join_many(metrics, 4)
     clock = push_round(metrics, workers, 0, {"w000": 3, "w001": 3, "w002": 3, "w003": 3})
-    for _ in range(10):  # w003 is silent while 60 updates are applied (20 times its staleness)
+    metrics.rejected("future_clock", workers[0])
+    time_source.now += SELECTION_SECONDS
+    assert own_series(metrics) == {"w000"}  # refused: it keeps its place
+    assert value(metrics, "hetps_worker_rejected_requests_total", worker="w000", reason="future_clock") == 1
+    for _ in range(10):  # w003 is silent while 30 updates are applied (10 times its staleness)
         clock = push_round(metrics, workers[:3], clock, {"w000": 3, "w001": 3, "w002": 3})
     time_source.now += SELECTION_SECONDS
-    assert own_series(metrics) == {"w003"}
+    assert own_series(metrics) == {"w003"}  # every series of w000, its refusals' included, is gone
 
 
 def test_under_bsp_the_slowest_worker_takes_a_place(time_source: FakeTime) -> None:
