@@ -1,0 +1,78 @@
+"""``psworker train --task gpt2-small`` on a CPU against four real ``psserver serve`` shards:
+windows of 8 bytes and batch 1 through the task options, 124M parameters pushed and pulled
+each step, the shards balanced, the loss finite and every shard's clock advanced."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from pstools.launcher import start_server, stop_process
+from pstools.warm_start import Program, start_program
+from tests.pstasks.test_gpt2_small import GPT2_SMALL_PARAMETERS
+
+SHARDS = 4
+# Ten steps: the worker's log records a step's loss every ten.
+STEPS = 10
+WORKER_CONFIG = f"""torch_threads = 1
+[task_options]
+batch_size = 1
+sequence_length = 8
+[train]
+max_steps = {STEPS}
+eval_every = 0
+evaluate_at_end = false
+progress = false
+"""
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Iterator[list[str]]:
+    started: list[Program] = []
+    addresses = []
+    try:
+        for index in range(SHARDS):
+            config = {"shard": {"shard_index": index, "num_shards": SHARDS}}
+            process, address = start_server(tmp_path, "asgd", 1e-4, (), config=config)
+            started.append(process)
+            addresses.append(address)
+        yield addresses
+    finally:
+        codes = [stop_process(process) for process in started]
+    assert codes == [0] * SHARDS, f"psserver exit codes after SIGTERM: {codes}"
+
+
+def _status(address: str) -> ps_pb2.StatusResponse:
+    with grpc.insecure_channel(address) as channel:
+        return ps_pb2_grpc.ParameterServerStub(channel).Status(ps_pb2.StatusRequest(), timeout=10)
+
+
+def test_a_few_cpu_steps_over_four_balanced_shards(tmp_path: Path, shards: list[str]) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text(WORKER_CONFIG)
+    log = tmp_path / "worker.jsonl"
+    argv = ["train", "--task", "gpt2-small", "--config", str(config), "--log-file", str(log)]
+    for address in shards:
+        argv += ["--server", address]
+    worker = start_program("psworker", argv, tmp_path / "worker.log")
+    try:
+        code = worker.wait(120)
+    finally:
+        stop_process(worker)
+    assert code == 0, (tmp_path / "worker.log").read_text()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    losses = [record["loss"] for record in records if record["event"] == "step"]
+    assert len(losses) == 1 and math.isfinite(losses[0]), records
+    done = next(record for record in records if record["event"] == "done")
+    assert done["steps"] == STEPS and done["pushes"] == STEPS
+    statuses = [_status(address) for address in shards]
+    lengths = [status.shard_length for status in statuses]
+    assert sum(lengths) == GPT2_SMALL_PARAMETERS
+    assert max(lengths) / min(lengths) <= 1.01, lengths
+    assert [status.clock for status in statuses] == [STEPS] * SHARDS
