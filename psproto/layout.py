@@ -163,23 +163,27 @@ class Layout:
         for i in range(1, self.num_shards):
             target = total * i / self.num_shards
             previous = cuts[-1]
-            lowest = bisect.bisect_right(ends, previous) if previous else 0
+            # The first tensor end after the previous cut (or the one at it, for the first cut).
+            lowest = bisect.bisect_left(ends, previous)
+            if previous and lowest < len(ends) and ends[lowest] == previous:
+                lowest += 1
             highest = len(ends) - (self.num_shards - i) - 1
             candidates = range(lowest, highest + 1)
             cut = ends[min(candidates, key=lambda k: (abs(ends[k] - target), k))]
             if abs(cut - target) > BALANCE_TOLERANCE * share:
-                inside = self._row_cut(target, previous, highest + 1)
+                inside = self._row_cut(ends, target, previous, highest + 1)
                 if inside is not None and abs(inside - target) < abs(cut - target):
                     cut = inside
             cuts.append(cut)
         cuts.append(total)
         return tuple(ShardRange(index=i, offset=cuts[i], length=cuts[i + 1] - cuts[i]) for i in range(self.num_shards))
 
-    def _row_cut(self, target: float, previous: int, last_slot: int) -> int | None:
+    def _row_cut(self, ends: list[int], target: float, previous: int, last_slot: int) -> int | None:
         """The row boundary nearest ``target`` strictly inside the tensor holding it and after
-        ``previous``; None when that tensor is not one of the first ``last_slot + 1``, has one row,
-        or has no row boundary after ``previous``."""
-        index = bisect.bisect_right([slot.end for slot in self.slots], target)
+        ``previous`` (``ends``: every tensor's end); None when that tensor is not one of the first
+        ``last_slot + 1`` (a later shard would get no tensor end), has one row, or has no row
+        boundary after ``previous``."""
+        index = bisect.bisect_right(ends, target)
         if index > last_slot or index >= len(self.slots):
             return None
         slot = self.slots[index]

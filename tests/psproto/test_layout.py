@@ -3,6 +3,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psproto.layout import BALANCE_TOLERANCE, Layout, LayoutError
 
@@ -96,6 +98,26 @@ def test_a_tensor_larger_than_a_share_is_split_between_rows_to_balance(num_shard
     # The embedding is split exactly when it is larger than a share (at 4 and 8 shards).
     split = any(s.offset < layout.slots[0].end for s in layout.shards[1:])
     assert split == (layout.slots[0].numel > layout.total_length / num_shards)
+
+
+_SHAPES = st.lists(st.lists(st.integers(0, 6), max_size=3).map(tuple), min_size=1, max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes=_SHAPES, num_shards=st.integers(1, 8))
+def test_any_layout_is_cut_into_non_empty_tiles_or_refused_with_a_layout_error(
+    shapes: list[tuple[int, ...]], num_shards: int
+) -> None:
+    try:
+        layout = Layout.from_named_shapes([(f"t{i}", shape) for i, shape in enumerate(shapes)], num_shards)
+    except LayoutError:
+        return
+    shards = layout.shards
+    assert shards[0].offset == 0 and shards[-1].end == layout.total_length
+    for index, (left, right) in enumerate(itertools.pairwise(shards)):
+        assert left.end == right.offset and _at_a_tensor_or_row_boundary(layout, left.end)
+        assert sum(end - start for start, end in layout.segments(index)) == left.length
+    assert all(s.length > 0 for s in shards)
 
 
 def test_a_split_tensor_is_a_segment_in_each_shard_that_holds_part_of_it() -> None:
