@@ -4,6 +4,7 @@ options (batch size, window length) a CPU run shrinks it with."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from pstasks.cli import main
 from pstasks.task_error import TaskError
 from pstasks.tasks import TaskOptions, load_task
 from pstasks.tinylm import GPT2_SMALL, TINYLM, Decoder, DecoderConfig
+from psworker.task import evaluate
 
 # GPT-2 small (Radford et al., 2019): wte 50,257×768 (tied to the output layer), wpe 1,024×768,
 # 12 layers of 7,087,872 parameters, a final norm of 1,536.
@@ -109,3 +111,18 @@ def test_psworker_train_refuses_bad_task_options_with_exit_2(tmp_path: Path, tab
     result = CliRunner().invoke(main, ["train", "--server", "127.0.0.1:9", "--config", str(config)])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_evaluation_feeds_a_language_model_a_bounded_number_of_targets_at_once() -> None:
+    # 1,024-byte windows: 16 a call (16,384 targets), so gpt2-small's logits stay at 3.3 GB.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(256, 4), torch.nn.Linear(4, 256))
+    seen: list[int] = []
+    model.register_forward_hook(lambda module, args, output: seen.append(args[0].shape[0]))
+    tokens = torch.randint(0, 256, (40, 1_025))
+    task = replace(load_task("tinylm"), test_inputs=tokens[:, :-1], test_targets=tokens[:, 1:])
+    accuracy, loss = evaluate(model, task, torch.device("cpu"))
+    assert seen == [16, 16, 8]
+    with torch.no_grad():
+        whole = task.loss(model(task.test_inputs), task.test_targets)
+    assert loss == pytest.approx(float(whole), rel=1e-5) and 0 <= accuracy <= 1
