@@ -15,7 +15,7 @@ from psproto.layout import Layout
 from pstasks.cli import main
 from pstasks.task_error import TaskError
 from pstasks.tasks import TaskOptions, load_task
-from pstasks.tinylm import GPT2_SMALL, TINYLM, Decoder, DecoderConfig
+from pstasks.tinylm import TINYLM, Decoder
 from psworker.task import evaluate
 
 # GPT-2 small (Radford et al., 2019): wte 50,257×768 (tied to the output layer), wpe 1,024×768,
@@ -23,15 +23,18 @@ from psworker.task import evaluate
 GPT2_SMALL_PARAMETERS = 50_257 * 768 + 1_024 * 768 + 12 * 7_087_872 + 2 * 768
 
 
-def _shapes(config: DecoderConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """The named parameter shapes of a decoder, built without memory on the meta device."""
-    with torch.device("meta"):
-        model = Decoder(config)
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    """One gpt2-small model for the module's tests (1 s and 0.5 GB to build on a CPU)."""
+    return load_task("gpt2-small").build_model()
+
+
+def _shapes(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...]]]:
     return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
 
 
-def test_the_model_has_gpt2_smalls_shape_and_parameter_count() -> None:
-    shapes = dict(_shapes(GPT2_SMALL))
+def test_the_model_has_gpt2_smalls_shape_and_parameter_count(model: torch.nn.Module) -> None:
+    shapes = dict(_shapes(model))
     assert sum(math.prod(shape) for shape in shapes.values()) == GPT2_SMALL_PARAMETERS == 124_439_808
     assert shapes["embed.weight"] == (50_257, 768) and shapes["position"] == (1_024, 768)
     # Tied: the output layer is the embedding, so no head of its own.
@@ -40,24 +43,23 @@ def test_the_model_has_gpt2_smalls_shape_and_parameter_count() -> None:
     assert shapes["layers.layers.11.linear1.weight"] == (4 * 768, 768)
     assert "layers.layers.12.linear1.weight" not in shapes
     # tinylm is the same decoder, smaller and untied (its own classifier, with a bias).
-    tiny = dict(_shapes(TINYLM))
+    tiny = dict(_shapes(Decoder(TINYLM)))
     assert tiny["head.weight"] == (256, 128) and sum(math.prod(s) for s in tiny.values()) == 863_232
 
 
 @pytest.mark.parametrize("num_shards", [4, 5, 6, 7, 8])
-def test_its_shards_are_balanced_within_one_percent(num_shards: int) -> None:
+def test_its_shards_are_balanced_within_one_percent(model: torch.nn.Module, num_shards: int) -> None:
     # The embedding alone is 31% of the model: whole tensors could not balance 4 shards or more.
-    layout = Layout.from_named_shapes(_shapes(GPT2_SMALL), num_shards)
+    layout = Layout.from_named_shapes(_shapes(model), num_shards)
     lengths = [shard.length for shard in layout.shards]
     assert max(lengths) / min(lengths) <= 1.01
 
 
-def test_a_short_cpu_step_runs_and_starts_near_uniform_over_the_vocabulary() -> None:
+def test_a_short_cpu_step_runs_and_starts_near_uniform_over_the_vocabulary(model: torch.nn.Module) -> None:
     task = load_task("gpt2-small", options=TaskOptions(batch_size=1, sequence_length=8))
     assert task.name == "gpt2-small" and task.batch_size == 1
     assert task.train_inputs.shape[1] == 8 and task.test_targets.shape[1] == 8
     assert int(task.train_inputs.max()) < 256  # bytes, whatever the vocabulary
-    model = task.build_model()
     logits = model(task.train_inputs[:1])
     assert logits.shape == (1, 8, 50_257)
     loss = task.loss(logits, task.train_targets[:1])
