@@ -144,14 +144,12 @@ def adamw(parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
 
 def language_model(name: str, config: DecoderConfig, batch_size: int, seed: int, sequence_length: int | None) -> Task:
     """The pydoc text in windows of ``sequence_length`` bytes (default: the model's context) for a
-    decoder of ``config``; a TaskError when the windows would not fit the model or the text."""
+    decoder of ``config``; a TaskError when the windows would not fit the model."""
     length = config.context if sequence_length is None else sequence_length
     if not 1 <= length <= config.context:
         raise TaskError(f"sequence_length {length}: {name} takes windows of 1 to {config.context} bytes")
     data = torch.frombuffer(bytearray(corpus()), dtype=torch.uint8).to(torch.long)
     cut = split_point(data.shape[0])
-    if data.shape[0] - cut < length + 1:
-        raise TaskError(f"sequence_length {length}: the validation text holds {data.shape[0] - cut} bytes")
     train_inputs, train_targets = windows(data[:cut], length, max(1, length // 2))
     test_inputs, test_targets = windows(data[cut:], length, length + 1)
 
