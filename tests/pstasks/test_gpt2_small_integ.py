@@ -25,7 +25,7 @@ from pstools.warm_start import Program, start_program
 from tests.pstasks.test_gpt2_small import GPT2_SMALL_PARAMETERS
 
 SHARDS = 4
-STEPS = 3
+STEPS = 2
 RUN = f"""[train]
 max_steps = {STEPS}
 eval_every = 0
@@ -94,7 +94,7 @@ def test_a_few_cpu_steps_over_four_balanced_shards(tmp_path: Path, shards: list[
     assert done["steps"] == STEPS and done["pushes"] == STEPS and done["device"] == "cpu"
     _balanced_at_the_clock(shards)
     # The four parts make the model again; on four validation windows (the whole set would take
-    # minutes on a CPU) its loss is finite, near ln 50,257 ≈ 10.8 after three small steps.
+    # minutes on a CPU) its loss is finite, near ln 50,257 ≈ 10.8 after two small steps.
     task = load_task("gpt2-small", options=TaskOptions(sequence_length=8))
     task = replace(task, test_inputs=task.test_inputs[:4], test_targets=task.test_targets[:4])
     evaluation = evaluate_servers(task, shards)
