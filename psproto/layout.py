@@ -1,11 +1,13 @@
 """Model layout: named tensors mapped onto one flat fp32 vector and split into shards.
 
-The layout is a pure function of (names, shapes, number of shards). Its hash is sent on
-every Join so that workers with different models can never mix on one server.
+The layout is a pure function of (names, shapes, number of shards), and so is its cut into
+shards (balanced by size, at tensor boundaries where the balance allows, else between rows).
+Its hash is sent on every Join so that workers with different models can never mix on one server.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 from collections.abc import Iterable, Sequence
@@ -50,6 +52,11 @@ class ShardRange:
         return slice(self.offset, self.end)
 
 
+# A shard ends at a tensor boundary when one lies within this fraction of an even share of its
+# ideal end; otherwise between two rows of the tensor there, so a model whose tensors are large
+# against a share (GPT-2's embedding is 31% of it) still gets shards within 1% of each other's size.
+BALANCE_TOLERANCE = 0.005
+
 # Characters the hash text puts between names and shapes (``name:d1,d2;name2:...``).
 HASH_SEPARATORS = (":", ";")
 
@@ -92,8 +99,7 @@ class Layout:
             _check_tensor(name, shape)
         if self.num_shards > len(self.specs):
             raise LayoutError(
-                f"{self.num_shards} shards for {len(self.specs)} tensors: shards are aligned to "
-                "tensor boundaries, so use at most one shard per tensor"
+                f"{self.num_shards} shards for {len(self.specs)} tensors: use at most one shard per tensor"
             )
         if self.total_length == 0:
             raise LayoutError("the layout holds no parameters (every tensor has a zero dimension)")
@@ -142,23 +148,52 @@ class Layout:
 
     @cached_property
     def shards(self) -> tuple[ShardRange, ...]:
-        """Contiguous shard ranges, balanced by size and cut only at tensor boundaries.
+        """Contiguous shard ranges, each within ``2 * BALANCE_TOLERANCE`` of an even share where the
+        tensors' rows allow it, cut at tensor boundaries where that keeps the balance.
 
-        Shard ``i`` ends at the tensor boundary closest to ``(i + 1) * total / S`` while
-        leaving at least one tensor for every later shard.
+        Shard ``i`` ends at the tensor boundary closest to ``(i + 1) * total / S`` while leaving at
+        least one tensor end for every later shard; when that boundary is more than
+        ``BALANCE_TOLERANCE`` of a share away, and a row boundary of the tensor holding the ideal
+        point is nearer, the shard ends there instead (a large embedding is split between shards).
         """
-        boundaries = [slot.end for slot in self.slots]
+        ends = [slot.end for slot in self.slots]
         total = self.total_length
+        share = total / self.num_shards
         cuts = [0]
         for i in range(1, self.num_shards):
             target = total * i / self.num_shards
-            lowest = boundaries.index(cuts[-1]) + 1 if cuts[-1] else 0
-            highest = len(boundaries) - (self.num_shards - i) - 1
+            previous = cuts[-1]
+            # The first tensor end after the previous cut (or the one at it, for the first cut).
+            lowest = bisect.bisect_left(ends, previous)
+            if previous and lowest < len(ends) and ends[lowest] == previous:
+                lowest += 1
+            highest = len(ends) - (self.num_shards - i) - 1
             candidates = range(lowest, highest + 1)
-            best = min(candidates, key=lambda k: (abs(boundaries[k] - target), k))
-            cuts.append(boundaries[best])
+            cut = ends[min(candidates, key=lambda k: (abs(ends[k] - target), k))]
+            if abs(cut - target) > BALANCE_TOLERANCE * share:
+                inside = self._row_cut(ends, target, previous, highest + 1)
+                if inside is not None and abs(inside - target) < abs(cut - target):
+                    cut = inside
+            cuts.append(cut)
         cuts.append(total)
         return tuple(ShardRange(index=i, offset=cuts[i], length=cuts[i + 1] - cuts[i]) for i in range(self.num_shards))
+
+    def _row_cut(self, ends: list[int], target: float, previous: int, last_slot: int) -> int | None:
+        """The row boundary nearest ``target`` strictly inside the tensor holding it and after
+        ``previous`` (``ends``: every tensor's end); None when that tensor is not one of the first
+        ``last_slot + 1`` (a later shard would get no tensor end), has one row, or has no row
+        boundary after ``previous``."""
+        index = bisect.bisect_right(ends, target)
+        if index > last_slot or index >= len(self.slots):
+            return None
+        slot = self.slots[index]
+        if not slot.shape or slot.shape[0] < 2 or not slot.offset < target:
+            return None
+        row = slot.numel // slot.shape[0]
+        rows = min(max(round((target - slot.offset) / row), 1), slot.shape[0] - 1)
+        if slot.offset + rows * row <= previous:
+            rows = (previous - slot.offset) // row + 1
+        return slot.offset + rows * row if rows < slot.shape[0] else None
 
     def shard(self, index: int) -> ShardRange:
         if not 0 <= index < self.num_shards:
@@ -166,10 +201,11 @@ class Layout:
         return self.shards[index]
 
     def segments(self, shard_index: int) -> tuple[tuple[int, int], ...]:
-        """(start, end) of every tensor segment inside a shard, relative to the shard."""
+        """(start, end) of every tensor segment inside a shard, relative to the shard: a tensor
+        split between shards is a segment in each (per-tensor rules see the part they hold)."""
         shard = self.shard(shard_index)
         return tuple(
-            (slot.offset - shard.offset, slot.end - shard.offset)
+            (max(slot.offset, shard.offset) - shard.offset, min(slot.end, shard.end) - shard.offset)
             for slot in self.slots
-            if shard.offset <= slot.offset < shard.end
+            if shard.offset <= slot.offset < shard.end or slot.offset < shard.offset < slot.end
         )

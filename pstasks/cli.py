@@ -79,7 +79,7 @@ task_option = click.option(
     "--task",
     default="digits",
     show_default=True,
-    help="built-in task (digits, fashion, fashion-resnet18, tinylm) or module:function",
+    help="built-in task (digits, fashion, fashion-resnet18, tinylm, gpt2-small) or module:function",
 )
 data_dir_option = click.option(
     "--data-dir",
@@ -176,7 +176,7 @@ def train_command(ctx: click.Context, /, config_file: Path | None, **flags: Any)
     config = read_run_config(ctx, config_file, flags)
     torch.set_num_threads(config.torch_threads)
     try:
-        loaded = load_task(config.task, config.data_dir)
+        loaded = load_task(config.task, config.data_dir, config.task_options)
         if config.train.shard_data is not None:
             loaded = loaded.shard(*config.train.shard_data)
     except TaskError as error:

@@ -1,6 +1,7 @@
 """The configuration file of ``psworker train --config``: every setting of a worker's run.
 
-Its top level names the task and the process's resources; ``[train]`` is the run
+Its top level names the task and the process's resources; ``[task_options]`` what the run
+changes of the task (:class:`pstasks.tasks.TaskOptions`); ``[train]`` is the run
 (:class:`psworker.train.TrainConfig`), ``[train.client]`` how the worker talks to its shards
 (:class:`psworker.client.ClientConfig`), ``[train.client.tls]`` the TLS files. Read with the
 server's own reader (:mod:`pscli.config_file`): an unknown key, a wrong type or a bad value is a
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pscli.config_file import build
 from psproto.security import client_security
+from pstasks.tasks import TaskOptions
 from psworker.train import TrainConfig
 
 # When no stopping rule is set: train until the server has applied this many updates.
@@ -29,8 +31,10 @@ class WorkerRunConfig:
 
     # The run: servers, stopping rule, pacing, logging, and how to talk to the shards.
     train: TrainConfig
-    # Built-in task (digits, fashion, fashion-resnet18, tinylm) or module:function.
+    # Built-in task (digits, fashion, fashion-resnet18, tinylm, gpt2-small) or module:function.
     task: str = "digits"
+    # What the run changes of the task: its batch size, a language model's window length.
+    task_options: TaskOptions = field(default_factory=TaskOptions)
     # Directory of the task's data files (default: $HETPS_DATA_DIR, else /usr/share/datasets/fashion-mnist).
     data_dir: Path | None = None
     # Threads torch computes with in this process.

@@ -1,18 +1,21 @@
 """The built-in tasks and how a task is found by name: a model, its data and its loss.
 
 Built in: ``digits`` (scikit-learn's bundled 8×8 digits, no set-up), ``fashion`` (a CNN on
-Fashion-MNIST), ``fashion-resnet18`` (ResNet-18 on Fashion-MNIST, about 11M parameters) and
-``tinylm`` (a byte-level transformer on Python's own pydoc text, :mod:`pstasks.tinylm`);
-the Fashion-MNIST files are read from a data directory (:mod:`pstasks.fashion`). Each task
-names its :class:`~psworker.task.Metric`: test accuracy for the classifiers, validation loss for
-``tinylm``. A user task is any ``module:function`` returning a :class:`~psworker.task.Task`;
-nothing is downloaded at run time.
+Fashion-MNIST), ``fashion-resnet18`` (ResNet-18 on Fashion-MNIST, about 11M parameters),
+``tinylm`` (a byte-level transformer on Python's own pydoc text) and ``gpt2-small`` (GPT-2
+small's shape, 124M parameters, on the same bytes; :mod:`pstasks.tinylm`); the Fashion-MNIST
+files are read from a data directory (:mod:`pstasks.fashion`). Each task names its
+:class:`~psworker.task.Metric`: test accuracy for the classifiers, validation loss for the
+language models. A user task is any ``module:function`` returning a :class:`~psworker.task.Task`;
+nothing is downloaded at run time. A run may change a task's batch size and, for a language
+model, its windows' length (:class:`TaskOptions`).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -107,26 +110,68 @@ class TaskFactory(Protocol):
     def __call__(self, seed: int = 0, data_dir: Path | None = None) -> Task: ...
 
 
-def tinylm(seed: int = 0, data_dir: Path | None = None) -> Task:
-    """A ~0.9M-parameter byte-level transformer on the pydoc topics text (:mod:`pstasks.tinylm`)."""
+class LanguageModelFactory(Protocol):
+    def __call__(self, seed: int = 0, data_dir: Path | None = None, sequence_length: int | None = None) -> Task: ...
+
+
+def tinylm(seed: int = 0, data_dir: Path | None = None, sequence_length: int | None = None) -> Task:
+    """A ~0.86M-parameter byte-level transformer on the pydoc topics text (:mod:`pstasks.tinylm`)."""
     from pstasks.tinylm import tinylm as build_tinylm
 
-    return build_tinylm(seed, data_dir)
+    return build_tinylm(seed, data_dir, sequence_length)
 
 
+def gpt2_small(seed: int = 0, data_dir: Path | None = None, sequence_length: int | None = None) -> Task:
+    """GPT-2 small's shape (124,439,808 parameters) on the same bytes as tinylm (:mod:`pstasks.tinylm`)."""
+    from pstasks.tinylm import gpt2_small as build_gpt2_small
+
+    return build_gpt2_small(seed, data_dir, sequence_length)
+
+
+LANGUAGE_MODELS: dict[str, LanguageModelFactory] = {"tinylm": tinylm, "gpt2-small": gpt2_small}
 BUILTIN_TASKS: dict[str, TaskFactory] = {
     "digits": digits,
     "fashion": fashion,
     "fashion-resnet18": fashion_resnet18,
-    "tinylm": tinylm,
+    **LANGUAGE_MODELS,
 }
 
 
-def load_task(spec: str, data_dir: Path | None = None) -> Task:
-    """A built-in task by name, or ``module:function`` returning a Task.
+@dataclass(frozen=True)
+class TaskOptions:
+    """What a run changes of its task (``psworker train --config``'s ``[task_options]`` table)."""
+
+    # Examples per step ("auto": the task's own: 32 for digits and tinylm, 64 for Fashion-MNIST,
+    # 8 windows of 1,024 bytes for gpt2-small).
+    batch_size: int | None = None
+    # Bytes per window of a language-model task (tinylm, gpt2-small), at most its context ("auto":
+    # the context, 32 for tinylm and 1,024 for gpt2-small); shorter windows make a CPU step cheap.
+    sequence_length: int | None = None
+
+    def __post_init__(self) -> None:
+        for key, value in (("batch_size", self.batch_size), ("sequence_length", self.sequence_length)):
+            if value is not None and value < 1:
+                raise ValueError(f"{key} must be at least 1, not {value}")
+
+
+def load_task(spec: str, data_dir: Path | None = None, options: TaskOptions = TaskOptions()) -> Task:
+    """A built-in task by name, or ``module:function`` returning a Task, with ``options`` applied.
 
     ``data_dir`` is where built-in tasks read data files from (see :mod:`pstasks.fashion`);
     a missing or malformed file raises :class:`pstasks.idx.IdxError`."""
+    if spec in LANGUAGE_MODELS:
+        task = LANGUAGE_MODELS[spec](data_dir=data_dir, sequence_length=options.sequence_length)
+    elif options.sequence_length is not None:
+        raise TaskError(
+            f"sequence_length is an option of the language-model tasks ({', '.join(LANGUAGE_MODELS)}), not of {spec}"
+        )
+    else:
+        task = _task(spec, data_dir)
+    return task if options.batch_size is None else replace(task, batch_size=options.batch_size)
+
+
+def _task(spec: str, data_dir: Path | None) -> Task:
+    """The task ``spec`` names, as its factory builds it."""
     if spec in BUILTIN_TASKS:
         return BUILTIN_TASKS[spec](data_dir=data_dir)
     module_name, sep, function_name = spec.partition(":")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA host, in one run: the CUDA tests, a whole ResNet-18 worker step on
-# CUDA (pinned and pageable host buffers) against the same step on CPU, the same step with 8-bit
+# The checks that need a CUDA host, in one run: the CUDA tests (gpt2-small's GPU step over four
+# shards among them), a whole ResNet-18 worker step on CUDA (pinned and pageable host buffers)
+# against the same step on CPU, the same step with 8-bit
 # pushes and bf16 pulls encoded on the GPU and on the host, the host<->GPU crossing alone, and the
 # throughput benchmark (16-worker section included) on that host's cores; flags measures whether the
 # flags that take work off a step's path pay on its cores (benchmarks.step_flags).
@@ -31,7 +32,9 @@ export PYTHONUNBUFFERED=1
 } >"$out/host.txt" 2>&1
 for check in $checks; do
   case $check in
-    tests) timeout 240 "$python" -m pytest -q -p no:cacheprovider tests/integration/test_cuda_integ.py >"$out/pytest_cuda.log" 2>&1 ;;
+    tests)
+      timeout 360 "$python" -m pytest -q -p no:cacheprovider tests/integration/test_cuda_integ.py \
+        tests/pstasks/test_gpt2_small_integ.py >"$out/pytest_cuda.log" 2>&1 ;;
     step) timeout 150 "$python" -m benchmarks.gpu_step --out "$work/gpu_step.json" >"$out/gpu_step.log" 2>&1 ;;
     step-int8)
       timeout 150 "$python" -m benchmarks.gpu_step --wire int8/bf16 --variants cuda,cuda-host-encode \

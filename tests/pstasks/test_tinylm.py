@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from pstasks.tasks import load_task
-from pstasks.tinylm import CONTEXT, TinyDecoder, corpus, split_point, token_cross_entropy, windows
+from pstasks.tinylm import TINYLM, Decoder, corpus, split_point, token_cross_entropy, windows
 from psworker.task import LOSS, evaluate
+
+CONTEXT = TINYLM.context
 
 
 def test_the_text_is_the_pydoc_topics_in_key_order_and_deterministic() -> None:
@@ -29,8 +31,8 @@ def test_train_and_validation_windows_come_from_disjoint_parts_of_the_text() -> 
     cut = split_point(data.shape[0])
     assert 0.85 * data.shape[0] < cut < 0.95 * data.shape[0]
     # Rebuilt from the two parts alone, the windows are the task's: nothing crosses the cut.
-    train_inputs, _ = windows(data[:cut], 16)
-    test_inputs, test_targets = windows(data[cut:], CONTEXT + 1)
+    train_inputs, _ = windows(data[:cut], CONTEXT, CONTEXT // 2)
+    test_inputs, test_targets = windows(data[cut:], CONTEXT, CONTEXT + 1)
     assert torch.equal(task.train_inputs, train_inputs)
     assert torch.equal(task.test_inputs, test_inputs)
     # Targets are the inputs shifted by one byte; validation windows do not overlap.
@@ -58,7 +60,7 @@ def test_shapes_dtype_and_about_a_million_parameters() -> None:
 
 def test_the_model_is_causal() -> None:
     torch.manual_seed(0)
-    model = TinyDecoder().eval()
+    model = Decoder(TINYLM).eval()
     tokens = torch.randint(0, 256, (1, CONTEXT))
     changed = tokens.clone()
     changed[0, -1] = (tokens[0, -1] + 1) % 256

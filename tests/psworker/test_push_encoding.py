@@ -159,7 +159,8 @@ def test_float_dtypes_are_encoded_lazily_and_keep_no_residual() -> None:
 
 
 def test_one_push_encodes_each_shard_once_for_all_its_attempts() -> None:
-    layout = Layout.from_named_shapes([("a", (3,)), ("b", (5,))], 2)
+    # One row each: shards cut between the tensors, so the two shards differ in length.
+    layout = Layout.from_named_shapes([("a", (1, 3)), ("b", (1, 5))], 2)
     encoder = PushEncoder(codec.INT8_BLOCK)
     push = encoder.one_push(torch.tensor([1.0, 0.003, -0.002, 0.5, 0.25, 0.001, 0.0, -1.0]))
     first = [list(push.chunks(shard)) for shard in layout.shards]
