@@ -35,7 +35,6 @@ buffer, admits the push and calls ``model.Model.apply``, which calls the rule's 
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -67,7 +66,7 @@ from psserver.core.shard_state import StateError
 from psserver.core.snapshots import SnapshotStore
 from psserver.core.status import JoinResult, ShardStatus
 from psserver.core.stream_watch import WatchedStream
-from psserver.core.waiting import Abandoned, Waiting
+from psserver.core.waiting import Abandoned, Signal, Steps, Waiting, run_blocking
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 __all__ = ["JoinResult", "PendingPush", "PullResult", "PushHeader", "Shard", "ShardConfig", "StateError"]
@@ -85,8 +84,9 @@ class Shard:
         self.config = config
         self.observer = Observers(observer or NullObserver())
         self._now = clock_source
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        # The one lock, and what waits for the shard to change (``waiting``: threads or an event loop).
+        self._signal = Signal()
+        self._lock = self._signal.lock
         self._refusals = Refusals(self.observer)
         self._membership = Membership(self._refusals, config.lease_seconds, config.max_workers)
         self._receiver = PushReceiver(self._refusals, clock_source, config)
@@ -97,7 +97,7 @@ class Shard:
         )
         self.started = self._now()
         self._barrier = BspBarrier()
-        self._waiting = Waiting(self._changed, self._now, self._membership, self._evict_expired_locked, self._refusals)
+        self._waiting = Waiting(self._signal, self._now, self._membership, self._evict_expired_locked, self._refusals)
         self._scheduling = Scheduling(
             self._now, self._membership, self._waiting, self.observer, config.exclusive_pull_seconds
         )
@@ -183,7 +183,7 @@ class Shard:
         self.snapshots.retain_only(self._membership.pulled_clocks())
         # The barrier or the SSP minimum may have been waiting for this worker.
         self._maybe_finish_bsp_round()
-        self._changed.notify_all()
+        self._signal.notify_all()
 
     def worker_snapshot(self) -> list[WorkerRecord]:
         with self._lock:
@@ -222,6 +222,17 @@ class Shard:
         encoder: PullEncoder | None = None,
         abandoned: Abandoned | None = None,
     ) -> PullResult:
+        """``pull_steps`` waited out on this thread."""
+        return run_blocking(self.pull_steps(worker_id, wire_dtype, exclusive, encoder, abandoned))
+
+    def pull_steps(
+        self,
+        worker_id: int,
+        wire_dtype: int,
+        exclusive: bool = False,
+        encoder: PullEncoder | None = None,
+        abandoned: Abandoned | None = None,
+    ) -> Steps[PullResult]:
         """The parameters and their clock: serialised by ``encoder`` (the transport's), or in the
         in-process form without one; made once per clock, dtype and form.
 
@@ -237,7 +248,7 @@ class Shard:
             self._require_initialized()
             rule = self._model.rule
             assert rule is not None
-            self._admit_pull(worker, rule, exclusive, abandoned)
+            yield from self._admit_pull(worker, rule, exclusive, abandoned)
             share = admission.may_share_version_in_flight(self.config.consistency.model)
             kept = (lambda old: self.snapshots.get(old) is not None) if rule.needs_snapshot else None
             result = self._versions.cached(self._model.clock, wire_dtype, encoder) or self._versions.newest_in_flight(
@@ -270,7 +281,7 @@ class Shard:
 
     def _admit_pull(
         self, worker: WorkerRecord, rule: UpdateRule[RuleOptions], exclusive: bool, abandoned: Abandoned | None
-    ) -> None:
+    ) -> Steps[None]:
         """Wait (lock held) while SSP holds the pull back, then for what the rule asks; then let the rule
         take the pull (an exclusive one holds the shard; a held one restarts the worker's window)."""
         if exclusive:
@@ -281,8 +292,8 @@ class Shard:
             live_clocks = [w.ssp_clock for w in self._membership.live()]
             return not admission.pull_must_wait(consistency, worker.observer, worker.ssp_clock, live_clocks)
 
-        self._waiting.until(worker, ssp_allows, abandoned)
-        self._scheduling.admit_pull(worker, rule, exclusive, abandoned)
+        yield from self._waiting.until(worker, ssp_allows, abandoned)
+        yield from self._scheduling.admit_pull(worker, rule, exclusive, abandoned)
 
     def pull_hold(self, worker_id: int) -> PullHold | None:
         """The hold on ``worker_id``'s next pull while it is not over (None: it would pull at once)."""
@@ -316,15 +327,19 @@ class Shard:
         a limit has ended the push (its stream was cancelled as stalled) becomes that refusal
         (PUSH_STALLED). The transport's ``cancel`` ends its stream (an idle push); ``abandoned``
         says its client gave up, which ends its waits (``waiting`` keeps it exactly once)."""
-        pending = self._open_push(header, cancel, abandoned)
+        pending = self.open_push(header, cancel, abandoned)
         try:
-            self._receive(pending, chunks)
-            return self._commit(pending)
+            self.receive(pending, chunks)
+            return run_blocking(self.commit_steps(pending))
         finally:
             # A refused chunk, a broken stream or a refused commit must not keep its receive buffer.
-            self._receiver.discard(pending)
+            self.discard_push(pending)
 
-    def _open_push(
+    # ``push`` in its parts, for a transport that waits without a thread (psserver.rpc.awaiting):
+    # ``open_push``, then ``take_buffer_steps`` and ``receive`` (or ``PendingPush.add`` per chunk),
+    # then ``commit_steps``; ``discard_push`` however it ends.
+
+    def open_push(
         self, header: PushHeader, cancel: Callable[[], object] | None, abandoned: Abandoned | None
     ) -> PendingPush:
         """Check a push's header; the pending push that takes its chunks (``replay`` set for a retried id)."""
@@ -346,7 +361,19 @@ class Shard:
             previous = worker.previous_outcome(header.push_id)
             return self._receiver.open(worker, header, self._model.length, previous, holder, cancel, abandoned)
 
-    def _receive(self, pending: PendingPush, chunks: Iterable[codec.ChunkLike]) -> None:
+    def take_buffer_steps(self, pending: PendingPush) -> Steps[None]:
+        """Give ``pending`` its receive buffer now, waiting for one to come free (none for a replay)."""
+        return self._receiver.take_buffer_steps(pending)
+
+    def push_stalled(self, pending: PendingPush) -> ShardError | None:
+        """The refusal of a push a limit ended (its stream was cancelled for it), or None."""
+        return self._receiver.stalled(pending)
+
+    def discard_push(self, pending: PendingPush) -> None:
+        """Give back what ``pending`` holds, however it ended."""
+        self._receiver.discard(pending)
+
+    def receive(self, pending: PendingPush, chunks: Iterable[codec.ChunkLike]) -> None:
         """Decode every chunk into ``pending``'s receive buffer, chunk by chunk on this thread (the
         rule's apply, later, keeps torch's threads)."""
         try:
@@ -377,7 +404,7 @@ class Shard:
         """Count a refused request (Status and metrics), also ones refused before the shard (auth)."""
         self._refusals.count(reason, worker)
 
-    def _commit(self, pending: PendingPush) -> PushOutcome:
+    def commit_steps(self, pending: PendingPush) -> Steps[PushOutcome]:
         """Apply a received push with the rule, or replay the outcome of a retried one."""
         with self._lock:
             self.observer.bytes_received(pending.worker, pending.bytes_received)
@@ -387,12 +414,13 @@ class Shard:
         stalled = self._receiver.stalled(pending)
         if stalled is not None:
             raise stalled
+        yield from self._receiver.take_buffer_steps(pending)
         assembler = pending.decoder()
         check_complete(assembler, self._refusals, pending.worker)
         with self._lock:
-            return self._commit_locked(pending, assembler.out)
+            return (yield from self._commit_locked(pending, assembler.out))
 
-    def _commit_locked(self, pending: PendingPush, update: torch.Tensor) -> PushOutcome:
+    def _commit_locked(self, pending: PendingPush, update: torch.Tensor) -> Steps[PushOutcome]:
         worker = self._membership.get(pending.worker.worker_id)
         previous = worker.previous_outcome(pending.push_id)
         if previous is not None:
@@ -403,19 +431,19 @@ class Shard:
             # A BSP push is only added to the round, so it waits for no turn: taken now, it ends what
             # it held (an exclusive pull), or the others' would wait for it to lapse every round.
             rule.push_taken(worker.worker_id)
-            self._changed.notify_all()
-            return self._commit_bsp(worker, pending, update)
-        self._scheduling.admit_push(worker, rule, pending.abandoned)
+            self._signal.notify_all()
+            return (yield from self._commit_bsp(worker, pending, update))
+        yield from self._scheduling.admit_push(worker, rule, pending.abandoned)
         outcome, _ = self._model.apply(worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata)
         self._scheduling.after_push(worker, rule, pending, outcome)
         worker.record_push(pending.push_id, outcome)
         self.observer.push_applied(worker, outcome)
         worker.ssp_clock += 1
         self.observer.update_committed(self._model.clock, self._state_locked)
-        self._changed.notify_all()
+        self._signal.notify_all()
         return outcome
 
-    def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush, update: torch.Tensor) -> PushOutcome:
+    def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush, update: torch.Tensor) -> Steps[PushOutcome]:
         """Add this worker's update to the round and wait until the round's mean is applied."""
         contribution = self._barrier.contribute(worker, pending.push_id, pending.kind, update, self._model.clock)
         if isinstance(contribution, str):
@@ -423,7 +451,9 @@ class Shard:
         # Given back before the barrier: waiting contributors must not hold every buffer.
         self._receiver.discard(pending)
         self._maybe_finish_bsp_round()
-        self._waiting.until(worker, lambda: self._barrier.finished(contribution.round_number), pending.abandoned)
+        yield from self._waiting.until(
+            worker, lambda: self._barrier.finished(contribution.round_number), pending.abandoned
+        )
         outcome = worker.previous_outcome(pending.push_id)
         assert outcome is not None
         return self._replay_locked(worker, outcome) if contribution.retried else outcome
@@ -443,7 +473,7 @@ class Shard:
         self._barrier.advance()
         if joined:
             self.observer.update_committed(self._model.clock, self._state_locked)
-            self._changed.notify_all()
+            self._signal.notify_all()
 
     def _replay_locked(self, worker: WorkerRecord, previous: PushOutcome) -> PushOutcome:
         outcome = worker.replay(previous, self._model.clock)
