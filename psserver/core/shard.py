@@ -1,36 +1,25 @@
 """One shard of the model, as an orchestrator over the components that own its state.
 
-The ``Shard`` is the one public entry point and holds the one lock (and its condition) that
-every component is used under; it sequences the components and does the waiting. Each
-component owns its state and its job:
-
-- ``model.Model``: the layout, the fp32 parameters, the rule and its state, the clock, Init;
-- ``membership.Membership``: worker records, leases, eviction, push-id memories per name;
-- ``scheduling.Scheduling``: does what the rule's scheduling hooks decide (waits, windows of
-  local steps, holds on pulls), with the workers' paces they read (``local_steps``);
-- ``admission`` (SSP waits, exclusive pulls, routing, pull sharing) and
-  ``bsp_round.BspBarrier`` (the BSP round): pure decisions the shard acts on;
-- ``request_checks``: every refusal of a request's header, as a decision;
-- ``receiving.PushReceiver``: pending pushes, their buffers, ending slow pushes and streams;
-- ``pull_versions.PullVersions``: the versions handed to pulls, one per clock and form, with
-  the wire encoder injected by the transport (the core never builds wire bytes);
-- ``shard_state``: the checkpoint form; ``refusals.Refusals``: every refusal counted and raised;
-- ``observer.Observers``: the one hook mechanism (metrics; checkpoints via ``subscribe``);
-- ``status``: what the shard reports, as immutable snapshots (``status()``).
+The ``Shard`` is the one public entry point and holds the one lock (its ``waiting.Signal``) that
+every component is used under; it sequences the components and does the waiting. The components
+and their jobs are listed in docs/architecture.md (model, membership, scheduling, admission and
+bsp_round, request_checks, receiving, pull_versions, shard_state, refusals, observer, status).
 
 Every request is validated completely before anything changes: a push is decoded into a
 scratch receive buffer outside the lock and checked (coverage, dtype, finiteness), then applied
-under the lock. Waiting (SSP's bound, BSP's barrier, what a rule's hook asks) happens on the one
-condition (``waiting.Waiting``): waiters re-check leases so an evicted worker never stalls them,
-and end within a slice once the transport says their client gave up (``abandoned``).
+under the lock. Waiting (SSP's bound, BSP's barrier, what a rule's hook asks) is a pause in the
+operation's steps (``waiting``: ``pull_steps``, ``commit_steps``), which the caller waits out on a
+thread (``pull``, ``push``) or on an event loop (psserver.rpc.awaiting); waiters re-check leases
+so an evicted worker never stalls them, and end within a slice once their client gave up.
 
-A push enters through one call, ``Shard.push``, which owns it to the end and returns its
-outcome; every RPC form (psserver.rpc.servicer) and the in-process service (pstools.inprocess)
-are thin adapters over it. A gradient's path through the server, in order: ``rpc.servicer``
-parses the header into a ``receiving.PushHeader`` and each chunk message with psproto.wire, and
-hands both to ``Shard.push``; the ``receiving.PendingPush`` it opens decodes each chunk with
-``psproto.codec`` straight into its receive buffer; at the stream's end the shard checks the
-buffer, admits the push and calls ``model.Model.apply``, which calls the rule's ``apply``.
+A push enters through one call, ``Shard.push`` (for the transport, in its parts: ``open_push``,
+``take_buffer_steps``, ``receive``, ``commit_steps``, ``discard_push``), which owns it to the end
+and returns its outcome; every RPC form (psserver.rpc.servicer) and the in-process service
+(pstools.inprocess) are thin adapters over it. A gradient's path: ``rpc.servicer`` parses the
+header into a ``receiving.PushHeader`` and each chunk with psproto.wire; the
+``receiving.PendingPush`` the shard opens decodes each chunk with ``psproto.codec`` straight into
+its receive buffer; at the stream's end the shard checks the buffer, admits the push and calls
+``model.Model.apply``, which calls the rule's ``apply``.
 """
 
 from __future__ import annotations
@@ -189,8 +178,6 @@ class Shard:
         with self._lock:
             return list(self._membership)
 
-    # -- Init ---------------------------------------------------------------------------
-
     def begin_upload(self, worker_id: int, layout_hash: str) -> codec.Assembler:
         """Validate an Init header; the returned assembler collects the chunks."""
         with self._lock:
@@ -315,18 +302,13 @@ class Shard:
         cancel: Callable[[], object] | None = None,
         abandoned: Abandoned | None = None,
     ) -> PushOutcome:
-        """Take one push whole, and return its outcome: the only way a push enters the shard.
-
-        The header is checked before anything is received (a PushPull's ``pull_dtype`` too, so a
-        push is never applied and then answered with an error); a retried push id is answered with
-        its first outcome, once its chunks are read; otherwise the chunks are decoded into a receive
-        buffer, checked whole (coverage, finiteness), admitted (SSP/BSP, the rule's turn) and
-        applied by the rule. The buffer is given back however the push ends.
-
-        ``chunks`` is the transport's stream, read on the caller's thread: an error it raises while
-        a limit has ended the push (its stream was cancelled as stalled) becomes that refusal
-        (PUSH_STALLED). The transport's ``cancel`` ends its stream (an idle push); ``abandoned``
-        says its client gave up, which ends its waits (``waiting`` keeps it exactly once)."""
+        """Take one push whole, and return its outcome: the header checked before anything is received
+        (a PushPull's ``pull_dtype`` too), a retried push id answered with its first outcome, else the
+        chunks decoded into a receive buffer, checked whole, admitted (SSP/BSP, the rule's turn) and
+        applied by the rule; the buffer given back however the push ends. ``chunks`` is read on this
+        thread: an error it raises once a limit ended the push becomes that refusal (PUSH_STALLED).
+        ``cancel`` ends the transport's stream (an idle push); ``abandoned`` says its client gave up,
+        which ends its waits (``waiting`` keeps it exactly once)."""
         pending = self.open_push(header, cancel, abandoned)
         try:
             self.receive(pending, chunks)
@@ -334,10 +316,6 @@ class Shard:
         finally:
             # A refused chunk, a broken stream or a refused commit must not keep its receive buffer.
             self.discard_push(pending)
-
-    # ``push`` in its parts, for a transport that waits without a thread (psserver.rpc.awaiting):
-    # ``open_push``, then ``take_buffer_steps`` and ``receive`` (or ``PendingPush.add`` per chunk),
-    # then ``commit_steps``; ``discard_push`` however it ends.
 
     def open_push(
         self, header: PushHeader, cancel: Callable[[], object] | None, abandoned: Abandoned | None
@@ -480,8 +458,6 @@ class Shard:
         self.observer.push_duplicate(worker)
         return outcome
 
-    # -- checks ------------------------------------------------------------------------
-
     def _refuse(self, kind: ErrorKind, message: str, worker: WorkerRecord | None = None) -> NoReturn:
         self._refusals.refuse(kind, message, worker)
 
@@ -492,8 +468,6 @@ class Shard:
     def _require_initialized(self) -> None:
         if not self._model.initialized:
             self._refuse_if(checks.NOT_INITIALIZED)
-
-    # -- saved state (checkpoints) -----------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """A consistent copy of everything needed to resume: parameters, rule state, clocks,

@@ -18,6 +18,7 @@ ends cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Callable
 from concurrent import futures
@@ -74,10 +75,8 @@ class _Waker:
 
     async def changed(self, seconds: float | None) -> None:
         """Return at the signal's next change, or after ``seconds``."""
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._future), seconds)
-        except TimeoutError:
-            pass
 
 
 def _ready_now(pause: Pause) -> bool:

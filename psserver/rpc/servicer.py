@@ -3,13 +3,15 @@
 No parameter-server logic lives here. The handlers are coroutines on the server's event loop
 (psserver.rpc.server): each call of the shard that takes its lock or computes runs on a small
 pool of threads, and a call that waits in the shard (SSP, BSP, a rule's turn, a receive buffer)
-awaits without holding a thread (psserver.rpc.awaiting), so no setting grows with the workers. The four push forms (Push, PushUnary, PushPull,
-PushPullUnary) are thin adapters over one call of ``Shard.push``: the header parsed into the
-core's ``PushHeader``, the chunk messages handed over as they come, the outcome turned into the
-reply. The one-message forms stay because they pay for a push of one chunk: 1.15–1.23× as fast
-as a stream on a small shard, on about half the worker's CPU (``benchmarks.call_forms``,
-docs/performance.md). A ``ShardError`` becomes its gRPC status code with a
-``google.rpc.ErrorInfo`` naming its reason (psserver.rpc.status_codes) and the shard's message.
+awaits without holding a thread (psserver.rpc.awaiting), so no setting grows with the workers.
+
+The four push forms (Push, PushUnary, PushPull, PushPullUnary) are thin adapters over
+``Shard.push`` in its parts: the header parsed into the core's ``PushHeader``, the chunk
+messages handed over as they come, the outcome turned into the reply. The one-message forms
+stay because they pay for a push of one chunk: 1.15–1.23× as fast as a stream on a small
+shard, on about half the worker's CPU (``benchmarks.call_forms``, docs/performance.md). A
+``ShardError`` becomes its gRPC status code with a ``google.rpc.ErrorInfo`` naming its reason
+(psserver.rpc.status_codes) and the shard's message.
 """
 
 from __future__ import annotations
