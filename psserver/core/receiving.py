@@ -273,6 +273,8 @@ class PushReceiver:
         self.refuse_if_ended(pending)
         with self._lock:
             pending.waiting = True
+        # The wait is the server's: its worker stays alive meanwhile, as in the shard's waits.
+        worker_was_waiting, pending.worker.waiting = pending.worker.waiting, True
         try:
             buffer = yield from pending.buffers.acquire_steps(
                 self._wait_seconds, bypass_limit=pending.bypass_buffer_limit, owner=pending.worker.name
@@ -285,6 +287,7 @@ class PushReceiver:
                 {"limit": TransientLimit.RECEIVE_BUFFERS.value},
             )
         finally:
+            pending.worker.waiting = worker_was_waiting
             with self._lock:
                 pending.waiting = False
                 pending.last_chunk_at = self.now()

@@ -134,6 +134,8 @@ class Shard:
                 self._remove(replaced, evicted=False)
             worker = self._membership.enrol(name, device, observer, resume, self._now())
             self.observer.worker_joined(worker)
+            # A worker behind the others may hold their SSP pulls from now on.
+            self._signal.notify_all()
             assert self._model.layout is not None and self._model.rule is not None
             options = MappingProxyType(self._model.rule.procedure_options())
             return JoinResult(worker, self._model.layout, self._model.clock, self._model.initialized, options)
@@ -276,8 +278,8 @@ class Shard:
         consistency = self.config.consistency
 
         def ssp_allows() -> bool:
-            live_clocks = [w.ssp_clock for w in self._membership.live()]
-            return not admission.pull_must_wait(consistency, worker.observer, worker.ssp_clock, live_clocks)
+            slowest = self._membership.slowest_clock(self._signal.changes)
+            return not admission.pull_must_wait(consistency, worker.observer, worker.ssp_clock, slowest)
 
         yield from self._waiting.until(worker, ssp_allows, abandoned)
         yield from self._scheduling.admit_pull(worker, rule, exclusive, abandoned)
