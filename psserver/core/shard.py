@@ -201,8 +201,6 @@ class Shard:
         with self._lock:
             return self._model.install(assembler.out), self._model.clock
 
-    # -- pulls --------------------------------------------------------------------------
-
     def pull(
         self,
         worker_id: int,
@@ -223,13 +221,10 @@ class Shard:
         abandoned: Abandoned | None = None,
     ) -> Steps[PullResult]:
         """The parameters and their clock: serialised by ``encoder`` (the transport's), or in the
-        in-process form without one; made once per clock, dtype and form.
-
-        Under SSP the pull waits while the worker is too far ahead, and then for what its rule
-        asks (``UpdateRule.pull_wait``). ``exclusive``: no other worker's push is applied until
-        this worker's next push, for a rule that takes such pulls. A wait ends (ABANDONED,
-        nothing taken) once ``abandoned`` says the client gave up.
-        """
+        in-process form without one; made once per clock, dtype and form. Under SSP the pull waits
+        while the worker is too far ahead, then for what its rule asks (``UpdateRule.pull_wait``).
+        ``exclusive``: no other worker's push is applied until this worker's next push, for a rule
+        that takes such pulls. A wait ends (ABANDONED, nothing taken) once ``abandoned`` says so."""
         self._refuse_if(checks.dtype_refusal(wire_dtype))
         wire_dtype = wire_dtype or codec.FLOAT32
         with self._lock:
@@ -271,8 +266,7 @@ class Shard:
     def _admit_pull(
         self, worker: WorkerRecord, rule: UpdateRule[RuleOptions], exclusive: bool, abandoned: Abandoned | None
     ) -> Steps[None]:
-        """Wait (lock held) while SSP holds the pull back, then for what the rule asks; then let the rule
-        take the pull (an exclusive one holds the shard; a held one restarts the worker's window)."""
+        """Wait while SSP holds the pull back, then for what the rule asks; then the rule takes the pull."""
         if exclusive:
             self._refuse_if(admission.exclusive_pull_refusal(worker.observer, rule.exclusive_pull_refusal()), worker)
         consistency = self.config.consistency
@@ -295,8 +289,6 @@ class Shard:
         with self._lock:
             return self._model.rule is not None and self._model.rule.pull_hold_pending(worker_id)
 
-    # -- pushes -------------------------------------------------------------------------
-
     def push(
         self,
         header: PushHeader,
@@ -304,17 +296,26 @@ class Shard:
         cancel: Callable[[], object] | None = None,
         abandoned: Abandoned | None = None,
     ) -> PushOutcome:
-        """Take one push whole, and return its outcome: the header checked before anything is received
-        (a PushPull's ``pull_dtype`` too), a retried push id answered with its first outcome, else the
-        chunks decoded into a receive buffer, checked whole, admitted (SSP/BSP, the rule's turn) and
-        applied by the rule; the buffer given back however the push ends. ``chunks`` is read on this
-        thread: an error it raises once a limit ended the push becomes that refusal (PUSH_STALLED).
-        ``cancel`` ends the transport's stream (an idle push); ``abandoned`` says its client gave up,
-        which ends its waits (``waiting`` keeps it exactly once)."""
+        """One push whole, and its outcome: the header checked before anything is received, a retried
+        push id answered with its first outcome, else the chunks decoded into a receive buffer, checked
+        whole, admitted (SSP/BSP, the rule's turn) and applied. An error ``chunks`` raises once a limit
+        ended the push becomes that refusal (PUSH_STALLED); ``cancel`` ends the transport's stream (an
+        idle push); ``abandoned`` says its client gave up, which ends its waits (exactly once kept)."""
+        return run_blocking(self.push_steps(header, chunks, cancel, abandoned))
+
+    def push_steps(
+        self,
+        header: PushHeader,
+        chunks: Iterable[codec.ChunkLike],
+        cancel: Callable[[], object] | None = None,
+        abandoned: Abandoned | None = None,
+    ) -> Steps[PushOutcome]:
+        """``push`` as steps: it pauses for a receive buffer and for its turn."""
         pending = self.open_push(header, cancel, abandoned)
         try:
+            yield from self.take_buffer_steps(pending)
             self.receive(pending, chunks)
-            return run_blocking(self.commit_steps(pending))
+            return (yield from self.commit_steps(pending))
         finally:
             # A refused chunk, a broken stream or a refused commit must not keep its receive buffer.
             self.discard_push(pending)
@@ -342,8 +343,7 @@ class Shard:
             return self._receiver.open(worker, header, self._model.length, previous, holder, cancel, abandoned)
 
     def take_buffer_steps(self, pending: PendingPush) -> Steps[None]:
-        """Give ``pending`` its receive buffer now, waiting for one to come free (none for a replay)."""
-        return self._receiver.take_buffer_steps(pending)
+        return self._receiver.take_buffer_steps(pending)  # waits for one to come free (none for a replay)
 
     def push_stalled(self, pending: PendingPush) -> ShardError | None:
         """The refusal of a push a limit ended (its stream was cancelled for it), or None."""

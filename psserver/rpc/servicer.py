@@ -39,6 +39,7 @@ from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import PullResult, PushHeader, Shard
 from psserver.core.status import WorkerView
 from psserver.core.stream_watch import WatchedStream
+from psserver.core.waiting import Steps
 from psserver.core.workers import PushOutcome
 from psserver.rpc.awaiting import ClientGone, StepRunner
 from psserver.rpc.pull_encoding import PULL_RESPONSE, PUSH_PULL_PARAMS
@@ -107,6 +108,8 @@ class _Call:
         self._loop = asyncio.get_running_loop()
         self.limit_ended: ShardError | None = None
         self.fired = False
+        # What the shard's waits ask (``Abandoned``); set when the client gives up (psserver.rpc.awaiting).
+        self.gone = ClientGone()
 
     @staticmethod
     def begin() -> _Call:
@@ -309,6 +312,13 @@ def _next_message(messages: Iterator[bytes]) -> bytes | None:
         return next(messages, None)
 
 
+def _send_shard_clock(context: Context, shard: Shard) -> None:
+    """The shard's clock in the reply's trailing metadata: it goes out with the call's status, in no
+    frame of its own as initial metadata would. It only grows while the shard serves, so read after
+    a pull it is at least the version's."""
+    context.set_trailing_metadata(((metadata.SHARD_CLOCK, str(shard.clock)),))
+
+
 def _joined(first: bytes, result: PullResult) -> bytes:
     return b"".join((first, *inline_each(result.messages)))
 
@@ -422,36 +432,33 @@ class ParameterServerServicer:
         since the version may be an older one still being sent to others, whose clock is not the shard's."""
         gone = ClientGone()
         result = await self.runner.run(self.shard.pull_steps(worker_id, dtype, exclusive, encoder, gone), gone)
-        # Trailing: it goes out with the call's status, in no frame of its own as initial metadata would.
-        # The shard's clock only grows while it serves, so read now it is at least the version's.
-        context.set_trailing_metadata(((metadata.SHARD_CLOCK, str(self.shard.clock)),))
+        _send_shard_clock(context, self.shard)
         return result
 
     async def _push(
-        self, messages: AsyncIterator[PushMessage] | list[PushMessage], context: Context, then_pull: bool
+        self, messages: AsyncIterator[PushMessage], context: Context, then_pull: bool
     ) -> tuple[PushHeader, PushOutcome]:
-        """Every push form's way into the shard (``Shard.push`` in its parts): the header as plain data,
-        a receive buffer (awaited when none is free), then the chunks as they arrive (a stream's) or as
-        they lie in memory (a one-message call's), then the commit (awaiting its turn)."""
-        if isinstance(messages, list):
-            first, rest = (messages[0], messages[1:]) if messages else (None, [])
-        else:
-            first = await _first(messages)
-        header = _push_header(first, then_pull)
+        """A push stream's way into the shard (``Shard.push`` in its parts): the header as plain data,
+        a receive buffer (awaited when none is free), the chunks as they arrive, then the commit
+        (awaiting its turn)."""
+        header = _push_header(await _first(messages), then_pull)
         call, gone = _Call.current(), ClientGone()
         pending = await self.runner.call(self.shard.open_push, header, call.cancel, gone)
         try:
             await self.runner.run(self.shard.take_buffer_steps(pending), gone)
-            if isinstance(messages, list):
-                chunks = [_chunk_of(message, "Push") for message in rest]
-                await self.runner.call(self.shard.receive, pending, chunks)
-            else:
-                await self._receive_stream(pending, messages, call)
+            await self._receive_stream(pending, messages, call)
             outcome = await self.runner.run(self.shard.commit_steps(pending), gone)
         finally:
             # A refused chunk, a broken stream or a refused commit must not keep its receive buffer.
             self.shard.discard_push(pending)
         return header, outcome
+
+    def _unary_push_steps(self, request: list[PushMessage], then_pull: bool, call: _Call) -> Steps[PushOutcome]:
+        """A one-message push: its chunks lie in memory, so it is one run of steps (one trip to the pool
+        when it need not wait)."""
+        header = _push_header(request[0] if request else None, then_pull)
+        chunks = [_chunk_of(message, "Push") for message in request[1:]]
+        return (yield from self.shard.push_steps(header, chunks, call.cancel, call.gone))
 
     async def _receive_stream(self, pending: PendingPush, messages: AsyncIterator[PushMessage], call: _Call) -> None:
         try:
@@ -475,7 +482,8 @@ class ParameterServerServicer:
     @_translate_errors
     async def PushUnary(self, request: list[PushMessage], context: Context) -> ps_pb2.PushResponse:
         """Push in one message: the request's header and chunks are the Push stream's messages."""
-        _, outcome = await self._push(request, context, then_pull=False)
+        call = _Call.current()
+        outcome = await self.runner.run(self._unary_push_steps(request, False, call), call.gone)
         return _push_response(outcome)
 
     @_translate_stream_errors
@@ -493,10 +501,20 @@ class ParameterServerServicer:
         """PushPull in one message each way: returns a serialised PushPullUnaryResponse (registered with an
         identity serializer), the bytes of PushPull's reply messages one after another."""
         self._refuse_unary_reply_past_limit(request)
-        header, outcome = await self._push(request, context, then_pull=True)
-        result = await self._pull(context, header.worker_id, header.pull_dtype or codec.FLOAT32, PUSH_PULL_PARAMS)
+        call = _Call.current()
+        reply = await self.runner.run(self._push_pull_unary_steps(request, call), call.gone)
+        _send_shard_clock(context, self.shard)
+        return reply
+
+    def _push_pull_unary_steps(self, request: list[PushMessage], call: _Call) -> Steps[bytes]:
+        """The push, the pull after it and the reply's bytes, as one run of steps."""
+        outcome = yield from self._unary_push_steps(request, True, call)
+        header = request[0]
+        assert isinstance(header, ps_pb2.PushRequest)  # the push's own checks refused anything else
+        dtype = header.header.pull_dtype or codec.FLOAT32
+        result = yield from self.shard.pull_steps(header.header.worker_id, dtype, False, PUSH_PULL_PARAMS, call.gone)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
-        return await self.runner.call(_joined, ack, result)
+        return _joined(ack, result)
 
     def _refuse_unary_reply_past_limit(self, request: list[PushMessage]) -> None:
         """Refuse, before anything is checked or applied, a PushPullUnary whose reply (the shard's
