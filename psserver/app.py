@@ -126,8 +126,6 @@ class ServerConfig:
     host: str = "0.0.0.0"
     # 0 picks a free port (``ServerApp.port`` tells which).
     port: int = 50051
-    # RPC worker threads; under ssp/bsp a waiting request holds one, so keep it above the worker count.
-    threads: int = 128
     # Threads torch uses for updates; None ("auto") leaves the process's setting alone.
     torch_threads: int | None = 2
     # How long in-progress RPCs may run on after a drain starts before they are cancelled.
@@ -149,7 +147,6 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, f"port {self.port} is not 0..65535")
-        _require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         _require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads must be >= 1")
         _require(self.drain_seconds >= 0, f"drain_seconds must be >= 0, got {self.drain_seconds}")
         _require(
@@ -285,7 +282,6 @@ class ServerApp:
             self._running = start_server(
                 self.shard,
                 f"{config.host}:{config.port}",
-                max_workers=config.threads,
                 interceptors=self._interceptors(),
                 tls=config.security.tls,
                 limits=config.transport,

@@ -13,10 +13,12 @@ for its first to finish, so one worker can never take every buffer from the othe
 
 from __future__ import annotations
 
-import threading
+import time
 from collections import Counter
 
 import torch
+
+from psserver.core.waiting import Pause, Signal, Steps, run_blocking
 
 
 class BufferWaitTimeoutError(TimeoutError):
@@ -39,26 +41,34 @@ class ReceiveBuffers:
         self._in_use = 0
         self._extra = 0
         self._owners: Counter[str] = Counter()
-        self._changed = threading.Condition()
+        # A push waiting for a buffer waits on it; a release wakes it.
+        self.signal = Signal()
+        self._lock = self.signal.lock
 
     @property
     def in_use(self) -> int:
-        with self._changed:
+        with self._lock:
             return self._in_use + self._extra
 
     @property
     def allocated(self) -> int:
         """Buffers this pool holds memory for (free or in use)."""
-        with self._changed:
+        with self._lock:
             return len(self._free) + self._in_use
 
     def held_by(self, owner: str) -> int:
-        with self._changed:
+        with self._lock:
             return self._owners[owner]
 
     def acquire(
         self, timeout_s: float | None = None, *, bypass_limit: bool = False, owner: str | None = None
     ) -> torch.Tensor:
+        """``acquire_steps`` waited out on this thread."""
+        return run_blocking(self.acquire_steps(timeout_s, bypass_limit=bypass_limit, owner=owner))
+
+    def acquire_steps(
+        self, timeout_s: float | None = None, *, bypass_limit: bool = False, owner: str | None = None
+    ) -> Steps[torch.Tensor]:
         """A buffer of ``length`` elements (contents undefined), counted against ``owner``'s share.
 
         ``bypass_limit`` gives one at once even when all are in use (a temporary buffer, not
@@ -66,7 +76,7 @@ class ReceiveBuffers:
         bypasses the owner's share, so a bypassing owner holds at most one extra buffer.
         Raises ``BufferWaitTimeoutError`` when none came free within ``timeout_s``.
         """
-        with self._changed:
+        with self._lock:
 
             def own_share_free() -> bool:
                 return owner is None or self._owners[owner] == 0
@@ -74,7 +84,12 @@ class ReceiveBuffers:
             def free() -> bool:
                 return own_share_free() and (bypass_limit or self._in_use < self.limit)
 
-            if not self._changed.wait_for(free, timeout_s):
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while not free():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is None or remaining > 0:
+                    yield Pause(self.signal, remaining, free)
+                    continue
                 own = not own_share_free()
                 held = f"worker {owner} already holds one" if own else f"{self.limit} in use"
                 raise BufferWaitTimeoutError(f"no receive buffer came free in {timeout_s} s ({held})", own)
@@ -87,7 +102,7 @@ class ReceiveBuffers:
             return self._free.pop() if self._free else torch.empty(self.length)
 
     def release(self, buffer: torch.Tensor, owner: str | None = None) -> None:
-        with self._changed:
+        with self._lock:
             if buffer.numel() != self.length:
                 raise ValueError(f"a buffer of {buffer.numel()} elements is not this pool's ({self.length})")
             if owner is not None and self._owners[owner] > 0:
@@ -95,7 +110,7 @@ class ReceiveBuffers:
                 if not self._owners[owner]:
                     del self._owners[owner]
             # A buffer or a share came free: wake every waiter to re-check.
-            self._changed.notify_all()
+            self.signal.notify_all()
             if self._extra and self._in_use + self._extra > self.limit:
                 # Temporary buffers are dropped first so the pool never keeps more than ``limit``.
                 self._extra -= 1

@@ -35,6 +35,8 @@ class Membership:
         self.evictions = 0
         self._memories: dict[str, PushMemory] = {}
         self._ids = itertools.count(1)
+        # (the version it was worked out at, the slowest SSP clock then): ``slowest_clock``.
+        self._slowest: tuple[int, list[int]] = (-1, [])
 
     def admission(self, name: str, resume: bool, now: float) -> list[int]:
         """Check that ``name`` may join; the ids of the records a resuming worker replaces.
@@ -101,6 +103,15 @@ class Membership:
         """Joined workers that push (observers only pull)."""
         return [w for w in self.workers.values() if not w.observer]
 
+    def slowest_clock(self, version: int) -> list[int]:
+        """The slowest pushing worker's SSP clock (none without one), worked out once per ``version``
+        (the shard's count of changes, which every change of a clock or of who is joined bumps):
+        every waiting SSP pull asks at every change, and there may be hundreds."""
+        if self._slowest[0] != version:
+            clocks = [w.ssp_clock for w in self.live()]
+            self._slowest = (version, [min(clocks)] if clocks else [])
+        return self._slowest[1]
+
     def remove(self, worker_id: int) -> WorkerRecord:
         return self.workers.pop(worker_id)
 
@@ -143,4 +154,5 @@ class Membership:
         evictions = int(state["evictions"])
         first_id = max(int(state["id_counter"]), max(workers, default=0) + 1)
         self._memories, self.workers, self.evictions = memories, workers, evictions
+        self._slowest = (-1, [])
         self._ids = itertools.count(first_id)

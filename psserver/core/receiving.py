@@ -45,6 +45,7 @@ from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.refusals import Refusals
 from psserver.core.rules import PayloadKind
 from psserver.core.stream_watch import StreamWatch
+from psserver.core.waiting import Steps, run_blocking
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 _LOGGER = logging.getLogger(__name__)
@@ -261,12 +262,21 @@ class PushReceiver:
             pending.receiving_since = pending.last_chunk_at
 
     def take_buffer(self, pending: PendingPush) -> None:
-        """Give ``pending`` an assembler over a receive buffer; refused when none came free in time."""
+        """``take_buffer_steps`` waited out on this thread."""
+        run_blocking(self.take_buffer_steps(pending))
+
+    def take_buffer_steps(self, pending: PendingPush) -> Steps[None]:
+        """Give ``pending`` an assembler over a receive buffer (none when it has one, or is a replay);
+        refused when none came free in time."""
+        if pending.assembler is not None or pending.replay is not None:
+            return
         self.refuse_if_ended(pending)
         with self._lock:
             pending.waiting = True
+        # The wait is the server's: its worker stays alive meanwhile, as in the shard's waits.
+        worker_was_waiting, pending.worker.waiting = pending.worker.waiting, True
         try:
-            buffer = pending.buffers.acquire(
+            buffer = yield from pending.buffers.acquire_steps(
                 self._wait_seconds, bypass_limit=pending.bypass_buffer_limit, owner=pending.worker.name
             )
         except BufferWaitTimeoutError as error:
@@ -277,6 +287,7 @@ class PushReceiver:
                 {"limit": TransientLimit.RECEIVE_BUFFERS.value},
             )
         finally:
+            pending.worker.waiting = worker_was_waiting
             with self._lock:
                 pending.waiting = False
                 pending.last_chunk_at = self.now()

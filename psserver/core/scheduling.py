@@ -18,7 +18,7 @@ from psserver.core.receiving import PendingPush
 from psserver.core.rules import UpdateRule
 from psserver.core.rules.base import PullHold, ShardView, Wait
 from psserver.core.rules.options import RuleOptions
-from psserver.core.waiting import Abandoned, Waiting
+from psserver.core.waiting import Abandoned, Steps, Waiting
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 Rule = UpdateRule[RuleOptions]
@@ -45,24 +45,24 @@ class Scheduling:
     def _live_ids(self) -> list[int]:
         return [w.worker_id for w in self._membership.live()]
 
-    def wait(self, worker: WorkerRecord, wait: Wait | None, abandoned: Abandoned | None) -> None:
+    def wait(self, worker: WorkerRecord, wait: Wait | None, abandoned: Abandoned | None) -> Steps[None]:
         """Wait as a rule's hook decided; a reported wait is observed as a pull hold (``pull_held``)."""
         if wait is None:
             return
         began = self._now()
-        self._waiting.until(worker, wait.ready, abandoned, wait.deadline)
+        yield from self._waiting.until(worker, wait.ready, abandoned, wait.deadline)
         if wait.reported:
             self._observer.pull_held(worker, self._now() - began)
 
-    def admit_pull(self, worker: WorkerRecord, rule: Rule, exclusive: bool, abandoned: Abandoned | None) -> None:
+    def admit_pull(self, worker: WorkerRecord, rule: Rule, exclusive: bool, abandoned: Abandoned | None) -> Steps[None]:
         """Wait for what the rule asks of this pull, then let it take the pull (its window may restart)."""
-        self.wait(worker, rule.pull_wait(worker.worker_id, exclusive, self.view), abandoned)
+        yield from self.wait(worker, rule.pull_wait(worker.worker_id, exclusive, self.view), abandoned)
         if rule.pull_taken(worker.worker_id, exclusive, self.view).restart_window:
             self.paces.window_restarted(worker.worker_id, self._now())
 
-    def admit_push(self, worker: WorkerRecord, rule: Rule, abandoned: Abandoned | None) -> None:
+    def admit_push(self, worker: WorkerRecord, rule: Rule, abandoned: Abandoned | None) -> Steps[None]:
         """Wait for what the rule asks of this push before it is applied; then it is taken."""
-        self.wait(worker, rule.push_wait(worker.worker_id, self.view), abandoned)
+        yield from self.wait(worker, rule.push_wait(worker.worker_id, self.view), abandoned)
         rule.push_taken(worker.worker_id)
 
     def after_push(self, worker: WorkerRecord, rule: Rule, pushed: PendingPush, outcome: PushOutcome) -> None:

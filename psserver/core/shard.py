@@ -1,41 +1,29 @@
 """One shard of the model, as an orchestrator over the components that own its state.
 
-The ``Shard`` is the one public entry point and holds the one lock (and its condition) that
-every component is used under; it sequences the components and does the waiting. Each
-component owns its state and its job:
-
-- ``model.Model``: the layout, the fp32 parameters, the rule and its state, the clock, Init;
-- ``membership.Membership``: worker records, leases, eviction, push-id memories per name;
-- ``scheduling.Scheduling``: does what the rule's scheduling hooks decide (waits, windows of
-  local steps, holds on pulls), with the workers' paces they read (``local_steps``);
-- ``admission`` (SSP waits, exclusive pulls, routing, pull sharing) and
-  ``bsp_round.BspBarrier`` (the BSP round): pure decisions the shard acts on;
-- ``request_checks``: every refusal of a request's header, as a decision;
-- ``receiving.PushReceiver``: pending pushes, their buffers, ending slow pushes and streams;
-- ``pull_versions.PullVersions``: the versions handed to pulls, one per clock and form, with
-  the wire encoder injected by the transport (the core never builds wire bytes);
-- ``shard_state``: the checkpoint form; ``refusals.Refusals``: every refusal counted and raised;
-- ``observer.Observers``: the one hook mechanism (metrics; checkpoints via ``subscribe``);
-- ``status``: what the shard reports, as immutable snapshots (``status()``).
+The ``Shard`` is the one public entry point and holds the one lock (its ``waiting.Signal``) that
+every component is used under; it sequences the components and does the waiting. The components
+and their jobs are listed in docs/architecture.md (model, membership, scheduling, admission and
+bsp_round, request_checks, receiving, pull_versions, shard_state, refusals, observer, status).
 
 Every request is validated completely before anything changes: a push is decoded into a
 scratch receive buffer outside the lock and checked (coverage, dtype, finiteness), then applied
-under the lock. Waiting (SSP's bound, BSP's barrier, what a rule's hook asks) happens on the one
-condition (``waiting.Waiting``): waiters re-check leases so an evicted worker never stalls them,
-and end within a slice once the transport says their client gave up (``abandoned``).
+under the lock. Waiting (SSP's bound, BSP's barrier, what a rule's hook asks) is a pause in the
+operation's steps (``waiting``: ``pull_steps``, ``commit_steps``), which the caller waits out on a
+thread (``pull``, ``push``) or on an event loop (psserver.rpc.awaiting); waiters re-check leases
+so an evicted worker never stalls them, and end within a slice once their client gave up.
 
-A push enters through one call, ``Shard.push``, which owns it to the end and returns its
-outcome; every RPC form (psserver.rpc.servicer) and the in-process service (pstools.inprocess)
-are thin adapters over it. A gradient's path through the server, in order: ``rpc.servicer``
-parses the header into a ``receiving.PushHeader`` and each chunk message with psproto.wire, and
-hands both to ``Shard.push``; the ``receiving.PendingPush`` it opens decodes each chunk with
-``psproto.codec`` straight into its receive buffer; at the stream's end the shard checks the
-buffer, admits the push and calls ``model.Model.apply``, which calls the rule's ``apply``.
+A push enters through one call, ``Shard.push`` (for the transport, in its parts: ``open_push``,
+``take_buffer_steps``, ``receive``, ``commit_steps``, ``discard_push``), which owns it to the end
+and returns its outcome; every RPC form (psserver.rpc.servicer) and the in-process service
+(pstools.inprocess) are thin adapters over it. A gradient's path: ``rpc.servicer`` parses the
+header into a ``receiving.PushHeader`` and each chunk with psproto.wire; the
+``receiving.PendingPush`` the shard opens decodes each chunk with ``psproto.codec`` straight into
+its receive buffer; at the stream's end the shard checks the buffer, admits the push and calls
+``model.Model.apply``, which calls the rule's ``apply``.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -67,7 +55,7 @@ from psserver.core.shard_state import StateError
 from psserver.core.snapshots import SnapshotStore
 from psserver.core.status import JoinResult, ShardStatus
 from psserver.core.stream_watch import WatchedStream
-from psserver.core.waiting import Abandoned, Waiting
+from psserver.core.waiting import Abandoned, Signal, Steps, Waiting, run_blocking
 from psserver.core.workers import PushOutcome, WorkerRecord
 
 __all__ = ["JoinResult", "PendingPush", "PullResult", "PushHeader", "Shard", "ShardConfig", "StateError"]
@@ -85,8 +73,9 @@ class Shard:
         self.config = config
         self.observer = Observers(observer or NullObserver())
         self._now = clock_source
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        # The one lock, and what waits for the shard to change (``waiting``: threads or an event loop).
+        self._signal = Signal()
+        self._lock = self._signal.lock
         self._refusals = Refusals(self.observer)
         self._membership = Membership(self._refusals, config.lease_seconds, config.max_workers)
         self._receiver = PushReceiver(self._refusals, clock_source, config)
@@ -97,7 +86,7 @@ class Shard:
         )
         self.started = self._now()
         self._barrier = BspBarrier()
-        self._waiting = Waiting(self._changed, self._now, self._membership, self._evict_expired_locked, self._refusals)
+        self._waiting = Waiting(self._signal, self._now, self._membership, self._evict_expired_locked, self._refusals)
         self._scheduling = Scheduling(
             self._now, self._membership, self._waiting, self.observer, config.exclusive_pull_seconds
         )
@@ -145,6 +134,8 @@ class Shard:
                 self._remove(replaced, evicted=False)
             worker = self._membership.enrol(name, device, observer, resume, self._now())
             self.observer.worker_joined(worker)
+            # A worker behind the others may hold their SSP pulls from now on.
+            self._signal.notify_all()
             assert self._model.layout is not None and self._model.rule is not None
             options = MappingProxyType(self._model.rule.procedure_options())
             return JoinResult(worker, self._model.layout, self._model.clock, self._model.initialized, options)
@@ -183,13 +174,11 @@ class Shard:
         self.snapshots.retain_only(self._membership.pulled_clocks())
         # The barrier or the SSP minimum may have been waiting for this worker.
         self._maybe_finish_bsp_round()
-        self._changed.notify_all()
+        self._signal.notify_all()
 
     def worker_snapshot(self) -> list[WorkerRecord]:
         with self._lock:
             return list(self._membership)
-
-    # -- Init ---------------------------------------------------------------------------
 
     def begin_upload(self, worker_id: int, layout_hash: str) -> codec.Assembler:
         """Validate an Init header; the returned assembler collects the chunks."""
@@ -212,8 +201,6 @@ class Shard:
         with self._lock:
             return self._model.install(assembler.out), self._model.clock
 
-    # -- pulls --------------------------------------------------------------------------
-
     def pull(
         self,
         worker_id: int,
@@ -222,14 +209,22 @@ class Shard:
         encoder: PullEncoder | None = None,
         abandoned: Abandoned | None = None,
     ) -> PullResult:
-        """The parameters and their clock: serialised by ``encoder`` (the transport's), or in the
-        in-process form without one; made once per clock, dtype and form.
+        """``pull_steps`` waited out on this thread."""
+        return run_blocking(self.pull_steps(worker_id, wire_dtype, exclusive, encoder, abandoned))
 
-        Under SSP the pull waits while the worker is too far ahead, and then for what its rule
-        asks (``UpdateRule.pull_wait``). ``exclusive``: no other worker's push is applied until
-        this worker's next push, for a rule that takes such pulls. A wait ends (ABANDONED,
-        nothing taken) once ``abandoned`` says the client gave up.
-        """
+    def pull_steps(
+        self,
+        worker_id: int,
+        wire_dtype: int,
+        exclusive: bool = False,
+        encoder: PullEncoder | None = None,
+        abandoned: Abandoned | None = None,
+    ) -> Steps[PullResult]:
+        """The parameters and their clock: serialised by ``encoder`` (the transport's), or in the
+        in-process form without one; made once per clock, dtype and form. Under SSP the pull waits
+        while the worker is too far ahead, then for what its rule asks (``UpdateRule.pull_wait``).
+        ``exclusive``: no other worker's push is applied until this worker's next push, for a rule
+        that takes such pulls. A wait ends (ABANDONED, nothing taken) once ``abandoned`` says so."""
         self._refuse_if(checks.dtype_refusal(wire_dtype))
         wire_dtype = wire_dtype or codec.FLOAT32
         with self._lock:
@@ -237,7 +232,7 @@ class Shard:
             self._require_initialized()
             rule = self._model.rule
             assert rule is not None
-            self._admit_pull(worker, rule, exclusive, abandoned)
+            yield from self._admit_pull(worker, rule, exclusive, abandoned)
             share = admission.may_share_version_in_flight(self.config.consistency.model)
             kept = (lambda old: self.snapshots.get(old) is not None) if rule.needs_snapshot else None
             result = self._versions.cached(self._model.clock, wire_dtype, encoder) or self._versions.newest_in_flight(
@@ -270,19 +265,18 @@ class Shard:
 
     def _admit_pull(
         self, worker: WorkerRecord, rule: UpdateRule[RuleOptions], exclusive: bool, abandoned: Abandoned | None
-    ) -> None:
-        """Wait (lock held) while SSP holds the pull back, then for what the rule asks; then let the rule
-        take the pull (an exclusive one holds the shard; a held one restarts the worker's window)."""
+    ) -> Steps[None]:
+        """Wait while SSP holds the pull back, then for what the rule asks; then the rule takes the pull."""
         if exclusive:
             self._refuse_if(admission.exclusive_pull_refusal(worker.observer, rule.exclusive_pull_refusal()), worker)
         consistency = self.config.consistency
 
         def ssp_allows() -> bool:
-            live_clocks = [w.ssp_clock for w in self._membership.live()]
-            return not admission.pull_must_wait(consistency, worker.observer, worker.ssp_clock, live_clocks)
+            slowest = self._membership.slowest_clock(self._signal.changes)
+            return not admission.pull_must_wait(consistency, worker.observer, worker.ssp_clock, slowest)
 
-        self._waiting.until(worker, ssp_allows, abandoned)
-        self._scheduling.admit_pull(worker, rule, exclusive, abandoned)
+        yield from self._waiting.until(worker, ssp_allows, abandoned)
+        yield from self._scheduling.admit_pull(worker, rule, exclusive, abandoned)
 
     def pull_hold(self, worker_id: int) -> PullHold | None:
         """The hold on ``worker_id``'s next pull while it is not over (None: it would pull at once)."""
@@ -295,8 +289,6 @@ class Shard:
         with self._lock:
             return self._model.rule is not None and self._model.rule.pull_hold_pending(worker_id)
 
-    # -- pushes -------------------------------------------------------------------------
-
     def push(
         self,
         header: PushHeader,
@@ -304,27 +296,31 @@ class Shard:
         cancel: Callable[[], object] | None = None,
         abandoned: Abandoned | None = None,
     ) -> PushOutcome:
-        """Take one push whole, and return its outcome: the only way a push enters the shard.
+        """One push whole, and its outcome: the header checked before anything is received, a retried
+        push id answered with its first outcome, else the chunks decoded into a receive buffer, checked
+        whole, admitted (SSP/BSP, the rule's turn) and applied. An error ``chunks`` raises once a limit
+        ended the push becomes that refusal (PUSH_STALLED); ``cancel`` ends the transport's stream (an
+        idle push); ``abandoned`` says its client gave up, which ends its waits (exactly once kept)."""
+        return run_blocking(self.push_steps(header, chunks, cancel, abandoned))
 
-        The header is checked before anything is received (a PushPull's ``pull_dtype`` too, so a
-        push is never applied and then answered with an error); a retried push id is answered with
-        its first outcome, once its chunks are read; otherwise the chunks are decoded into a receive
-        buffer, checked whole (coverage, finiteness), admitted (SSP/BSP, the rule's turn) and
-        applied by the rule. The buffer is given back however the push ends.
-
-        ``chunks`` is the transport's stream, read on the caller's thread: an error it raises while
-        a limit has ended the push (its stream was cancelled as stalled) becomes that refusal
-        (PUSH_STALLED). The transport's ``cancel`` ends its stream (an idle push); ``abandoned``
-        says its client gave up, which ends its waits (``waiting`` keeps it exactly once)."""
-        pending = self._open_push(header, cancel, abandoned)
+    def push_steps(
+        self,
+        header: PushHeader,
+        chunks: Iterable[codec.ChunkLike],
+        cancel: Callable[[], object] | None = None,
+        abandoned: Abandoned | None = None,
+    ) -> Steps[PushOutcome]:
+        """``push`` as steps: it pauses for a receive buffer and for its turn."""
+        pending = self.open_push(header, cancel, abandoned)
         try:
-            self._receive(pending, chunks)
-            return self._commit(pending)
+            yield from self.take_buffer_steps(pending)
+            self.receive(pending, chunks)
+            return (yield from self.commit_steps(pending))
         finally:
             # A refused chunk, a broken stream or a refused commit must not keep its receive buffer.
-            self._receiver.discard(pending)
+            self.discard_push(pending)
 
-    def _open_push(
+    def open_push(
         self, header: PushHeader, cancel: Callable[[], object] | None, abandoned: Abandoned | None
     ) -> PendingPush:
         """Check a push's header; the pending push that takes its chunks (``replay`` set for a retried id)."""
@@ -346,7 +342,18 @@ class Shard:
             previous = worker.previous_outcome(header.push_id)
             return self._receiver.open(worker, header, self._model.length, previous, holder, cancel, abandoned)
 
-    def _receive(self, pending: PendingPush, chunks: Iterable[codec.ChunkLike]) -> None:
+    def take_buffer_steps(self, pending: PendingPush) -> Steps[None]:
+        return self._receiver.take_buffer_steps(pending)  # waits for one to come free (none for a replay)
+
+    def push_stalled(self, pending: PendingPush) -> ShardError | None:
+        """The refusal of a push a limit ended (its stream was cancelled for it), or None."""
+        return self._receiver.stalled(pending)
+
+    def discard_push(self, pending: PendingPush) -> None:
+        """Give back what ``pending`` holds, however it ended."""
+        self._receiver.discard(pending)
+
+    def receive(self, pending: PendingPush, chunks: Iterable[codec.ChunkLike]) -> None:
         """Decode every chunk into ``pending``'s receive buffer, chunk by chunk on this thread (the
         rule's apply, later, keeps torch's threads)."""
         try:
@@ -377,7 +384,7 @@ class Shard:
         """Count a refused request (Status and metrics), also ones refused before the shard (auth)."""
         self._refusals.count(reason, worker)
 
-    def _commit(self, pending: PendingPush) -> PushOutcome:
+    def commit_steps(self, pending: PendingPush) -> Steps[PushOutcome]:
         """Apply a received push with the rule, or replay the outcome of a retried one."""
         with self._lock:
             self.observer.bytes_received(pending.worker, pending.bytes_received)
@@ -387,12 +394,13 @@ class Shard:
         stalled = self._receiver.stalled(pending)
         if stalled is not None:
             raise stalled
+        yield from self._receiver.take_buffer_steps(pending)
         assembler = pending.decoder()
         check_complete(assembler, self._refusals, pending.worker)
         with self._lock:
-            return self._commit_locked(pending, assembler.out)
+            return (yield from self._commit_locked(pending, assembler.out))
 
-    def _commit_locked(self, pending: PendingPush, update: torch.Tensor) -> PushOutcome:
+    def _commit_locked(self, pending: PendingPush, update: torch.Tensor) -> Steps[PushOutcome]:
         worker = self._membership.get(pending.worker.worker_id)
         previous = worker.previous_outcome(pending.push_id)
         if previous is not None:
@@ -403,19 +411,19 @@ class Shard:
             # A BSP push is only added to the round, so it waits for no turn: taken now, it ends what
             # it held (an exclusive pull), or the others' would wait for it to lapse every round.
             rule.push_taken(worker.worker_id)
-            self._changed.notify_all()
-            return self._commit_bsp(worker, pending, update)
-        self._scheduling.admit_push(worker, rule, pending.abandoned)
+            self._signal.notify_all()
+            return (yield from self._commit_bsp(worker, pending, update))
+        yield from self._scheduling.admit_push(worker, rule, pending.abandoned)
         outcome, _ = self._model.apply(worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata)
         self._scheduling.after_push(worker, rule, pending, outcome)
         worker.record_push(pending.push_id, outcome)
         self.observer.push_applied(worker, outcome)
         worker.ssp_clock += 1
         self.observer.update_committed(self._model.clock, self._state_locked)
-        self._changed.notify_all()
+        self._signal.notify_all()
         return outcome
 
-    def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush, update: torch.Tensor) -> PushOutcome:
+    def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush, update: torch.Tensor) -> Steps[PushOutcome]:
         """Add this worker's update to the round and wait until the round's mean is applied."""
         contribution = self._barrier.contribute(worker, pending.push_id, pending.kind, update, self._model.clock)
         if isinstance(contribution, str):
@@ -423,7 +431,9 @@ class Shard:
         # Given back before the barrier: waiting contributors must not hold every buffer.
         self._receiver.discard(pending)
         self._maybe_finish_bsp_round()
-        self._waiting.until(worker, lambda: self._barrier.finished(contribution.round_number), pending.abandoned)
+        yield from self._waiting.until(
+            worker, lambda: self._barrier.finished(contribution.round_number), pending.abandoned
+        )
         outcome = worker.previous_outcome(pending.push_id)
         assert outcome is not None
         return self._replay_locked(worker, outcome) if contribution.retried else outcome
@@ -443,14 +453,12 @@ class Shard:
         self._barrier.advance()
         if joined:
             self.observer.update_committed(self._model.clock, self._state_locked)
-            self._changed.notify_all()
+            self._signal.notify_all()
 
     def _replay_locked(self, worker: WorkerRecord, previous: PushOutcome) -> PushOutcome:
         outcome = worker.replay(previous, self._model.clock)
         self.observer.push_duplicate(worker)
         return outcome
-
-    # -- checks ------------------------------------------------------------------------
 
     def _refuse(self, kind: ErrorKind, message: str, worker: WorkerRecord | None = None) -> NoReturn:
         self._refusals.refuse(kind, message, worker)
@@ -462,8 +470,6 @@ class Shard:
     def _require_initialized(self) -> None:
         if not self._model.initialized:
             self._refuse_if(checks.NOT_INITIALIZED)
-
-    # -- saved state (checkpoints) -----------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """A consistent copy of everything needed to resume: parameters, rule state, clocks,

@@ -9,6 +9,13 @@ worker must never stall the others) and to ask the transport whether the call's 
 there (``abandoned``: for gRPC, ``not context.is_active()``; a client that cancelled or whose
 deadline passed).
 
+A wait is a pause in the shard's steps, not a blocked thread: the operations that may wait are
+generators (``Steps``) that yield a ``Pause`` with the lock held, and their driver decides how
+to wait. ``run_blocking`` waits on the pause's condition on the calling thread (the in-process
+service, tests); the gRPC transport's driver (``psserver.rpc.awaiting``) releases the lock and
+awaits the next change on its event loop, so a waiting call holds no thread. What wakes both is
+``Signal.notify_all``: the condition's threads and every listener.
+
 A waiter keeps its worker alive while its client is there: the wait is the server's, not the
 worker's silence. An abandoned wait ends at once (ABANDONED, counted in the rejections; nobody
 receives the status) and gives its server thread back; from then on its worker is alive only
@@ -27,7 +34,9 @@ Pushes stay exactly once when their client gives up while they wait (``PendingPu
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from psserver.core.errors import ErrorKind
 from psserver.core.membership import Membership
@@ -40,13 +49,73 @@ WAIT_SLICE_S = 0.2
 # The transport's answer to "did this call's client give up?" (None: the call cannot be abandoned).
 Abandoned = Callable[[], bool]
 
+T = TypeVar("T")
+
+
+class Signal:
+    """A lock, the condition threads wait on under it, and listeners: what ``notify_all`` wakes.
+
+    ``changes`` counts the notifications, so a driver that let go of the lock can tell whether
+    anything changed since (a listener may run before the driver waits)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.condition = threading.Condition(self.lock)
+        self.changes = 0
+        self._listeners: tuple[Callable[[], object], ...] = ()
+
+    def notify_all(self) -> None:
+        """Wake every waiter (the caller holds ``lock``); listeners must only schedule work, not do it."""
+        self.changes += 1
+        self.condition.notify_all()
+        for listener in self._listeners:
+            listener()
+
+    def listen(self, listener: Callable[[], object]) -> Callable[[], None]:
+        """Call ``listener`` at every notification (under ``lock``); returns the function that stops it."""
+        with self.lock:
+            self._listeners = (*self._listeners, listener)
+
+        def stop() -> None:
+            with self.lock:
+                self._listeners = tuple(kept for kept in self._listeners if kept is not listener)
+
+        return stop
+
+
+@dataclass(frozen=True, eq=False)
+class Pause:
+    """Paused steps, holding ``signal.lock``: their driver waits at most ``seconds`` (None: no limit) for ``signal``
+    (``ready``, a pure check under the lock, says whether resuming would go on), then resumes them
+    with the lock held again."""
+
+    signal: Signal
+    seconds: float | None
+    ready: Callable[[], bool]
+
+
+# An operation that may wait: it yields a ``Pause`` for each wait and returns its result.
+Steps = Generator[Pause, None, T]
+
+
+def run_blocking(steps: Steps[T]) -> T:
+    """Run ``steps`` on this thread, waiting on each pause's condition (which lets go of its lock meanwhile)."""
+    try:
+        pause = next(steps)
+        while True:
+            pause.signal.condition.wait(pause.seconds)
+            pause = steps.send(None)
+    except StopIteration as done:
+        result: Any = done.value
+        return result  # type: ignore[no-any-return]
+
 
 class Waiting:
     """The shard's wait loop, given its condition, its clock, who is joined and how to evict."""
 
     def __init__(
         self,
-        changed: threading.Condition,
+        changed: Signal,
         now: Callable[[], float],
         joined: Membership,
         evict_expired: Callable[[], object],
@@ -66,8 +135,8 @@ class Waiting:
         ready: Callable[[], bool],
         abandoned: Abandoned | None = None,
         deadline: float | None = None,
-    ) -> None:
-        """Wait (the condition's lock held) until ``ready``; ``deadline`` (on the shard's clock), when
+    ) -> Steps[None]:
+        """Wait (the signal's lock held) until ``ready``; ``deadline`` (on the shard's clock), when
         ``ready`` turns true by then at the latest, shortens the last slice to it.
 
         Refused with UNKNOWN_WORKER when the worker is evicted meanwhile, and with ABANDONED
@@ -87,7 +156,7 @@ class Waiting:
                         worker,
                     )
                 wait = self._slice if deadline is None else min(self._slice, max(0.0, deadline - self._now()))
-                self._changed.wait(wait)
+                yield Pause(self._changed, wait, ready)
                 if abandoned is None or not abandoned():
                     worker.last_seen = self._now()
                 self._evict_expired()

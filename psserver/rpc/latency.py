@@ -2,69 +2,53 @@
 
 Streaming responses are timed until the stream ends, so a Pull's latency includes sending
 the parameters. The status code is the one the handler set (``context.abort`` included):
-OK when it returned normally, CANCELLED when the client went away mid-stream, UNKNOWN for
-an unexpected exception. Unknown methods are not recorded, so no caller can mint labels.
+OK when it returned normally, CANCELLED when the client went away, UNKNOWN for an unexpected
+exception. Unknown methods are not recorded, so no caller can mint labels.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 import grpc
 
-from psserver.rpc.wrapped_handlers import WrappedHandlers
+from psserver.rpc.wrapped_handlers import AioInterceptor, Handler, WrappedHandlers, rewrapped
 
-if TYPE_CHECKING:  # the stubs' classes are generic; grpc's own are not subscriptable
-    _Handler = grpc.RpcMethodHandler[Any, Any]
-    _Interceptor = grpc.ServerInterceptor[Any, Any]
-else:
-    _Interceptor = grpc.ServerInterceptor
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class RpcTimer(Protocol):
     def rpc_finished(self, service: str, method: str, code: str, seconds: float) -> None: ...
 
 
-class LatencyInterceptor(_Interceptor):
+class LatencyInterceptor(AioInterceptor):
     """Reports each RPC's duration and final status code to ``timer`` (e.g. ``ShardMetrics``)."""
 
     def __init__(self, timer: RpcTimer) -> None:
         self._timer = timer
         self._timed = WrappedHandlers(self._timed_handler)
 
-    def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # the stub forgets None (an unknown method)
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], _Handler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> _Handler | None:
-        handler = continuation(handler_call_details)
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None
         return self._timed.get(handler_call_details.method, handler)
 
-    def _timed_handler(self, handler: _Handler, full_name: str) -> _Handler:
+    def _timed_handler(self, handler: Handler, full_name: str) -> Handler:
         service, _, method = full_name.lstrip("/").rpartition("/")
         record = _Recorder(self._timer, service, method)
-        serialize = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(record.unary(handler.unary_unary), **serialize)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(record.streaming(handler.unary_stream), **serialize)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(record.unary(handler.stream_unary), **serialize)
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(record.streaming(handler.stream_stream), **serialize)
-        return handler
+        return rewrapped(handler, record.unary, record.streaming)
 
 
-def _code(context: grpc.ServicerContext, default: str) -> str:
-    # ServicerContext.code() exists since grpcio 1.38; the type stubs do not know it yet.
-    code: grpc.StatusCode | None = getattr(context, "code", lambda: None)()
+def _code(context: Context, default: str) -> str:
+    code: grpc.StatusCode | None = context.code()
     return code.name if code is not None else default
 
 
@@ -78,12 +62,15 @@ class _Recorder:
         self._timer.rpc_finished(self._service, self._method, code, time.perf_counter() - started)
 
     def unary(
-        self, behaviour: Callable[[Any, grpc.ServicerContext], Any]
-    ) -> Callable[[Any, grpc.ServicerContext], Any]:
-        def timed(request: Any, context: grpc.ServicerContext) -> Any:
+        self, behaviour: Callable[[Any, Context], Coroutine[Any, Any, Any]]
+    ) -> Callable[[Any, Context], Coroutine[Any, Any, Any]]:
+        async def timed(request: Any, context: Context) -> Any:
             started = time.perf_counter()
             try:
-                response = behaviour(request, context)
+                response = await behaviour(request, context)
+            except asyncio.CancelledError:
+                self._finish(started, "CANCELLED")
+                raise
             except BaseException:
                 self._finish(started, _code(context, "UNKNOWN"))
                 raise
@@ -93,26 +80,19 @@ class _Recorder:
         return timed
 
     def streaming(
-        self, behaviour: Callable[[Any, grpc.ServicerContext], Iterator[Any]]
-    ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
-        def timed(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        self, behaviour: Callable[[Any, Context], AsyncIterator[Any]]
+    ) -> Callable[[Any, Context], AsyncIterator[Any]]:
+        async def timed(request: Any, context: Context) -> AsyncIterator[Any]:
             started = time.perf_counter()
             try:
-                responses = behaviour(request, context)
+                async for message in behaviour(request, context):
+                    yield message
+            except (GeneratorExit, asyncio.CancelledError):
+                self._finish(started, "CANCELLED")
+                raise
             except BaseException:
                 self._finish(started, _code(context, "UNKNOWN"))
                 raise
-            return self._timed_stream(responses, context, started)
+            self._finish(started, _code(context, "OK"))
 
         return timed
-
-    def _timed_stream(self, responses: Iterator[Any], context: grpc.ServicerContext, started: float) -> Iterator[Any]:
-        try:
-            yield from responses
-        except GeneratorExit:
-            self._finish(started, "CANCELLED")
-            raise
-        except BaseException:
-            self._finish(started, _code(context, "UNKNOWN"))
-            raise
-        self._finish(started, _code(context, "OK"))

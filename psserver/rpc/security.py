@@ -9,23 +9,18 @@ A method the server does not serve is UNIMPLEMENTED with or without a token (the
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 # The client's side (TLS files, token file, metadata) is shared with the worker through psproto.
 from psproto.errors import Reason
 from psproto.security import AUTH_METADATA_KEY, SecurityConfigError, read_pem
-from psserver.rpc.status_codes import refusal
-
-if TYPE_CHECKING:
-    _Handler = grpc.RpcMethodHandler[Any, Any]
-    _Interceptor = grpc.ServerInterceptor[Any, Any]
-else:
-    _Interceptor = grpc.ServerInterceptor
+from psserver.rpc.status_codes import refusal, refuse
+from psserver.rpc.wrapped_handlers import AioInterceptor, Handler
 
 # Health checks stay open: load balancers and kubelets probe without credentials.
 UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -54,7 +49,7 @@ class ServerTls:
             raise SecurityConfigError(f"--tls-cert/--tls-key: {error}") from None
 
 
-class AuthInterceptor(_Interceptor):
+class AuthInterceptor(AioInterceptor):
     """Refuses every RPC (health excepted) without ``authorization: Bearer <token>``."""
 
     def __init__(self, token: str, on_refused: Callable[[str], None] | None = None) -> None:
@@ -63,26 +58,26 @@ class AuthInterceptor(_Interceptor):
         self._expected = f"Bearer {token}".encode()
         self._on_refused = on_refused
 
-    def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # the stub forgets None (an unknown method)
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], _Handler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> _Handler | None:
+    ) -> Handler | None:
         method = handler_call_details.method
         if method.startswith(UNAUTHENTICATED_PREFIXES):
-            return continuation(handler_call_details)
+            return await continuation(handler_call_details)
         presented = [value for key, value in handler_call_details.invocation_metadata or () if key == AUTH_METADATA_KEY]
         if len(presented) == 1:
             value = presented[0]
             value_bytes = value if isinstance(value, bytes) else str(value).encode()
             if hmac.compare_digest(value_bytes, self._expected):
-                return continuation(handler_call_details)
+                return await continuation(handler_call_details)
             reason = "the bearer token is wrong"
         elif presented:
             reason = "more than one authorization header was sent"
         else:
             reason = "no bearer token was sent; send metadata 'authorization: Bearer <token>' (--auth-token-file)"
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if handler is None:
             # A method the server does not serve is UNIMPLEMENTED with or without a token: nothing
             # runs either way, and an interceptor outside this one (latency) then records nothing,
@@ -93,17 +88,21 @@ class AuthInterceptor(_Interceptor):
         return _refusal(handler, reason)
 
 
-def _refusal(handler: _Handler, reason: str) -> _Handler:
+def _refusal(handler: Handler, reason: str) -> Handler:
     """A handler of the same shape that reads nothing and answers UNAUTHENTICATED (reason too)."""
     refused = refusal(Reason.UNAUTHENTICATED, reason)
 
-    def refuse(request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort_with_status(refused)
+    async def answer(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await refuse(context, refused)
+
+    async def answer_streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        await refuse(context, refused)
+        yield  # an async generator, as a streaming reply's behaviour is
 
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.stream_stream_rpc_method_handler(answer_streaming)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse)
+        return grpc.stream_unary_rpc_method_handler(answer)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse)
-    return grpc.unary_unary_rpc_method_handler(refuse)
+        return grpc.unary_stream_rpc_method_handler(answer_streaming)
+    return grpc.unary_unary_rpc_method_handler(answer)

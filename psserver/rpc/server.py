@@ -1,6 +1,10 @@
 """Build the gRPC server for one shard: the servicer, health, reflection, transport limits and
 the drain gate. ``psserver.app.ServerApp`` composes it with the rest of a running shard server.
 
+The server is gRPC's asyncio one, on an event loop of its own thread: every call is a coroutine,
+the shard's work runs on a pool of ``WORK_THREADS`` threads, and a call waiting in the shard
+holds none of them (psserver.rpc.awaiting). Nothing is sized to the number of workers.
+
 Stopping drains: the health service turns NOT_SERVING and keeps answering, new
 ParameterServer RPCs are refused with UNAVAILABLE (clients retry them after a restart or
 elsewhere), and the RPCs already in progress get up to the grace period to finish before the
@@ -9,13 +13,15 @@ server stops and cancels whatever is left.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -26,16 +32,13 @@ from psproto.errors import Reason
 from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer
 from psserver.core.shard import Shard
+from psserver.rpc.awaiting import StepRunner
 from psserver.rpc.security import ServerTls
 from psserver.rpc.servicer import ParameterServerServicer, add_to_server
-from psserver.rpc.status_codes import refusal
-from psserver.rpc.wrapped_handlers import WrappedHandlers
+from psserver.rpc.status_codes import refusal, refuse
+from psserver.rpc.wrapped_handlers import AioInterceptor, Handler, WrappedHandlers, rewrapped
 
-if TYPE_CHECKING:
-    _Handler = grpc.RpcMethodHandler[Any, Any]
-    _Interceptor = grpc.ServerInterceptor[Any, Any]
-else:
-    _Interceptor = grpc.ServerInterceptor
+T = TypeVar("T")
 
 _LOGGER = logging.getLogger(__name__)
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
@@ -72,8 +75,9 @@ class ServerLimits:
 
     # Largest message received or sent (a chunk plus its header).
     max_message_bytes: int = MAX_MESSAGE_BYTES
-    # RPCs in progress or queued at once over all connections; more are refused.
-    max_concurrent_rpcs: int | None = 1024
+    # RPCs in progress or queued at once over all connections; more are refused. A worker has at
+    # most a push, a pull, a heartbeat and a Status in progress, and a waiting one costs no thread.
+    max_concurrent_rpcs: int | None = 4096
     # Concurrent streams on one HTTP/2 connection (one client); more wait for a free one.
     max_streams_per_connection: int = 256
     # Bytes a client may send on a stream before the server reads them (HTTP/2 flow-control
@@ -116,7 +120,7 @@ class ServerLimits:
         return options
 
 
-class DrainInterceptor(_Interceptor):
+class DrainInterceptor(AioInterceptor):
     """Counts the ParameterServer RPCs in progress and, once ``start`` is called, refuses new ones.
 
     Health and reflection are never refused, so probes see NOT_SERVING while the server drains."""
@@ -147,93 +151,128 @@ class DrainInterceptor(_Interceptor):
         with self._lock:
             return self._in_flight
 
+    def _admitted(self) -> bool:
+        with self._lock:
+            if not self.draining:
+                self._in_flight += 1
+            return not self.draining
+
     def _finished(self) -> None:
         with self._lock:
             self._in_flight -= 1
             self._lock.notify_all()
 
-    def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # the stub forgets None (an unknown method)
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], _Handler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> _Handler | None:
-        handler = continuation(handler_call_details)
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
         full_name = handler_call_details.method
         if handler is None or not full_name.startswith(_SERVICE_PREFIX):
             return handler
         return self._gated.get(full_name, handler)
 
-    def _gated_handler(self, handler: _Handler, full_name: str) -> _Handler:
+    def _gated_handler(self, handler: Handler, full_name: str) -> Handler:
         method = full_name.rpartition("/")[2]
+        refused = refusal(
+            Reason.DRAINING, f"{method} refused: this server is shutting down (draining); retry after it restarts"
+        )
 
-        def gated(behaviour: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
-            def admit(request: Any, context: grpc.ServicerContext) -> Any:
-                with self._lock:
-                    refused = self.draining
-                    if not refused:
-                        self._in_flight += 1
-                if refused:
-                    context.abort_with_status(
-                        refusal(
-                            Reason.DRAINING,
-                            f"{method} refused: this server is shutting down (draining); retry after it restarts",
-                        )
-                    )
-                # Called when the RPC ends, however it ends (streams included).
-                if not context.add_callback(self._finished):
+        def unary(behaviour: Callable[[Any, Any], Coroutine[Any, Any, Any]]) -> Any:
+            async def admit(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                if not self._admitted():
+                    await refuse(context, refused)
+                try:
+                    return await behaviour(request, context)
+                finally:
                     self._finished()
-                return behaviour(request, context)
 
             return admit
 
-        serialize = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(gated(handler.unary_unary), **serialize)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(gated(handler.unary_stream), **serialize)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(gated(handler.stream_unary), **serialize)
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(gated(handler.stream_stream), **serialize)
-        return handler
+        def streaming(behaviour: Callable[[Any, Any], AsyncIterator[Any]]) -> Any:
+            async def admit(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+                if not self._admitted():
+                    await refuse(context, refused)
+                try:
+                    async for message in behaviour(request, context):
+                        yield message
+                finally:
+                    self._finished()
+
+            return admit
+
+        return rewrapped(handler, unary, streaming)
+
+
+class _LoopThread:
+    """An event loop running on a thread of its own, for the server's coroutines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=f"{RPC_THREAD_PREFIX}-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the loop and wait for its result here."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+# The server's work threads: they decode, apply and encode, never wait in the shard, so a few
+# per core keep the cores busy whatever the number of workers (the asyncio default's size).
+WORK_THREADS = min(32, (os.cpu_count() or 1) + 4)
+RPC_THREAD_PREFIX = "psserver-rpc"
 
 
 @dataclass
 class RunningServer:
-    server: grpc.Server
+    server: grpc.aio.Server
     port: int
-    health: health.HealthServicer
-    drain: DrainInterceptor = field(default_factory=DrainInterceptor)
+    # grpc_health's asyncio HealthServicer (health.aio; not in the type stubs).
+    health: Any
+    drain: DrainInterceptor
+    _loop: _LoopThread
+    _pool: futures.ThreadPoolExecutor
+    _runner: StepRunner
+    _stopped: bool = field(default=False)
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        self._loop.run(self._set_health(status))
+
+    async def _set_health(self, status: Any) -> None:
         for service in ("", SERVICE_NAME):
-            self.health.set(service, status)
+            await self.health.set(service, status)
 
     def stop(self, grace_seconds: float) -> None:
         """Drain: health reports NOT_SERVING (and keeps answering), new ParameterServer RPCs are
         refused with UNAVAILABLE, the ones in progress get up to ``grace_seconds`` to finish; then
         the server stops, cancelling any still running."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.set_serving(False)
         self.drain.start()
         if not self.drain.wait_idle(grace_seconds):
             _LOGGER.warning(
                 "%d RPC(s) still running after the %.1f s drain; cancelling them", self.drain.in_flight, grace_seconds
             )
-        self.server.stop(0).wait()
-
-
-RPC_THREAD_PREFIX = "psserver-rpc"
+        self._loop.run(self.server.stop(0))
+        self._runner.stop()
+        self._loop.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def start_server(
     shard: Shard,
     address: str,
-    max_workers: int = 32,
-    interceptors: Sequence[_Interceptor] = (),
+    interceptors: Sequence[AioInterceptor] = (),
     tls: ServerTls | None = None,
     limits: ServerLimits | None = None,
     checkpointer: Checkpointer | None = None,
@@ -244,28 +283,39 @@ def start_server(
     run in order, the first outermost (e.g. latency, then the bearer-token check); the drain
     gate that ``RunningServer.stop`` closes comes after them."""
     limits = limits or ServerLimits()
-    options = [*limits.channel_options(), *KEEPALIVE_SERVER_OPTIONS, ("grpc.so_reuseport", 0)]
     credentials = tls.credentials() if tls is not None else None
+    loop = _LoopThread()
+    # Named, so a thread dump (py-spy, faulthandler) tells the server's work from the rest.
+    pool = futures.ThreadPoolExecutor(max_workers=WORK_THREADS, thread_name_prefix=RPC_THREAD_PREFIX)
+    runner = StepRunner(loop.loop, pool)
     # Innermost, so the other interceptors (latency) see its refusals while draining.
     drain = DrainInterceptor()
-    server = grpc.server(
-        # Named, so a thread dump (py-spy, faulthandler) tells the RPC handlers from the rest.
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=RPC_THREAD_PREFIX),
-        options=options,
-        interceptors=[*interceptors, drain],
-        maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
-    )
-    add_to_server(ParameterServerServicer(shard, checkpointer, limits.max_message_bytes), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    if credentials is not None:
-        port = server.add_secure_port(address, credentials)
-    else:
-        port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}: the port is in use or the address is not local")
-    server.start()
-    running = RunningServer(server, port, health_servicer, drain)
+
+    async def serve() -> tuple[grpc.aio.Server, int, Any]:
+        server = grpc.aio.server(
+            options=[*limits.channel_options(), *KEEPALIVE_SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
+            interceptors=[*interceptors, drain],
+            maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
+        )
+        add_to_server(ParameterServerServicer(shard, runner, checkpointer, limits.max_message_bytes), server)
+        health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        if credentials is not None:
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+        if port == 0:
+            raise OSError(f"could not bind {address}: the port is in use or the address is not local")
+        await server.start()
+        return server, port, health_servicer
+
+    try:
+        server, port, health_servicer = loop.run(serve())
+    except BaseException:
+        loop.close()
+        pool.shutdown(wait=False)
+        raise
+    running = RunningServer(server, port, health_servicer, drain, loop, pool, runner)
     running.set_serving(True)
     return running

@@ -1,18 +1,25 @@
 """psproto.v1.ParameterServer over a core Shard: decode messages, call the shard, encode replies.
 
-No parameter-server logic lives here. The four push forms (Push, PushUnary, PushPull,
-PushPullUnary) are thin adapters over one call of ``Shard.push``: the header parsed into the
-core's ``PushHeader``, the chunk messages handed over as they come, the outcome turned into the
-reply. The one-message forms stay because they pay for a push of one chunk: 1.15–1.23× as fast
-as a stream on a small shard, on about half the worker's CPU (``benchmarks.call_forms``,
-docs/performance.md). A ``ShardError`` becomes its gRPC status code with a
-``google.rpc.ErrorInfo`` naming its reason (psserver.rpc.status_codes) and the shard's message.
+No parameter-server logic lives here. The handlers are coroutines on the server's event loop
+(psserver.rpc.server): each call of the shard that takes its lock or computes runs on a small
+pool of threads, and a call that waits in the shard (SSP, BSP, a rule's turn, a receive buffer)
+awaits without holding a thread (psserver.rpc.awaiting), so no setting grows with the workers.
+
+The four push forms (Push, PushUnary, PushPull, PushPullUnary) are thin adapters over
+``Shard.push`` in its parts: the header parsed into the core's ``PushHeader``, the chunk
+messages handed over as they come, the outcome turned into the reply. The one-message forms
+stay because they pay for a push of one chunk: 1.15–1.23× as fast as a stream on a small
+shard, on about half the worker's CPU (``benchmarks.call_forms``, docs/performance.md). A
+``ShardError`` becomes its gRPC status code with a ``google.rpc.ErrorInfo`` naming its reason
+(psserver.rpc.status_codes) and the shard's message.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -27,54 +34,114 @@ from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer, CheckpointError
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.pull_versions import PullEncoder
+from psserver.core.receiving import PendingPush
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.shard import PullResult, PushHeader, Shard
 from psserver.core.status import WorkerView
 from psserver.core.stream_watch import WatchedStream
+from psserver.core.waiting import Steps
 from psserver.core.workers import PushOutcome
+from psserver.rpc.awaiting import ClientGone, StepRunner
 from psserver.rpc.pull_encoding import PULL_RESPONSE, PUSH_PULL_PARAMS
-from psserver.rpc.status_codes import refusal
+from psserver.rpc.status_codes import refusal, refuse
 
-F = TypeVar("F", bound=Callable[..., Any])
+Context = grpc.aio.ServicerContext[Any, Any]
+Unary = Callable[[Any, Any, Context], Coroutine[Any, Any, Any]]
+Streaming = Callable[[Any, Any, Context], AsyncIterator[bytes]]
 
 
-def _translate_errors(method: F) -> F:
+def _translate_errors(method: Unary) -> Unary:
     """Abort the RPC with the refusal's status code instead of letting it become UNKNOWN."""
 
     @functools.wraps(method)
-    def wrapper(self: ParameterServerServicer, request: Any, context: grpc.ServicerContext) -> Any:
+    async def answered(self: ParameterServerServicer, request: Any, context: Context) -> Any:
+        call = _Call.begin()
         try:
             if isinstance(request, wire.Malformed):
                 raise ShardError(ErrorKind.BAD_REQUEST, f"the request could not be parsed: {request.reason}")
-            result = method(self, request, context)
-            if isinstance(result, Iterator):
-                # Server-streaming: errors surface while iterating.
-                return _guarded(result, self.shard, context)
-            return result
+            return await method(self, request, context)
         except ShardError as error:
-            _abort(self.shard, error, context)
+            await _abort(self.shard, error, context)
+        except asyncio.CancelledError:
+            await call.ended_by_limit(self.shard, context)
+            raise
 
-    return wrapper  # type: ignore[return-value]
+    return answered
 
 
-def _abort(shard: Shard, error: ShardError, context: grpc.ServicerContext) -> NoReturn:
+def _translate_stream_errors(method: Streaming) -> Streaming:
+    """``_translate_errors`` for a handler that streams its reply."""
+
+    @functools.wraps(method)
+    async def answered(self: ParameterServerServicer, request: Any, context: Context) -> AsyncIterator[bytes]:
+        call = _Call.begin()
+        try:
+            if isinstance(request, wire.Malformed):
+                raise ShardError(ErrorKind.BAD_REQUEST, f"the request could not be parsed: {request.reason}")
+            async for message in method(self, request, context):
+                yield message
+        except ShardError as error:
+            await _abort(self.shard, error, context)
+        except asyncio.CancelledError:
+            await call.ended_by_limit(self.shard, context)
+            raise
+
+    return answered
+
+
+async def _abort(shard: Shard, error: ShardError, context: Context) -> NoReturn:
     if not error.counted:
         # Refused here, before the shard saw it (a malformed stream): still counted in Status.
         shard.count_rejected(error.kind.reason)
-    context.abort_with_status(refusal(error.kind, error.message, error.metadata))
+    await refuse(context, refusal(error.kind, error.message, error.metadata))
 
 
-def _guarded(items: Iterator[Any], shard: Shard, context: grpc.ServicerContext) -> Iterator[Any]:
-    try:
-        yield from items
-    except ShardError as error:
-        _abort(shard, error, context)
+class _Call:
+    """The running call's task, so a limit the shard enforces from another thread can end it.
+
+    ``cancel`` (given to the shard for a push, an Init upload or a pull reply it watches) cancels
+    the task; the handler then ends the call CANCELLED with the limit's reason, or with the push's
+    own refusal (PUSH_STALLED) when it was receiving one."""
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self.limit_ended: ShardError | None = None
+        self.fired = False
+        # What the shard's waits ask (``Abandoned``); set when the client gives up (psserver.rpc.awaiting).
+        self.gone = ClientGone()
+
+    @staticmethod
+    def begin() -> _Call:
+        """The call whose handler runs now (each call's task has its own context)."""
+        call = _Call()
+        _CURRENT_CALL.set(call)
+        return call
+
+    @staticmethod
+    def current() -> _Call:
+        return _CURRENT_CALL.get()
+
+    def cancel(self) -> None:
+        # From the shard's reaper thread.
+        self.fired = True
+        if self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+
+    async def ended_by_limit(self, shard: Shard, context: Context) -> None:
+        """After a cancellation: when it was a limit's, end the call with its reason (else the client's)."""
+        if not self.fired or self._task is None:
+            return
+        self._task.uncancel()
+        error = self.limit_ended or ShardError(
+            ErrorKind.STREAM_STALLED,
+            "the stream went idle or fell behind the server's minimum transfer pace (shard.transfer_pace)",
+            counted=True,
+        )
+        await _abort(shard, error, context)
 
 
-def _abandoned(context: grpc.ServicerContext) -> Callable[[], bool]:
-    """Whether the call's client gave up (cancelled it, or its deadline passed): a call waiting in
-    the shard then ends at once and gives its server thread back (psserver.core.waiting)."""
-    return lambda: not context.is_active()
+_CURRENT_CALL: contextvars.ContextVar[_Call] = contextvars.ContextVar("hetps_call")
 
 
 # Chunk messages arrive parsed by psproto.wire (a view of the received bytes, no copy); headers
@@ -194,7 +261,7 @@ def _worker_status(worker: WorkerView) -> ps_pb2.WorkerStatus:
     )
 
 
-def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
+def add_to_server(servicer: ParameterServerServicer, server: grpc.aio.Server) -> None:
     """Register the service like the generated helper, but Pull and the PushPulls send pre-serialised bytes."""
     handlers = {
         "Join": grpc.unary_unary_rpc_method_handler(
@@ -235,34 +302,49 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
-def _send(result: PullResult, watched: WatchedStream, first: bytes | None = None) -> Iterator[bytes]:
-    """The reply stream; it holds ``result`` until sent, so the shard counts it as a version in flight.
+async def _first(messages: AsyncIterator[MessageT]) -> MessageT | None:
+    return await anext(aiter(messages), None)
 
-    Each message is counted as moved once the client took it (gRPC asks for the next one only
-    then): a reader that stops reading is cancelled by the shard's stream watch."""
-    try:
-        if first is not None:
-            yield first
-        for message in inline_each(result.messages):
-            yield message
-            watched.moved(len(message))
-    finally:
-        watched.close()
+
+def _next_message(messages: Iterator[bytes]) -> bytes | None:
+    """The next reply message, made (encoded, maybe) with torch's ops on this thread."""
+    with inline_torch_ops():
+        return next(messages, None)
+
+
+def _send_shard_clock(context: Context, shard: Shard) -> None:
+    """The shard's clock in the reply's trailing metadata: it goes out with the call's status, in no
+    frame of its own as initial metadata would. It only grows while the shard serves, so read after
+    a pull it is at least the version's."""
+    context.set_trailing_metadata(((metadata.SHARD_CLOCK, str(shard.clock)),))
+
+
+def _joined(first: bytes, result: PullResult) -> bytes:
+    return b"".join((first, *inline_each(result.messages)))
 
 
 class ParameterServerServicer:
     """psproto.v1.ParameterServer; registered by ``add_to_server``."""
 
     def __init__(
-        self, shard: Shard, checkpointer: Checkpointer | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+        self,
+        shard: Shard,
+        runner: StepRunner,
+        checkpointer: Checkpointer | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        """``max_message_bytes``: the largest message the server sends (a PushPullUnary reply must fit)."""
+        """``runner`` runs the shard's calls and waits; ``max_message_bytes``: the largest message the
+        server sends (a PushPullUnary reply must fit)."""
         self.shard = shard
+        self.runner = runner
         self.checkpointer = checkpointer
         self.max_message_bytes = max_message_bytes
 
     @_translate_errors
-    def Join(self, request: ps_pb2.JoinRequest, context: grpc.ServicerContext) -> ps_pb2.JoinResponse:
+    async def Join(self, request: ps_pb2.JoinRequest, context: Context) -> ps_pb2.JoinResponse:
+        return await self.runner.call(self._join, request)
+
+    def _join(self, request: ps_pb2.JoinRequest) -> ps_pb2.JoinResponse:
         try:
             layout = Layout.from_proto(request.layout)
         except LayoutError as error:
@@ -296,80 +378,143 @@ class ParameterServerServicer:
         )
 
     @_translate_errors
-    def Init(self, request_iterator: Iterator[InitMessage], context: grpc.ServicerContext) -> ps_pb2.InitResponse:
-        first = next(request_iterator, None)
+    async def Init(self, request_iterator: AsyncIterator[InitMessage], context: Context) -> ps_pb2.InitResponse:
+        first = await _first(request_iterator)
         if not isinstance(first, ps_pb2.InitRequest) or first.WhichOneof("body") != "header":
             raise ShardError(ErrorKind.BAD_REQUEST, "an Init stream must start with an InitHeader")
-        assembler = self.shard.begin_upload(first.header.worker_id, first.header.layout_hash)
+        call = self.runner.call
+        assembler = await call(self.shard.begin_upload, first.header.worker_id, first.header.layout_hash)
         # Its buffer is the shard's size: a trickled or stalled upload is cancelled (stream_watch).
-        watched = self.shard.watch_stream(first.header.worker_id, "Init", context.cancel)
+        watched = await call(self.shard.watch_stream, first.header.worker_id, "Init", _Call.current().cancel)
         try:
-            with inline_torch_ops():
-                for message in request_iterator:
-                    chunk = _chunk_of(message, "Init")
-                    watched.moved(len(chunk.data))
-                    self.shard.decode_chunk(assembler, chunk)
+            async for message in request_iterator:
+                chunk = _chunk_of(message, "Init")
+                watched.moved(len(chunk.data))
+                await call(self._decode_chunk, assembler, chunk)
         finally:
             watched.close()
-        applied, clock = self.shard.finish_upload(assembler)
+        applied, clock = await call(self.shard.finish_upload, assembler)
         return ps_pb2.InitResponse(applied=applied, clock=clock)
 
-    @_translate_errors
-    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
-        """Yields already serialised PullResponse messages (registered with an identity serializer)."""
-        result = self._pull(context, request.worker_id, request.wire_dtype, PULL_RESPONSE, request.reserve)
-        return _send(result, self.shard.watch_stream(request.worker_id, "Pull", context.cancel))
+    def _decode_chunk(self, assembler: codec.Assembler, chunk: codec.ChunkLike) -> None:
+        with inline_torch_ops():
+            self.shard.decode_chunk(assembler, chunk)
 
-    def _pull(
-        self, context: grpc.ServicerContext, worker_id: int, dtype: int, encoder: PullEncoder, exclusive: bool = False
+    @_translate_stream_errors
+    async def Pull(self, request: ps_pb2.PullRequest, context: Context) -> AsyncIterator[bytes]:
+        """Yields already serialised PullResponse messages (registered with an identity serializer)."""
+        result = await self._pull(context, request.worker_id, request.wire_dtype, PULL_RESPONSE, request.reserve)
+        watched = await self.runner.call(self.shard.watch_stream, request.worker_id, "Pull", _Call.current().cancel)
+        async for message in self._send(result, watched):
+            yield message
+
+    async def _send(
+        self, result: PullResult, watched: WatchedStream, first: bytes | None = None
+    ) -> AsyncIterator[bytes]:
+        """The reply stream; it holds ``result`` until sent, so the shard counts it as a version in flight.
+
+        Each message is counted as moved once gRPC took it (it asks for the next one only then): a
+        reader that stops reading is cancelled by the shard's stream watch."""
+        try:
+            if first is not None:
+                yield first
+            messages = iter(result.messages)
+            while (message := await self.runner.call(_next_message, messages)) is not None:
+                yield message
+                watched.moved(len(message))
+        finally:
+            watched.close()
+
+    async def _pull(
+        self, context: Context, worker_id: int, dtype: int, encoder: PullEncoder, exclusive: bool = False
     ) -> PullResult:
         """The shard's pull; the shard's own clock goes with the reply's status (``psproto.metadata.SHARD_CLOCK``),
         since the version may be an older one still being sent to others, whose clock is not the shard's."""
-        result = self.shard.pull(worker_id, dtype, exclusive, encoder, _abandoned(context))
-        # Trailing: it goes out with the call's status, in no frame of its own as initial metadata would.
-        # The shard's clock only grows while it serves, so read now it is at least the version's.
-        context.set_trailing_metadata(((metadata.SHARD_CLOCK, str(self.shard.clock)),))
+        gone = ClientGone()
+        result = await self.runner.run(self.shard.pull_steps(worker_id, dtype, exclusive, encoder, gone), gone)
+        _send_shard_clock(context, self.shard)
         return result
 
-    def _push(
-        self, messages: Iterator[PushMessage], context: grpc.ServicerContext, then_pull: bool
+    async def _push(
+        self, messages: AsyncIterator[PushMessage], context: Context, then_pull: bool
     ) -> tuple[PushHeader, PushOutcome]:
-        """Every push form's way into the shard (``Shard.push``): the header as plain data, then the
-        chunks as they arrive (a stream's) or as they lie in memory (a one-message call's)."""
-        header = _push_header(next(messages, None), then_pull)
-        chunks = (_chunk_of(message, "Push") for message in messages)
-        return header, self.shard.push(header, chunks, context.cancel, _abandoned(context))
+        """A push stream's way into the shard (``Shard.push`` in its parts): the header as plain data,
+        a receive buffer (awaited when none is free), the chunks as they arrive, then the commit
+        (awaiting its turn)."""
+        header = _push_header(await _first(messages), then_pull)
+        call, gone = _Call.current(), ClientGone()
+        pending = await self.runner.call(self.shard.open_push, header, call.cancel, gone)
+        try:
+            await self.runner.run(self.shard.take_buffer_steps(pending), gone)
+            await self._receive_stream(pending, messages, call)
+            outcome = await self.runner.run(self.shard.commit_steps(pending), gone)
+        finally:
+            # A refused chunk, a broken stream or a refused commit must not keep its receive buffer.
+            self.shard.discard_push(pending)
+        return header, outcome
+
+    def _unary_push_steps(self, request: list[PushMessage], then_pull: bool, call: _Call) -> Steps[PushOutcome]:
+        """A one-message push: its chunks lie in memory, so it is one run of steps (one trip to the pool
+        when it need not wait)."""
+        header = _push_header(request[0] if request else None, then_pull)
+        chunks = [_chunk_of(message, "Push") for message in request[1:]]
+        return (yield from self.shard.push_steps(header, chunks, call.cancel, call.gone))
+
+    async def _receive_stream(self, pending: PendingPush, messages: AsyncIterator[PushMessage], call: _Call) -> None:
+        try:
+            async for message in messages:
+                await self.runner.call(self._add_chunk, pending, _chunk_of(message, "Push"))
+        except asyncio.CancelledError:
+            # A limit that ended the push cancelled its stream: the call ends with that refusal.
+            call.limit_ended = self.shard.push_stalled(pending)
+            raise
+
+    @staticmethod
+    def _add_chunk(pending: PendingPush, chunk: codec.ChunkLike) -> None:
+        with inline_torch_ops():
+            pending.add(chunk)
 
     @_translate_errors
-    def Push(self, request_iterator: Iterator[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
-        _, outcome = self._push(request_iterator, context, then_pull=False)
+    async def Push(self, request_iterator: AsyncIterator[PushMessage], context: Context) -> ps_pb2.PushResponse:
+        _, outcome = await self._push(request_iterator, context, then_pull=False)
         return _push_response(outcome)
 
     @_translate_errors
-    def PushUnary(self, request: list[PushMessage], context: grpc.ServicerContext) -> ps_pb2.PushResponse:
+    async def PushUnary(self, request: list[PushMessage], context: Context) -> ps_pb2.PushResponse:
         """Push in one message: the request's header and chunks are the Push stream's messages."""
-        _, outcome = self._push(iter(request), context, then_pull=False)
+        call = _Call.current()
+        outcome = await self.runner.run(self._unary_push_steps(request, False, call), call.gone)
         return _push_response(outcome)
 
-    @_translate_errors
-    def PushPull(
-        self, request_iterator: Iterator[ps_pb2.PushRequest], context: grpc.ServicerContext
-    ) -> Iterator[bytes]:
+    @_translate_stream_errors
+    async def PushPull(self, request_iterator: AsyncIterator[PushMessage], context: Context) -> AsyncIterator[bytes]:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
-        header, outcome = self._push(request_iterator, context, then_pull=True)
-        result = self._pull(context, header.worker_id, header.pull_dtype or codec.FLOAT32, PUSH_PULL_PARAMS)
+        header, outcome = await self._push(request_iterator, context, then_pull=True)
+        result = await self._pull(context, header.worker_id, header.pull_dtype or codec.FLOAT32, PUSH_PULL_PARAMS)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
-        return _send(result, self.shard.watch_stream(header.worker_id, "PushPull", context.cancel), ack)
+        watched = await self.runner.call(self.shard.watch_stream, header.worker_id, "PushPull", _Call.current().cancel)
+        async for message in self._send(result, watched, ack):
+            yield message
 
     @_translate_errors
-    def PushPullUnary(self, request: list[PushMessage], context: grpc.ServicerContext) -> bytes:
+    async def PushPullUnary(self, request: list[PushMessage], context: Context) -> bytes:
         """PushPull in one message each way: returns a serialised PushPullUnaryResponse (registered with an
         identity serializer), the bytes of PushPull's reply messages one after another."""
         self._refuse_unary_reply_past_limit(request)
-        header, outcome = self._push(iter(request), context, then_pull=True)
-        result = self._pull(context, header.worker_id, header.pull_dtype or codec.FLOAT32, PUSH_PULL_PARAMS)
+        call = _Call.current()
+        reply = await self.runner.run(self._push_pull_unary_steps(request, call), call.gone)
+        _send_shard_clock(context, self.shard)
+        return reply
+
+    def _push_pull_unary_steps(self, request: list[PushMessage], call: _Call) -> Steps[bytes]:
+        """The push, the pull after it and the reply's bytes, as one run of steps."""
+        outcome = yield from self._unary_push_steps(request, True, call)
+        header = request[0]
+        assert isinstance(header, ps_pb2.PushRequest)  # the push's own checks refused anything else
+        dtype = header.header.pull_dtype or codec.FLOAT32
+        result = yield from self.shard.pull_steps(header.header.worker_id, dtype, False, PUSH_PULL_PARAMS, call.gone)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
-        return b"".join((ack, *inline_each(result.messages)))
+        return _joined(ack, result)
 
     def _refuse_unary_reply_past_limit(self, request: list[PushMessage]) -> None:
         """Refuse, before anything is checked or applied, a PushPullUnary whose reply (the shard's
@@ -396,18 +541,18 @@ class ParameterServerServicer:
             )
 
     @_translate_errors
-    def Heartbeat(self, request: ps_pb2.HeartbeatRequest, context: grpc.ServicerContext) -> ps_pb2.HeartbeatResponse:
-        clock = self.shard.heartbeat(request.worker_id, dict(request.stats))
+    async def Heartbeat(self, request: ps_pb2.HeartbeatRequest, context: Context) -> ps_pb2.HeartbeatResponse:
+        clock = await self.runner.call(self.shard.heartbeat, request.worker_id, dict(request.stats))
         return ps_pb2.HeartbeatResponse(clock=clock, lease_seconds=self.shard.config.lease_seconds)
 
     @_translate_errors
-    def Leave(self, request: ps_pb2.LeaveRequest, context: grpc.ServicerContext) -> ps_pb2.LeaveResponse:
-        self.shard.leave(request.worker_id)
+    async def Leave(self, request: ps_pb2.LeaveRequest, context: Context) -> ps_pb2.LeaveResponse:
+        await self.runner.call(self.shard.leave, request.worker_id)
         return ps_pb2.LeaveResponse()
 
     @_translate_errors
-    def Status(self, request: ps_pb2.StatusRequest, context: grpc.ServicerContext) -> ps_pb2.StatusResponse:
-        status = self.shard.status()
+    async def Status(self, request: ps_pb2.StatusRequest, context: Context) -> ps_pb2.StatusResponse:
+        status = await self.runner.call(self.shard.status)
         config = self.shard.config
         return ps_pb2.StatusResponse(
             clock=status.clock,
@@ -424,13 +569,13 @@ class ParameterServerServicer:
         )
 
     @_translate_errors
-    def Checkpoint(self, request: ps_pb2.CheckpointRequest, context: grpc.ServicerContext) -> ps_pb2.CheckpointResponse:
+    async def Checkpoint(self, request: ps_pb2.CheckpointRequest, context: Context) -> ps_pb2.CheckpointResponse:
         if self.checkpointer is None:
             raise ShardError(
                 ErrorKind.CHECKPOINTS_OFF, "this server writes no checkpoints; start it with --checkpoint-dir DIR"
             )
         try:
-            written = self.checkpointer.write_now()
+            written = await self.runner.call(self.checkpointer.write_now)
         except CheckpointError as error:
-            context.abort_with_status(refusal(ErrorKind.CHECKPOINT_FAILED, str(error)))
+            await refuse(context, refusal(ErrorKind.CHECKPOINT_FAILED, str(error)))
         return ps_pb2.CheckpointResponse(path=str(written.path), clock=written.clock)

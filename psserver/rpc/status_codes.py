@@ -7,7 +7,8 @@ status details, psproto.errors) is what clients decide on. Two reasons may share
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NoReturn
 
 import grpc
 
@@ -42,3 +43,11 @@ def refusal(reason: Reason, message: str, metadata: Mapping[str, str] | None = N
     """What a handler aborts with (``context.abort_with_status``): the reason's status code,
     the message for people and an ErrorInfo of ``reason`` (with ``metadata``) for programs."""
     return rich_status(STATUS_CODES[reason], reason, message, metadata)
+
+
+async def refuse(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> NoReturn:
+    """End the call with ``status`` (a ``refusal``'s); raises, as the context's abort does."""
+    # abort_with_status exists on gRPC's asyncio context; the type stubs leave it out.
+    abort: Callable[[grpc.Status], Awaitable[None]] = getattr(context, "abort_with_status")  # noqa: B009
+    await abort(status)
+    raise AssertionError("abort_with_status returned")  # it raises AbortError

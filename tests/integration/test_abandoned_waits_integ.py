@@ -1,10 +1,9 @@
-"""A call waiting in a real psserver whose client gave up gives its server thread back and stops
-keeping its worker alive (psserver.core.waiting).
+"""A call waiting in a real psserver whose client gave up ends there and stops keeping its worker
+alive (psserver.core.waiting).
 
-One server thread (``--threads 1``) and SSP with bound 0: a pull of the worker that is ahead
-waits for the one behind. Its client's deadline passes; the server must then end the wait (the
-one thread serves the other worker's next call) and the abandoned worker, silent from then on,
-is evicted after its lease while the other keeps heartbeating.
+SSP with bound 0: a pull of the worker that is ahead waits for the one behind. Its client's
+deadline passes; the server must then end the wait (counted ABANDONED) and the abandoned worker,
+silent from then on, is evicted after its lease while the other keeps heartbeating.
 """
 
 from __future__ import annotations
@@ -39,14 +38,14 @@ def _wait_for(condition: Callable[[], bool], seconds: float, what: str) -> float
     raise AssertionError(f"{what} did not happen within {seconds} s")
 
 
-def test_a_pull_whose_client_gave_up_frees_the_only_server_thread_and_its_worker_is_evicted(
+def test_a_pull_whose_client_gave_up_ends_is_counted_and_its_worker_is_evicted(
     start_psserver: StartServer, stub_for: Callable[[str], Stub]
 ) -> None:
     address = start_psserver(
         "asgd",
         lr=0.1,
         extra_args=("--consistency", "ssp", "--ssp-bound", "0"),
-        config={"threads": 1, "shard": {"lease_seconds": LEASE_S}},
+        config={"shard": {"lease_seconds": LEASE_S}},
     )
     stub = stub_for(address)
     ahead, behind = _join(stub, "ahead").worker_id, _join(stub, "behind").worker_id
@@ -60,7 +59,7 @@ def test_a_pull_whose_client_gave_up_frees_the_only_server_thread_and_its_worker
         list(stub.Pull(ps_pb2.PullRequest(worker_id=ahead), timeout=0.5))
     assert gave_up.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
 
-    # The one server thread comes free: the other worker's call is served, well within its deadline.
+    # The other worker's call is served, well within its deadline.
     began = time.monotonic()
     stub.Heartbeat(ps_pb2.HeartbeatRequest(worker_id=behind), timeout=TIMEOUT_S)
     served_after = time.monotonic() - began

@@ -45,7 +45,7 @@ ASGD = RuleSpec.parse("asgd", {"lr": "1.0"})
 
 def _config(**changes: object) -> ServerConfig:
     base = ServerConfig(
-        ShardConfig(ASGD), host="127.0.0.1", port=0, threads=8, torch_threads=None, drain_seconds=5.0, metrics=None
+        ShardConfig(ASGD), host="127.0.0.1", port=0, torch_threads=None, drain_seconds=5.0, metrics=None
     )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 

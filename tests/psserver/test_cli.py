@@ -63,7 +63,7 @@ def test_serve_refuses_bad_configuration_with_exit_2(args: list[str], message: s
         ("bogus = 1", "unknown key bogus; valid keys here: allocator, checkpoints, drain_seconds, host"),
         ("[shard]\nbogus = 1", "unknown key shard.bogus; valid keys here: "),
         ('port = "x"', "port must be a whole number, not 'x'"),
-        ("threads = 1.5", "threads must be a whole number, not 1.5"),
+        ("port = 1.5", "port must be a whole number, not 1.5"),
         ("[shard]\nreceive_buffers = 0", "shard: receive_buffers must be >= 1, not 0"),
         ("[shard]\npull_versions = 0", "shard: pull_versions must be >= 1, not 0"),
         ("[shard]\nmax_receiving_pushes = -1", "shard: max_receiving_pushes must be >= 0 (0: no cap), not -1"),
@@ -116,7 +116,7 @@ def test_every_setting_comes_from_the_file_and_a_flag_given_overrides_it(
 ) -> None:
     path = tmp_path / "server.toml"
     path.write_text(
-        'port = 7000\nthreads = 16\ntorch_threads = "auto"\nmetrics = false\n'
+        'port = 7000\ndrain_seconds = 3\ntorch_threads = "auto"\nmetrics = false\n'
         "[shard]\nnum_shards = 2\nshard_index = 1\npull_versions = 1\nmax_receiving_pushes = 4\n"
         '[shard.rule]\nname = "momentum"\nlr = 0.5\nmomentum = 0.8\n'
         '[shard.consistency]\nmodel = "ssp"\nstaleness_bound = 5\n'
@@ -125,7 +125,7 @@ def test_every_setting_comes_from_the_file_and_a_flag_given_overrides_it(
     )
     config = _config_of(["--config", str(path)], monkeypatch)
     shard = config.shard
-    assert (config.port, config.threads, config.torch_threads, config.metrics) == (7000, 16, None, None)
+    assert (config.port, config.drain_seconds, config.torch_threads, config.metrics) == (7000, 3, None, None)
     assert (shard.num_shards, shard.shard_index, shard.pull_versions, shard.max_receiving_pushes) == (2, 1, 1, 4)
     assert shard.rule.rule.name == "momentum" and shard.rule.options.as_strings() == {"lr": "0.5", "momentum": "0.8"}
     assert (shard.consistency.model.value, shard.consistency.staleness_bound) == ("ssp", 5)
@@ -135,7 +135,7 @@ def test_every_setting_comes_from_the_file_and_a_flag_given_overrides_it(
     flags = ["--port", "7001", "--lr", "0.25", "--shard-index", "0", "--ssp-bound", "2", "--metrics-port", "0"]
     config = _config_of(["--config", str(path), *flags], monkeypatch)
     shard = config.shard
-    assert (config.port, shard.shard_index, shard.num_shards, config.threads) == (7001, 0, 2, 16)
+    assert (config.port, shard.shard_index, shard.num_shards, config.drain_seconds) == (7001, 0, 2, 3)
     assert shard.rule.options.as_strings() == {"lr": "0.25", "momentum": "0.8"}  # the file's other options kept
     assert (shard.consistency.model.value, shard.consistency.staleness_bound) == ("ssp", 2)
     assert config.metrics is not None and config.metrics.port == 0

@@ -45,7 +45,7 @@ def test_cluster_passes_its_file_and_flags_on_to_the_servers_and_workers(
     monkeypatch.setattr(cli, "run_cluster", stop_at_the_config)
     toml = tmp_path / "cluster.toml"
     toml.write_text(
-        "seed = 3\ntimeout_s = 60\n[server]\nthreads = 8\n[server.shard]\nreceive_buffers = 1\n"
+        "seed = 3\ntimeout_s = 60\n[server]\ndrain_seconds = 8\n[server.shard]\nreceive_buffers = 1\n"
         "[worker.train.client]\npull_dtype = 'bf16'\nerror_feedback = false\nchunk_bytes = '512KiB'\n"
     )
     flags = [
@@ -68,7 +68,7 @@ def test_cluster_passes_its_file_and_flags_on_to_the_servers_and_workers(
     assert config.worker_config == {"train": {"client": client}}
     # The servers cut pulled parameters the same way as the workers cut pushes.
     shard = {"receive_buffers": 1, "chunk_bytes": "512KiB", "consistency": {"model": "ssp"}}
-    assert config.server_config == {"threads": 8, "shard": shard}
+    assert config.server_config == {"drain_seconds": 8, "shard": shard}
 
 
 @pytest.mark.parametrize(

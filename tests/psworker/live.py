@@ -18,4 +18,4 @@ def serving(shard: Shard, **options: Any) -> Iterator[str]:
     try:
         yield f"127.0.0.1:{running.port}"
     finally:
-        running.server.stop(0).wait()
+        running.stop(0)

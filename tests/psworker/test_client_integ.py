@@ -28,7 +28,7 @@ def served() -> Iterator[tuple[Shard, RunningServer]]:
     try:
         yield shard, running
     finally:
-        running.server.stop(0).wait()
+        running.stop(0)
 
 
 def test_a_call_refused_while_the_client_closes_does_not_join_again(served: tuple[Shard, RunningServer]) -> None:

@@ -49,7 +49,7 @@ def served() -> Iterator[str]:
     try:
         yield f"127.0.0.1:{running.port}"
     finally:
-        running.server.stop(0).wait()
+        running.stop(0)
 
 
 def test_the_client_puts_a_deadline_sized_to_its_payload_on_every_call(

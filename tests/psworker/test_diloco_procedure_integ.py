@@ -17,7 +17,7 @@ from tests.psworker.test_diloco_procedure import GRADIENTS, _flat, _set_gradient
 
 def test_the_optimizer_wrapper_runs_the_models_own_optimizer_over_grpc() -> None:
     shard = Shard(ShardConfig(RuleSpec.parse("diloco", {"lr": "1", "momentum": "0", "window": "2"})))
-    running = start_server(shard, "127.0.0.1:0", max_workers=4)
+    running = start_server(shard, "127.0.0.1:0")
     try:
         model = nn.Linear(2, 2)
         start = _flat(model).clone()

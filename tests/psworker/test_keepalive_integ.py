@@ -26,4 +26,4 @@ def test_an_idle_connection_pinging_every_second_is_never_sent_away() -> None:
         assert states and set(states) == {grpc.ChannelConnectivity.READY}, states
     finally:
         channel.close()
-        running.server.stop(0).wait()
+        running.stop(0)

@@ -32,7 +32,6 @@ def secured(tmp_path: Path) -> Iterator[tuple[str, Pki, Shard]]:
     running = start_server(
         shard,
         "127.0.0.1:0",
-        max_workers=4,
         interceptors=[AuthInterceptor(TOKEN)],
         tls=ServerTls(pki.server[0], pki.server[1], client_ca=pki.ca1),
     )

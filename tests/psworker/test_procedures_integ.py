@@ -51,7 +51,7 @@ def server() -> Iterator[tuple[Shard, object]]:
 
     def start(rule: str, **options: str) -> tuple[Shard, str]:
         shard = Shard(ShardConfig(RuleSpec.parse(rule, options)))
-        running = start_server(shard, "127.0.0.1:0", max_workers=8)
+        running = start_server(shard, "127.0.0.1:0")
         started.append((shard, running))
         return shard, f"127.0.0.1:{running.port}"
 

@@ -57,14 +57,14 @@ class _Methods(
     intercept_stream_unary = intercept_stream_stream
 
 
-class _WithoutUnary(grpc.ServerInterceptor):  # type: ignore[misc]
+class _WithoutUnary(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """A server as one without ``method`` (PushPullUnary unless told) answers it: UNIMPLEMENTED."""
 
     def __init__(self, method: str = "PushPullUnary") -> None:
         self.method = method
 
-    def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
-        return None if details.method.endswith(f"/{self.method}") else continuation(details)
+    async def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
+        return None if details.method.endswith(f"/{self.method}") else await continuation(details)
 
 
 def _as_the_client_opens(client: PSClient, address: str) -> grpc.Channel:

@@ -135,7 +135,7 @@ def test_a_pull_from_a_shard_restarted_from_an_older_state_is_a_rollback() -> No
             for _ in range(3):
                 client.push(torch.ones(4))
             assert client.seen_clocks[0] == 4
-            running.server.stop(0).wait()
+            running.stop(0)
             restored = Shard(CONFIG)
             restored.load_state_dict(saved)
             running = start_server(restored, address)
@@ -143,4 +143,4 @@ def test_a_pull_from_a_shard_restarted_from_an_older_state_is_a_rollback() -> No
             assert client.rollbacks == [Rollback(0, 4, 1)]
             assert client.stats.rejoins == 0  # seen by the pull itself: the restored shard knew the worker
     finally:
-        running.server.stop(0).wait()
+        running.stop(0)

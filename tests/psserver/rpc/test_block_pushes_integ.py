@@ -30,7 +30,7 @@ def stub() -> Iterator[Stub]:
         with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             yield ps_pb2_grpc.ParameterServerStub(channel)
     finally:
-        running.server.stop(0).wait()
+        running.stop(0)
 
 
 def _refused(call: Callable[[], object]) -> tuple[grpc.StatusCode, Reason | None]:

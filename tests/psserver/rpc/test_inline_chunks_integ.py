@@ -42,7 +42,6 @@ def test_chunks_move_on_one_thread_and_the_apply_keeps_two(monkeypatch: pytest.M
     push_chunks = list(codec.encode(torch.ones(64), chunk_bytes=64))
     monkeypatch.setattr(codec.Assembler, "add", _recording(decoded, codec.Assembler.add))
     monkeypatch.setattr(codec.Chunker, "payload", _recording(replied, codec.Chunker.payload))
-    monkeypatch.setattr(shard, "_commit", _recording(applied, shard._commit))
     running = start_server(shard, "127.0.0.1:0")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
@@ -52,6 +51,9 @@ def test_chunks_move_on_one_thread_and_the_apply_keeps_two(monkeypatch: pytest.M
             init = ps_pb2.InitHeader(worker_id=worker, layout_hash=LAYOUT.hash)
             chunks = (ps_pb2.InitRequest(chunk=c) for c in init_chunks)
             stub.Init(iter([ps_pb2.InitRequest(header=init), *chunks]), timeout=10)
+            # The model exists once a worker's layout is taken: its apply is the rule's, on the server's pool.
+            model = shard._model
+            monkeypatch.setattr(model, "apply", _recording(applied, model.apply))
 
             def pushed() -> Iterator[ps_pb2.PushRequest]:
                 header = ps_pb2.PushHeader(
@@ -62,7 +64,7 @@ def test_chunks_move_on_one_thread_and_the_apply_keeps_two(monkeypatch: pytest.M
 
             replies = list(stub.PushPull(pushed(), timeout=10))
     finally:
-        running.server.stop(0).wait()
+        running.stop(0)
     assert replies[0].ack.clock == 1 and len(replies) == 1 + 4
     assert decoded == [1] * 8  # four Init chunks, four pushed ones
     assert replied == [1] * 4

@@ -34,7 +34,7 @@ def _served(limits: ServerLimits | None = None) -> Iterator[grpc.Channel]:
         with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             yield channel
     finally:
-        running.server.stop(0).wait()
+        running.stop(0)
 
 
 @pytest.fixture

@@ -82,7 +82,7 @@ def served() -> Iterator[Served]:
         with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             yield Served(shard, ps_pb2_grpc.ParameterServerStub(channel), metrics)
     finally:
-        running.server.stop(0).wait()
+        running.stop(0)
 
 
 def _shard_clock(call: grpc.Call) -> list[str]:

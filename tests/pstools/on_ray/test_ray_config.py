@@ -94,14 +94,14 @@ def test_every_worker_gets_a_unique_name_seed_and_its_groups_threads_and_speed(t
 
 
 def test_each_shard_gets_the_jobs_rule_and_its_place(tmp_path: Path) -> None:
-    server = {"threads": 16, "shard": {"rule": {"name": "gap-aware", "lr": 0.5}, "lease_seconds": 9.0}}
+    server = {"drain_seconds": 16, "shard": {"rule": {"name": "gap-aware", "lr": 0.5}, "lease_seconds": 9.0}}
     cluster = ClusterConfig(rule="asgd", lr=0.02, rule_opts=(), shards=2, server_config=server)
     specs = shard_specs(RayJobConfig(cluster, RaySettings(checkpoint_dir=tmp_path, server_cpus=2)))
     configs = [server_config(spec.table) for spec in specs]
     assert [(c.shard.shard_index, c.shard.num_shards) for c in configs] == [(0, 2), (1, 2)]
     # Another rule than the file's takes none of the file's options; the file's other keys stay.
     assert {(c.shard.rule.rule.name, c.shard.rule.options.lr) for c in configs} == {("asgd", 0.02)}
-    assert {(c.threads, c.torch_threads, c.shard.lease_seconds) for c in configs} == {(16, 2, 9.0)}
+    assert {(c.drain_seconds, c.torch_threads, c.shard.lease_seconds) for c in configs} == {(16, 2, 9.0)}
     assert {spec.checkpoint_dir for spec in specs} == {tmp_path}
     same_rule = ClusterConfig(rule="gap-aware", lr=None, server_config=server)
     (spec,) = shard_specs(RayJobConfig(same_rule))

@@ -1,0 +1,216 @@
+"""The core's steps run from an event loop: their work on a small pool of threads, their waits as awaits.
+
+An operation of the shard that may wait (a pull SSP holds back, a push waiting for its BSP round,
+for a rule's turn or for a receive buffer) is a generator of steps (``psserver.core.waiting``):
+it yields a ``Pause`` with a lock held when it must wait. ``StepRunner.run`` runs each step on
+the pool, lets go of the lock at a pause and awaits the next change of what the pause waits on
+(its ``Signal``) on the event loop, so a waiting call holds no thread: the pool only does work,
+and its size never has to grow with the number of workers.
+
+A change wakes every call waiting on that signal; each checks its pause's ``ready`` on the
+event loop (under the lock, taken only if free), and only a call that can go on, or whose
+slice ran out, goes back to the pool. When the client gives up (the call's task is cancelled),
+the step running is let finish, and the steps are resumed once more as abandoned: the core ends
+the wait with its own refusal (ABANDONED, counted), or finishes what it could, then the task
+ends cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from psserver.core.errors import ShardError
+from psserver.core.waiting import Pause, Signal, Steps
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Finished(Generic[T]):
+    value: T
+
+
+@dataclass(frozen=True)
+class _Paused:
+    pause: Pause
+    # The signal's count of changes when the lock was let go: a change after it is not missed.
+    seen: int
+
+
+class ClientGone:
+    """What the core asks while it waits (``Abandoned``): set once the call's client gave up."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def __call__(self) -> bool:
+        return self.gone
+
+
+class _Waker:
+    """Wakes the coroutines waiting on one signal, from whichever thread notified it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, signal: Signal) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[None] = loop.create_future()
+        self._scheduled = False
+        self.stop = signal.listen(self._notified)
+
+    def _notified(self) -> None:
+        # Under the signal's lock, on any thread: many changes before the loop runs wake once.
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._scheduled = False
+        woken, self._future = self._future, self._loop.create_future()
+        woken.set_result(None)
+
+    async def changed(self, seconds: float | None) -> None:
+        """Return at the signal's next change, or after ``seconds``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._future), seconds)
+
+
+def _ready_now(pause: Pause) -> bool:
+    """Whether resuming would go on: ``ready`` under the lock when it is free; when it is not, a
+    step holds it and is changing something, so the pool finds out."""
+    lock = pause.signal.lock
+    if not lock.acquire(blocking=False):
+        return True
+    try:
+        return pause.ready()
+    finally:
+        lock.release()
+
+
+class StepRunner:
+    """Runs calls and steps of the core for the transport's coroutines, on one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: futures.ThreadPoolExecutor) -> None:
+        self._loop = loop
+        self._pool = pool
+        self._wakers: dict[int, tuple[Signal, _Waker]] = {}
+
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on the pool: core calls that take the lock, or compute."""
+        return await self._loop.run_in_executor(self._pool, functools.partial(function, *args))
+
+    async def run(self, steps: Steps[T], gone: ClientGone | None = None) -> T:
+        """Run ``steps`` to their result, waiting at each pause without a thread.
+
+        Cancelled (the client gave up): ``gone`` is set and the steps run on as abandoned (the core
+        refuses, counting it) or are closed; then the cancellation goes on."""
+        outcome: _Finished[T] | _Paused = await self._step(steps, None, gone)
+        while isinstance(outcome, _Paused):
+            try:
+                await self._until_changed(outcome)
+            except asyncio.CancelledError:
+                await self._abandon(steps, outcome.pause, gone)
+                raise
+            outcome = await self._step(steps, outcome.pause, gone)
+        return outcome.value
+
+    async def _step(self, steps: Steps[T], paused: Pause | None, gone: ClientGone | None) -> _Finished[T] | _Paused:
+        """One step on the pool; if the client gives up meanwhile, the step still finishes first."""
+        step = self._loop.run_in_executor(self._pool, _advance, steps, paused)
+        try:
+            return await asyncio.shield(step)
+        except asyncio.CancelledError:
+            outcome = await _unless_cancelled_again(step)
+            if isinstance(outcome, _Paused):
+                await self._abandon(steps, outcome.pause, gone)
+            raise
+
+    async def _until_changed(self, paused: _Paused) -> None:
+        pause = paused.pause
+        waker = self._waker(pause.signal)
+        deadline = None if pause.seconds is None else self._loop.time() + pause.seconds
+        seen = paused.seen
+        while True:
+            if pause.signal.changes != seen:
+                seen = pause.signal.changes
+                if _ready_now(pause):
+                    return
+            remaining = None if deadline is None else deadline - self._loop.time()
+            if remaining is not None and remaining <= 0:
+                return
+            await waker.changed(remaining)
+
+    def _waker(self, signal: Signal) -> _Waker:
+        kept = self._wakers.get(id(signal))
+        if kept is None or kept[0] is not signal:
+            # A signal is the shard's or a receive-buffer pool's; a pool is replaced when the
+            # shard's length is set, so a replaced signal's waker stops listening.
+            if kept is not None:
+                kept[1].stop()
+            kept = (signal, _Waker(self._loop, signal))
+            self._wakers[id(signal)] = kept
+        return kept[1]
+
+    async def _abandon(self, steps: Steps[Any], pause: Pause, gone: ClientGone | None) -> None:
+        """End paused steps whose client gave up: resumed once as abandoned, closed if they pause again."""
+        if gone is not None:
+            gone.gone = True
+            ending = self._loop.run_in_executor(self._pool, _resume_abandoned, steps, pause)
+        else:
+            ending = self._loop.run_in_executor(self._pool, _close, steps, pause)
+        await _unless_cancelled_again(ending)
+
+    def stop(self) -> None:
+        for _, waker in self._wakers.values():
+            waker.stop()
+        self._wakers.clear()
+
+
+async def _unless_cancelled_again(step: asyncio.Future[T]) -> T | None:
+    """The result of a step already running on the pool (its error swallowed), however often the task
+    is cancelled meanwhile: a step is never abandoned halfway."""
+    while True:
+        try:
+            return await asyncio.shield(step)
+        except asyncio.CancelledError:
+            if step.done():
+                return None if step.cancelled() or step.exception() is not None else step.result()
+        except Exception:
+            return None
+
+
+def _advance(steps: Steps[T], paused: Pause | None) -> _Finished[T] | _Paused:
+    """Run ``steps`` to their next pause (its lock let go) or their end; steps resumed from a pause
+    take the lock it held first, as a condition's wait would."""
+    try:
+        if paused is None:
+            pause = next(steps)
+        else:
+            paused.signal.lock.acquire()
+            pause = steps.send(None)
+    except StopIteration as done:
+        return _Finished(done.value)
+    seen = pause.signal.changes
+    pause.signal.lock.release()
+    return _Paused(pause, seen)
+
+
+def _resume_abandoned(steps: Steps[Any], paused: Pause) -> None:
+    """Resume steps whose client gave up: they refuse as abandoned (or finish); closed if they pause again."""
+    paused.signal.lock.acquire()
+    try:
+        steps.send(None)
+    except (StopIteration, ShardError):
+        return
+    # Paused again (a wait that no client ends), holding the lock again.
+    steps.close()
+
+
+def _close(steps: Steps[Any], paused: Pause) -> None:
+    """Close paused steps: GeneratorExit at the pause, and their ``with lock`` blocks let go of the lock."""
+    paused.signal.lock.acquire()
+    steps.close()
