@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from pstools.launcher import ClusterConfig, ClusterError, ClusterReport, run_clu
 from psworker.binding import ModelBinding
 from psworker.client import NO_RETRY, ClientConfig, PSClient, ServerMismatchError
 from tests.integration.conftest import StartServer
+from tests.integration.workers import start_warm_train
 
 pytestmark = pytest.mark.integration
 
@@ -79,13 +79,11 @@ def test_a_worker_refused_by_one_shard_leaves_the_shards_it_had_joined(
     # The command says so in one line, with no traceback.
     config = tmp_path / "no-retry.toml"
     config.write_text("[train.client.retry]\ngive_up_seconds = 0\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 1, result.stderr
-    assert "Error:" in result.stderr and "list the servers in shard order" in result.stderr
-    assert "Traceback" not in result.stderr
+    command = [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first]
+    command += ["--config", str(config)]
+    worker = start_warm_train(command, tmp_path / "misordered.out")
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 1, output
+    assert "Error:" in output and "list the servers in shard order" in output
+    assert "Traceback" not in output
     assert _joined(stub_for(first)) == [] and _joined(stub_for(second)) == []
