@@ -22,7 +22,7 @@ from pstools.warm_start import Program
 from psworker.task import evaluate
 from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import TcpProxy
-from tests.integration.workers import WarmTrain, start_warm_train, train_command
+from tests.integration.workers import WarmTrain, train_command
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def start_worker(
         log=log,
         settings={"train": {"client": {"retry": {"give_up_seconds": 120}}}},
     )
-    return start_warm_train(command, log.with_suffix(".out"))
+    return WarmTrain(command, log.with_suffix(".out"))
 
 
 def finish(process: WarmTrain, timeout: float = 180) -> dict[str, object]:

@@ -12,7 +12,7 @@ from pstasks.tasks import digits
 from psworker.optim import ParameterServerOptimizer
 from psworker.task import evaluate
 from tests.integration.conftest import StartServer
-from tests.integration.workers import start_warm_train
+from tests.integration.workers import WarmTrain
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def test_worker_cli_reports_a_refusal_with_exit_1(start_psserver: StartServer, t
     # Two one-shard servers listed as the two shards of one model: the first refuses the count.
     address, other = start_psserver("momentum"), start_psserver("momentum")
     command = [sys.executable, "-m", "psworker", "train", "--server", address, "--server", other, "--max-steps", "1"]
-    worker = start_warm_train(command, tmp_path / "refused.out")
+    worker = WarmTrain(command, tmp_path / "refused.out")
     output, _ = worker.communicate(timeout=120)
     assert worker.returncode == 1, output
     assert "FAILED_PRECONDITION" in output and "same shard count" in output

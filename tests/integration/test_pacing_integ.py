@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from tests.integration.conftest import StartServer
-from tests.integration.workers import start_warm_train, train_command
+from tests.integration.workers import WarmTrain, train_command
 
 
 def test_a_paced_worker_steps_at_its_emulated_speed_and_stops_at_its_time_limit(
@@ -18,7 +18,7 @@ def test_a_paced_worker_steps_at_its_emulated_speed_and_stops_at_its_time_limit(
         address, "paced", 10**9, slowdown=2.0, settings={"train": {"step_seconds": 0.02}}, extra=["--max-seconds", "2"]
     )
     started = time.monotonic()
-    worker = start_warm_train(command, tmp_path / "paced.out")
+    worker = WarmTrain(command, tmp_path / "paced.out")
     output, _ = worker.communicate(timeout=120)
     assert worker.returncode == 0, output
     summary = json.loads(output.strip().splitlines()[-1])

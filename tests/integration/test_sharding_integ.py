@@ -16,7 +16,7 @@ from pstools.launcher import ClusterConfig, ClusterError, ClusterReport, run_clu
 from psworker.binding import ModelBinding
 from psworker.client import NO_RETRY, ClientConfig, PSClient, ServerMismatchError
 from tests.integration.conftest import StartServer
-from tests.integration.workers import start_warm_train
+from tests.integration.workers import WarmTrain
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +81,7 @@ def test_a_worker_refused_by_one_shard_leaves_the_shards_it_had_joined(
     config.write_text("[train.client.retry]\ngive_up_seconds = 0\n")
     command = [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first]
     command += ["--config", str(config)]
-    worker = start_warm_train(command, tmp_path / "misordered.out")
+    worker = WarmTrain(command, tmp_path / "misordered.out")
     output, _ = worker.communicate(timeout=120)
     assert worker.returncode == 1, output
     assert "Error:" in output and "list the servers in shard order" in output

@@ -22,7 +22,7 @@ import pytest
 from pstools.launcher import start_server, stop_process
 from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import BlackHoleProxy
-from tests.integration.workers import WarmTrain, start_warm_train, train_command
+from tests.integration.workers import WarmTrain, train_command
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ class Worker:
 def start_worker(address: str, name: str, seed: int, output: Path) -> Worker:
     client = {"retry": {"give_up_seconds": 60}, "keepalive_seconds": KEEPALIVE_S}
     command = train_command(address, name, UNTIL_CLOCK, seed=seed, settings={"train": {"client": client}})
-    return Worker(name, start_warm_train(command, output))
+    return Worker(name, WarmTrain(command, output))
 
 
 @pytest.fixture

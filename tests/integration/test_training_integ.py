@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import StartServer
-from tests.integration.workers import WarmTrain, start_warm_train, train_command
+from tests.integration.workers import WarmTrain, train_command
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ def _worker(address: str, name: str, slowdown: float, log: Path) -> WarmTrain:
     command = train_command(
         address, name, 1000, seed=int(name[-1]), slowdown=slowdown, log=log, settings={"train": {"eval_every": 100}}
     )
-    return start_warm_train(command, log.with_suffix(".out"))
+    return WarmTrain(command, log.with_suffix(".out"))
 
 
 def test_two_workers_reach_90_percent(start_psserver: StartServer, tmp_path: Path) -> None:

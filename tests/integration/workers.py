@@ -94,8 +94,3 @@ class WarmTrain:
         self.process.wait(timeout)
         text = self.output.read_text()
         return text, text
-
-
-def start_warm_train(command: list[str], output: Path) -> WarmTrain:
-    """:func:`train_command`'s worker forked warm, its output in ``output``."""
-    return WarmTrain(command, output)
