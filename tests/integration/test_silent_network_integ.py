@@ -22,7 +22,7 @@ import pytest
 from pstools.launcher import start_server, stop_process
 from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import BlackHoleProxy
-from tests.integration.workers import WarmTrain, train_command
+from tests.integration.workers import start_train, train_command
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +34,10 @@ WORKERS = 3
 
 @dataclass
 class Worker:
-    """A ``psworker train`` process (forked warm) whose output lines are timestamped as they arrive."""
+    """A ``psworker train`` process whose stderr lines are timestamped as they arrive."""
 
     name: str
-    process: WarmTrain
+    process: subprocess.Popen[str]
     lines: list[tuple[float, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -45,25 +45,9 @@ class Worker:
         self.reader.start()
 
     def _read(self) -> None:
-        """Follow the output file every 20 ms until the process has exited and every line is read."""
-        while not self.process.output.exists() and self.process.poll() is None:
-            time.sleep(0.02)
-        with self.process.output.open() as output:
-            partial = ""
-            while True:
-                exited = self.process.poll() is not None
-                text = output.readline()
-                if text:
-                    partial += text
-                    if partial.endswith("\n"):
-                        self.lines.append((time.monotonic(), partial.rstrip()))
-                        partial = ""
-                elif exited:
-                    break
-                else:
-                    time.sleep(0.02)
-            if partial:
-                self.lines.append((time.monotonic(), partial.rstrip()))
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append((time.monotonic(), line.rstrip()))
 
     def first_line_after(self, since: float, text: str) -> tuple[float, str] | None:
         return next(((at, line) for at, line in list(self.lines) if at >= since and text in line), None)
@@ -72,20 +56,22 @@ class Worker:
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} did not finish in {timeout} s: {self.output()[-2000:]}") from None
+            raise AssertionError(f"{self.name} did not finish in {timeout} s: {self.stderr()[-2000:]}") from None
         self.reader.join(5)
-        assert self.process.returncode == 0, self.output()[-3000:]
-        summary: dict[str, Any] = json.loads(self.lines[-1][1])
+        assert self.process.returncode == 0, self.stderr()[-3000:]
+        assert self.process.stdout is not None
+        summary: dict[str, Any] = json.loads(self.process.stdout.read().strip().splitlines()[-1])
         return summary
 
-    def output(self) -> str:
+    def stderr(self) -> str:
         return "\n".join(line for _, line in self.lines)
 
 
-def start_worker(address: str, name: str, seed: int, output: Path) -> Worker:
+def start_worker(address: str, name: str, seed: int) -> Worker:
     client = {"retry": {"give_up_seconds": 60}, "keepalive_seconds": KEEPALIVE_S}
-    command = train_command(address, name, UNTIL_CLOCK, seed=seed, settings={"train": {"client": client}})
-    return Worker(name, WarmTrain(command, output))
+    return Worker(
+        name, start_train(train_command(address, name, UNTIL_CLOCK, seed=seed, settings={"train": {"client": client}}))
+    )
 
 
 @pytest.fixture
@@ -105,7 +91,7 @@ def test_workers_notice_a_silent_link_carry_on_after_it_and_lose_or_repeat_no_pu
     try:
         host, port = address.rsplit(":", 1)
         with BlackHoleProxy((host, int(port))) as proxy:
-            workers.extend(start_worker(proxy.address, f"w{i}", i, tmp_path / f"w{i}.out") for i in range(WORKERS))
+            workers.extend(start_worker(proxy.address, f"w{i}", seed=i) for i in range(WORKERS))
             wait_for(
                 lambda: len(status(address).workers) == WORKERS and status(address).clock >= 100,
                 60,
