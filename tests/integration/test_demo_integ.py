@@ -46,6 +46,10 @@ def test_make_demo_reaches_90_percent(tmp_path: Path) -> None:
     args = demo_args()
     assert report["clock"] >= int(args[args.index("--updates") + 1]), report
     slowdowns = [float(s) for s in args[args.index("--slowdowns") + 1].split(",")]
-    assert [w["slowdown"] for w in report["workers"]] == slowdowns
-    assert all(w["pushes"] > 0 for w in report["workers"]), report
+    workers = report["workers"]
+    assert [(w["name"], w["slowdown"]) for w in workers] == [(f"worker-{r}", s) for r, s in enumerate(slowdowns)]
+    assert all(w["pushes"] > 0 for w in workers), report
+    # The slowest worker steps least, and its gradients are the stalest.
+    slow, fast = max(workers, key=lambda w: w["slowdown"]), min(workers, key=lambda w: w["slowdown"])
+    assert slow["steps"] < fast["steps"] and slow["mean_staleness"] > fast["mean_staleness"], report
     assert f"final test accuracy {report['test_accuracy']:.4f}" in result.stdout

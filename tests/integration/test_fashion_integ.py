@@ -24,6 +24,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+UPDATES = 150
+
+
 def test_two_workers_on_disjoint_halves_learn_fashion(tmp_path: Path) -> None:
     report = run_cluster(
         ClusterConfig(
@@ -32,15 +35,15 @@ def test_two_workers_on_disjoint_halves_learn_fashion(tmp_path: Path) -> None:
             rule="momentum",
             lr=0.01,
             task="fashion",
-            until_clock=300,
+            until_clock=UPDATES,
             data_dir=DATA_DIR,
             log_dir=tmp_path,
             timeout_s=120,
         )
     )
-    # Chance is 0.10; 300 updates of batch 64 (a third of an epoch) reach about 0.8.
+    # Chance is 0.10; 150 updates of batch 64 (a sixth of an epoch) reach about 0.75 (loss 0.6-0.8).
     assert report.test_accuracy >= 0.6, report
-    assert report.clock >= 300
+    assert report.clock >= UPDATES
     starts = [
         next(
             json.loads(line)

@@ -18,17 +18,18 @@ import torch
 from psserver.core.checkpoint import list_checkpoints
 from pstasks.tasks import load_task
 from pstools.launcher import start_server, stop_process
+from pstools.warm_start import Program
 from psworker.task import evaluate
 from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import TcpProxy
-from tests.integration.workers import start_train, train_command
+from tests.integration.workers import WarmTrain, train_command
 
 pytestmark = pytest.mark.integration
 
 
 def start_worker(
     address: str, name: str, log: Path, until_clock: int, slowdown: float = 1.0, seed: int = 0
-) -> subprocess.Popen[str]:
+) -> WarmTrain:
     command = train_command(
         address,
         name,
@@ -38,10 +39,10 @@ def start_worker(
         log=log,
         settings={"train": {"client": {"retry": {"give_up_seconds": 120}}}},
     )
-    return start_train(command)
+    return WarmTrain(command, log.with_suffix(".out"))
 
 
-def finish(process: subprocess.Popen[str], timeout: float = 180) -> dict[str, object]:
+def finish(process: WarmTrain, timeout: float = 180) -> dict[str, object]:
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -54,8 +55,8 @@ def finish(process: subprocess.Popen[str], timeout: float = 180) -> dict[str, ob
 
 
 @pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
+def processes() -> Iterator[list[Program]]:
+    started: list[Program] = []
     yield started
     for process in started:
         if process.poll() is None:
@@ -66,9 +67,7 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
 CHECKPOINT_EVERY = 100
 
 
-def test_a_shard_killed_mid_training_resumes_from_its_checkpoint(
-    tmp_path: Path, processes: list[subprocess.Popen[str]]
-) -> None:
+def test_a_shard_killed_mid_training_resumes_from_its_checkpoint(tmp_path: Path, processes: list[Program]) -> None:
     """kill -9 the shard, restart it on the same port: training finishes above 90 %, and the
     updates lost are at most one checkpoint interval (plus those applied while it was written)."""
     ckpt = tmp_path / "ckpt"
@@ -128,7 +127,7 @@ def test_a_shard_killed_mid_training_resumes_from_its_checkpoint(
 
 @pytest.mark.parametrize("consistency", ["ssp", "bsp"])
 def test_a_killed_worker_never_holds_the_others_past_the_lease(
-    consistency: str, tmp_path: Path, processes: list[subprocess.Popen[str]]
+    consistency: str, tmp_path: Path, processes: list[Program]
 ) -> None:
     lease = 3.0
     server, address = start_server(
@@ -169,7 +168,7 @@ def test_a_killed_worker_never_holds_the_others_past_the_lease(
 
 
 def test_every_acknowledged_push_is_applied_exactly_once_through_a_flaky_network(
-    tmp_path: Path, processes: list[subprocess.Popen[str]]
+    tmp_path: Path, processes: list[Program]
 ) -> None:
     server, address = start_server(tmp_path, "asgd", 0.05, ())
     processes.append(server)

@@ -1,4 +1,11 @@
-"""Load: 32 workers push and pull concurrently for 60 s; no errors, and the server's memory stays flat."""
+"""Load: 32 workers push and pull concurrently for 25 s; no errors, and the server's memory stays flat.
+
+Resident memory is compared from :data:`WARM_S` on, once caches and pools are filled (the server
+reaches its level in about 5 s). Over the remaining 17 s (about 4,500 pushes at the 260-300
+pushes/s a loaded 2-core host makes) :data:`GROWTH_MIB` is about 3.5 KB a push: a push that leaves
+behind any of its 197 KB message fails, and so did a server made to keep 4 KB of every push (18 MiB
+grown); a steady server grows 4-7 MiB there.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +24,11 @@ from psworker.client import NO_RETRY, ClientConfig, PSClient
 pytestmark = pytest.mark.integration
 
 WORKERS = 32
-SECONDS = 60.0
+SECONDS = 25.0
+WARM_S = 8.0
+# The most resident memory may grow from WARM_S to the end, and the most a sample may exceed its first.
+GROWTH_MIB = 15.0
+PEAK_MIB = 25.0
 LAYOUT = Layout.from_named_shapes([("w", (256, 192)), ("b", (192,))])
 
 
@@ -28,7 +39,7 @@ def rss_mib(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-def test_32_workers_for_60_seconds(tmp_path: Path) -> None:
+def test_32_workers_for_25_seconds(tmp_path: Path) -> None:
     process, address = start_server(
         tmp_path, "momentum", 0.001, (), extra_args=["--consistency", "ssp", "--ssp-bound", "8"]
     )
@@ -74,7 +85,7 @@ def test_32_workers_for_60_seconds(tmp_path: Path) -> None:
     total = sum(pushes)
     assert min(pushes) > 0
     # The first seconds fill caches and pools; after that resident memory must stay flat.
-    warm = [rss for t, rss in samples if t >= 10.0]
+    warm = [rss for t, rss in samples if t >= WARM_S]
     first, last, peak = warm[0], warm[-1], max(warm)
     report = {
         "workers": WORKERS,
@@ -82,12 +93,12 @@ def test_32_workers_for_60_seconds(tmp_path: Path) -> None:
         "pushes": total,
         "pushes_per_second": round(total / SECONDS, 1),
         "rss_mib_at_start": round(samples[0][1], 1),
-        "rss_mib_at_10s": round(first, 1),
+        "rss_mib_when_warm": round(first, 1),
         "rss_mib_at_end": round(last, 1),
         "rss_mib_peak": round(peak, 1),
         "rss_samples": [[round(t, 1), round(r, 1)] for t, r in samples],
     }
     (tmp_path / "load-report.json").write_text(json.dumps(report, indent=1))
     print(f"\nload: {json.dumps({k: v for k, v in report.items() if k != 'rss_samples'})}")
-    assert last - first < 40.0, report
-    assert peak - first < 60.0, report
+    assert last - first < GROWTH_MIB, report
+    assert peak - first < PEAK_MIB, report

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +12,7 @@ from pstasks.tasks import digits
 from psworker.optim import ParameterServerOptimizer
 from psworker.task import evaluate
 from tests.integration.conftest import StartServer
+from tests.integration.workers import WarmTrain
 
 pytestmark = pytest.mark.integration
 
@@ -45,25 +46,11 @@ def test_a_second_model_is_refused_by_the_wrapper(start_psserver: StartServer) -
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
-def test_worker_cli_reports_a_refusal_with_exit_1(start_psserver: StartServer) -> None:
+def test_worker_cli_reports_a_refusal_with_exit_1(start_psserver: StartServer, tmp_path: Path) -> None:
     # Two one-shard servers listed as the two shards of one model: the first refuses the count.
     address, other = start_psserver("momentum"), start_psserver("momentum")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "psworker",
-            "train",
-            "--server",
-            address,
-            "--server",
-            other,
-            "--max-steps",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 1
-    assert "FAILED_PRECONDITION" in result.stderr and "same shard count" in result.stderr
+    command = [sys.executable, "-m", "psworker", "train", "--server", address, "--server", other, "--max-steps", "1"]
+    worker = WarmTrain(command, tmp_path / "refused.out")
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 1, output
+    assert "FAILED_PRECONDITION" in output and "same shard count" in output

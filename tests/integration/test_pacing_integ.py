@@ -3,24 +3,25 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
+from pathlib import Path
 
 from tests.integration.conftest import StartServer
-from tests.integration.workers import train_command
+from tests.integration.workers import WarmTrain, train_command
 
 
 def test_a_paced_worker_steps_at_its_emulated_speed_and_stops_at_its_time_limit(
-    start_psserver: StartServer,
+    start_psserver: StartServer, tmp_path: Path
 ) -> None:
     address = start_psserver("asgd", lr=0.05)
     command = train_command(
         address, "paced", 10**9, slowdown=2.0, settings={"train": {"step_seconds": 0.02}}, extra=["--max-seconds", "2"]
     )
     started = time.monotonic()
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    assert finished.returncode == 0, finished.stderr
-    summary = json.loads(finished.stdout.strip().splitlines()[-1])
+    worker = WarmTrain(command, tmp_path / "paced.out")
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 0, output
+    summary = json.loads(output.strip().splitlines()[-1])
     # Each step lasts at least 2 × 0.02 s, so 2 s hold at most 50 of them; a push per step.
     assert 5 <= summary["steps"] <= 51
     assert summary["pushes"] == summary["steps"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,33 +16,32 @@ from pstools.launcher import ClusterConfig, ClusterError, ClusterReport, run_clu
 from psworker.binding import ModelBinding
 from psworker.client import NO_RETRY, ClientConfig, PSClient, ServerMismatchError
 from tests.integration.conftest import StartServer
+from tests.integration.workers import WarmTrain
 
 pytestmark = pytest.mark.integration
 
 
-def test_two_shards_train_digits_as_well_as_one(tmp_path: Path) -> None:
-    def train(shards: int) -> ClusterReport:
+def test_two_shards_with_bf16_on_the_wire_train_digits_as_well_as_one_shard_in_fp32(tmp_path: Path) -> None:
+    def train(shards: int, wire_dtype: str) -> ClusterReport:
         return run_cluster(
             ClusterConfig(
-                workers=2, slowdowns=(1.0, 2.0), shards=shards, until_clock=1000, log_dir=tmp_path / f"{shards}"
+                workers=2,
+                slowdowns=(1.0, 2.0),
+                shards=shards,
+                wire_dtype=wire_dtype,
+                until_clock=1000,
+                log_dir=tmp_path / f"{shards}-{wire_dtype}",
             )
         )
 
-    one, two = train(1), train(2)
-    print(f"one shard {one.test_accuracy:.4f}, two shards {two.test_accuracy:.4f}")
+    one, two = train(1, "fp32"), train(2, "bf16")
+    print(f"one shard in fp32 {one.test_accuracy:.4f}, two shards in bf16 {two.test_accuracy:.4f}")
     assert two.test_accuracy >= 0.90
     # Asynchronous runs differ in their interleaving, not in what they reach.
     assert abs(two.test_accuracy - one.test_accuracy) <= 0.05
     # Each shard keeps its own clock; the report shows the slowest, and every shard got every push.
     assert two.clock >= 1000
     assert all(w.pushes > 0 for w in two.workers)
-
-
-def test_bf16_on_the_wire_trains_digits(tmp_path: Path) -> None:
-    report = run_cluster(
-        ClusterConfig(workers=2, slowdowns=(1.0, 2.0), wire_dtype="bf16", until_clock=1000, log_dir=tmp_path)
-    )
-    assert report.test_accuracy >= 0.90
 
 
 def test_a_model_that_cannot_be_split_so_is_refused_before_any_process_starts(tmp_path: Path) -> None:
@@ -81,13 +79,11 @@ def test_a_worker_refused_by_one_shard_leaves_the_shards_it_had_joined(
     # The command says so in one line, with no traceback.
     config = tmp_path / "no-retry.toml"
     config.write_text("[train.client.retry]\ngive_up_seconds = 0\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 1, result.stderr
-    assert "Error:" in result.stderr and "list the servers in shard order" in result.stderr
-    assert "Traceback" not in result.stderr
+    command = [sys.executable, "-m", "psworker", "train", "--server", second, "--server", first]
+    command += ["--config", str(config)]
+    worker = WarmTrain(command, tmp_path / "misordered.out")
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 1, output
+    assert "Error:" in output and "list the servers in shard order" in output
+    assert "Traceback" not in output
     assert _joined(stub_for(first)) == [] and _joined(stub_for(second)) == []
