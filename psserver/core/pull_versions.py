@@ -9,7 +9,8 @@ sent), and at ``max_in_flight`` clocks in flight a pull may be given the newest 
 Contract with the shard (which calls everything here under its lock, except ``encode`` of a
 private copy): a serialised version may read the live parameters while it is sent, so the
 shard calls ``freeze_before_update(params)`` before every change to them. That drops the cached
-versions (about to go stale) and finishes every in-flight version still reading the parameters.
+versions (about to go stale) and freezes every in-flight version still reading the parameters
+(one copy of them in the wire dtype, made only while a reply still holds that version).
 """
 
 from __future__ import annotations
@@ -77,9 +78,8 @@ class PullVersions:
         live: bool = False,
     ) -> PullResult:
         """``source`` in the form asked for. The in-process form's payloads are views of ``source``,
-        so it must be a copy nobody changes; serialised messages may read the ``live`` parameters
-        (they keep what they built, to be frozen before an update), or a private source (they keep
-        nothing: each reader's messages are built from it as it reads)."""
+        so it must be a copy nobody changes; serialised messages are built as each reader reads,
+        from the ``live`` parameters (frozen before an update) or from a private source."""
         total = source.numel()
         if encoder is None:
             payloads = list(codec.payloads(source, wire_dtype, self._chunk_bytes))
@@ -121,7 +121,7 @@ class PullVersions:
 
     def freeze_before_update(self, params: torch.Tensor) -> None:
         """Before ``params`` change: drop the cached versions first (a version no reply holds any
-        more is then not built for nothing), and finish every one still reading ``params``."""
+        more is then not copied for nothing), and freeze every one still reading ``params``."""
         self._cache = {}
         for result in list(self._in_flight):
             if isinstance(result.messages, SerializedPull) and result.messages.reads(params):

@@ -57,7 +57,7 @@ def test_freezing_before_an_update_finishes_the_versions_being_sent_and_drops_th
     assert isinstance(being_sent, PullResult) and isinstance(being_sent.messages, SerializedPull)
     versions.freeze_before_update(params)
     params.fill_(7.0)
-    assert being_sent.messages.complete and versions.cached(0, codec.FLOAT32, ENCODER) is None
+    assert being_sent.messages.frozen_bytes == 16 and versions.cached(0, codec.FLOAT32, ENCODER) is None
     assert list(being_sent.messages) == [b"0:0:[0.0, 0.0]", b"0:2:[0.0, 0.0]"]
 
 
@@ -75,15 +75,18 @@ def test_at_the_limit_a_pull_may_share_the_newest_version_in_flight() -> None:
     assert versions.newest_in_flight(codec.FLOAT32, ENCODER, share=True, kept=None) is None
 
 
-def test_a_version_of_a_snapshot_keeps_no_messages_one_of_the_live_parameters_keeps_what_it_built() -> None:
+def test_no_version_keeps_its_messages_only_a_live_one_held_at_an_update_is_copied() -> None:
     versions = PullVersions(chunk_bytes=8, max_in_flight=1)
     params, snapshot = torch.zeros(4), torch.ones(4)
     made = versions.begin(0, codec.FLOAT32, ENCODER, params, snapshot)
     assert made is snapshot
     private = versions.encode(snapshot, 0, codec.FLOAT32, ENCODER)
     assert isinstance(private.messages, SerializedPull)
-    assert list(private.messages) == [b"0:0:[1.0, 1.0]", b"0:2:[1.0, 1.0]"] and private.messages.retained_bytes == 0
+    assert list(private.messages) == [b"0:0:[1.0, 1.0]", b"0:2:[1.0, 1.0]"]
     live = versions.begin(1, codec.FLOAT32, ENCODER, params, None)
     assert isinstance(live, PullResult) and isinstance(live.messages, SerializedPull)
-    list(live.messages)
-    assert live.messages.retained_bytes == len(b"1:0:[0.0, 0.0]") * 2
+    assert list(live.messages) == [b"1:0:[0.0, 0.0]", b"1:2:[0.0, 0.0]"]
+    versions.freeze_before_update(snapshot)  # another tensor than the one read: nothing is copied
+    assert live.messages.frozen_bytes == 0 and private.messages.frozen_bytes == 0
+    versions.freeze_before_update(params)
+    assert live.messages.frozen_bytes == 16 and private.messages.frozen_bytes == 0
