@@ -11,12 +11,19 @@ private copy): a serialised version may read the live parameters while it is sen
 shard calls ``freeze_before_update(params)`` before every change to them. That drops the cached
 versions (about to go stale) and freezes every in-flight version still reading the parameters
 (one copy of them in the wire dtype, made only while a reply still holds that version).
+
+A copy of a large shard would be a third shard-sized buffer beside the parameters and the push
+being applied. So an update of a shard whose version is larger than ``MAX_FROZEN_BYTES`` first
+lets the replies reading the live parameters finish (``must_wait_for_replies``, at most
+``REPLY_WAIT_S``; the shard holds new pulls meanwhile, ``updates_waiting``), and copies only what
+is still held after that. ``released`` (the shard's wake-up) is called when such a reply lets
+go of its version.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +34,11 @@ from psserver.core.serialized_pull import PullEncoder, SerializedPull
 __all__ = ["PullEncoder", "PullResult", "PullVersions"]
 
 _CacheKey = tuple[int, int, PullEncoder | None]
+
+# Larger live versions are not copied at an update while their replies can finish first.
+MAX_FROZEN_BYTES = 32 * 1024 * 1024
+# How long an update waits for those replies before it copies what they still read.
+REPLY_WAIT_S = 10.0
 
 
 @dataclass(frozen=True, eq=False)  # identity: results are tracked while being sent
@@ -42,9 +54,12 @@ class PullResult:
 
 
 class PullVersions:
-    def __init__(self, chunk_bytes: int, max_in_flight: int) -> None:
+    def __init__(self, chunk_bytes: int, max_in_flight: int, released: Callable[[], None] | None = None) -> None:
         self._chunk_bytes = chunk_bytes
         self._max_in_flight = max_in_flight
+        self._released = released
+        # Updates waiting for the replies that read the live parameters: pulls wait for them.
+        self.updates_waiting = 0
         # The parameters of the latest clock in each requested form, shared by every worker pulling it.
         self._cache: dict[_CacheKey, PullResult] = {}
         # Serialised versions still referenced (being sent); the transport holds each until sent.
@@ -110,6 +125,8 @@ class PullVersions:
             return params.clone()
         result = self.encode(params, clock, wire_dtype, encoder, live=True)
         self.keep(result, current=True)
+        if self._released is not None and result.data_bytes > MAX_FROZEN_BYTES:
+            weakref.finalize(result, self._released).atexit = False
         return result
 
     def keep(self, result: PullResult, current: bool) -> None:
@@ -119,13 +136,25 @@ class PullVersions:
             self._cache = {k: v for k, v in self._cache.items() if k[0] == result.clock}
             self._cache[(result.clock, result.wire_dtype, result.encoder)] = result
 
+    def _reading(self, params: torch.Tensor) -> Iterator[SerializedPull]:
+        """The versions in flight whose messages still read ``params``."""
+        for result in list(self._in_flight):
+            if isinstance(result.messages, SerializedPull) and result.messages.reads(params):
+                yield result.messages
+
+    def must_wait_for_replies(self, params: torch.Tensor) -> bool:
+        """Whether an update of ``params`` should wait for replies before it changes them: a version
+        larger than ``MAX_FROZEN_BYTES`` reads them. The cached versions are dropped first (no
+        reply holds them; new pulls make new ones)."""
+        self._cache = {}
+        return any(messages.frozen_size > MAX_FROZEN_BYTES for messages in self._reading(params))
+
     def freeze_before_update(self, params: torch.Tensor) -> None:
         """Before ``params`` change: drop the cached versions first (a version no reply holds any
         more is then not copied for nothing), and freeze every one still reading ``params``."""
         self._cache = {}
-        for result in list(self._in_flight):
-            if isinstance(result.messages, SerializedPull) and result.messages.reads(params):
-                result.messages.freeze()
+        for messages in self._reading(params):
+            messages.freeze()
 
     def clear(self) -> None:
         self._cache = {}

@@ -80,6 +80,11 @@ class SerializedPull:
         """Whether messages still to be built will be read from ``tensor`` as it is then."""
         return self._live and self._source is tensor
 
+    @property
+    def frozen_size(self) -> int:
+        """Bytes ``freeze`` copies (the version in its wire dtype)."""
+        return self._total * codec.element_size(self._wire_dtype)
+
     def freeze(self) -> None:
         """Copy the live source (once, in the wire dtype) so it may change; readers go on from the copy."""
         with self._lock:
