@@ -53,6 +53,13 @@ class PullResult:
     encoder: PullEncoder | None = None
 
 
+def _handed_out(result: PullResult | None) -> PullResult | None:
+    """``result``, counted as handed to a pull that will read it."""
+    if result is not None and isinstance(result.messages, SerializedPull):
+        result.messages.hand_out()
+    return result
+
+
 class PullVersions:
     def __init__(self, chunk_bytes: int, max_in_flight: int, released: Callable[[], None] | None = None) -> None:
         self._chunk_bytes = chunk_bytes
@@ -68,7 +75,7 @@ class PullVersions:
     def cached(self, clock: int, wire_dtype: int, encoder: PullEncoder | None) -> PullResult | None:
         """The version of ``clock`` in this form, if made; versions of older clocks are dropped."""
         self._cache = {k: v for k, v in self._cache.items() if k[0] == clock}
-        return self._cache.get((clock, wire_dtype, encoder))
+        return _handed_out(self._cache.get((clock, wire_dtype, encoder)))
 
     def newest_in_flight(
         self, wire_dtype: int, encoder: PullEncoder | None, share: bool, kept: Callable[[int], bool] | None
@@ -82,7 +89,7 @@ class PullVersions:
         if len({r.clock for r in live}) < self._max_in_flight:
             return None
         newest = max(live, key=lambda r: r.clock)
-        return newest if kept is None or kept(newest.clock) else None
+        return _handed_out(newest) if kept is None or kept(newest.clock) else None
 
     def encode(
         self,
@@ -127,6 +134,7 @@ class PullVersions:
         self.keep(result, current=True)
         if self._released is not None and result.data_bytes > MAX_FROZEN_BYTES:
             weakref.finalize(result, self._released).atexit = False
+        _handed_out(result)
         return result
 
     def keep(self, result: PullResult, current: bool) -> None:

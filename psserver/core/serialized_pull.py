@@ -60,13 +60,25 @@ class SerializedPull:
         self._lock = threading.Lock()
         # Bytes of the private copy ``freeze`` made (0 while live, and for a private source).
         self.frozen_bytes = 0
+        # Pulls handed this version whose reader has not read it to the end: a version whose
+        # readers are all done reads nothing any more, however long its reply lingers.
+        self._unread = 0
 
     def __len__(self) -> int:
         return len(self._spans)
 
+    def hand_out(self) -> None:
+        """A pull was given this version: its reader will read it (``__iter__``)."""
+        with self._lock:
+            self._unread += 1
+
     def __iter__(self) -> Iterator[bytes]:
-        for span in self._spans:
-            yield self._message(span)
+        try:
+            for span in self._spans:
+                yield self._message(span)
+        finally:
+            with self._lock:
+                self._unread = max(0, self._unread - 1)
 
     def _message(self, span: range) -> bytes:
         with self._lock:
@@ -77,8 +89,9 @@ class SerializedPull:
         return self._encoder.encode(self._clock, self._total, chunker.payload(span))
 
     def reads(self, tensor: torch.Tensor) -> bool:
-        """Whether messages still to be built will be read from ``tensor`` as it is then."""
-        return self._live and self._source is tensor
+        """Whether messages still to be built will be read from ``tensor`` as it is then (a reader
+        handed this version has not read it to the end)."""
+        return self._live and self._source is tensor and self._unread > 0
 
     @property
     def frozen_size(self) -> int:

@@ -99,11 +99,15 @@ def test_no_version_keeps_its_messages_only_a_live_one_held_at_an_update_is_copi
     assert list(private.messages) == [b"0:0:[1.0, 1.0]", b"0:2:[1.0, 1.0]"]
     live = versions.begin(1, codec.FLOAT32, ENCODER, params, None)
     assert isinstance(live, PullResult) and isinstance(live.messages, SerializedPull)
-    assert list(live.messages) == [b"1:0:[0.0, 0.0]", b"1:2:[0.0, 0.0]"]
     versions.freeze_before_update(snapshot)  # another tensor than the one read: nothing is copied
     assert live.messages.frozen_bytes == 0 and private.messages.frozen_bytes == 0
+    assert list(live.messages) == [b"1:0:[0.0, 0.0]", b"1:2:[0.0, 0.0]"]
+    versions.freeze_before_update(params)  # its one reader read it to the end: nothing to copy
+    assert live.messages.frozen_bytes == 0
+    unread = versions.begin(2, codec.FLOAT32, ENCODER, params, None)
+    assert isinstance(unread, PullResult) and isinstance(unread.messages, SerializedPull)
     versions.freeze_before_update(params)
-    assert live.messages.frozen_bytes == 16 and private.messages.frozen_bytes == 0
+    assert unread.messages.frozen_bytes == 16 and private.messages.frozen_bytes == 0
 
 
 def _large_shard(monkeypatch: pytest.MonkeyPatch) -> tuple[Shard, int, int]:

@@ -64,6 +64,8 @@ def test_freeze_copies_the_live_source_once_so_it_may_change() -> None:
     calls: list[int] = []
     source = torch.arange(6, dtype=torch.float32)
     messages = make(source, calls)
+    assert not messages.reads(source)  # nobody was handed it
+    messages.hand_out()
     reader = iter(messages)
     first = next(reader)
     assert messages.reads(source)
@@ -78,6 +80,7 @@ def test_freeze_copies_the_live_source_once_so_it_may_change() -> None:
 def test_a_frozen_copy_is_in_the_wire_dtype() -> None:
     source = torch.arange(6, dtype=torch.float32)
     messages = make(source, [], ps_pb2.DTYPE_BFLOAT16)
+    messages.hand_out()
     messages.freeze()
     source.fill_(-1.0)
     assert messages.frozen_bytes == 6 * 2
@@ -90,6 +93,8 @@ def test_readers_building_messages_while_the_source_is_frozen_and_changed_read_o
     messages = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), live=True)
     read: list[list[bytes]] = []
     readers = [threading.Thread(target=lambda: read.append(list(messages))) for _ in range(4)]
+    for _ in readers:
+        messages.hand_out()
     for reader in readers:
         reader.start()
     messages.freeze()
@@ -100,6 +105,19 @@ def test_readers_building_messages_while_the_source_is_frozen_and_changed_read_o
     assert len(read) == 4 and all(values_of(got) == expected for got in read)
 
 
+def test_a_version_every_reader_read_to_the_end_reads_the_source_no_more() -> None:
+    source = torch.arange(6, dtype=torch.float32)
+    messages = make(source, [])
+    messages.hand_out()
+    messages.hand_out()
+    list(messages)
+    assert messages.reads(source)  # one reader still to read it
+    reader = iter(messages)
+    next(reader)
+    reader.close()  # a reply cancelled half-way is done with it too
+    assert not messages.reads(source)
+
+
 def test_a_version_of_a_private_source_reads_it_and_is_never_copied() -> None:
     source = torch.arange(6, dtype=torch.float32)
     calls: list[int] = []
@@ -107,6 +125,7 @@ def test_a_version_of_a_private_source_reads_it_and_is_never_copied() -> None:
     first, second = list(private), list(private)
     assert first == second and parse(first) == source.tolist()
     assert calls == [0, 2, 4, 0, 2, 4]
+    private.hand_out()
     assert not private.reads(source)
     private.freeze()
     assert private.frozen_bytes == 0
