@@ -16,12 +16,14 @@ A copy of a large shard would be a third shard-sized buffer beside the parameter
 being applied. So an update of a shard whose version is larger than ``MAX_FROZEN_BYTES`` first
 lets the replies reading the live parameters finish (``must_wait_for_replies``, at most
 ``REPLY_WAIT_S``; the shard holds new pulls meanwhile, ``updates_waiting``), and copies only what
-is still held after that. ``released`` (the shard's wake-up) is called when such a reply lets
-go of its version.
+is still held after that. ``released`` (the shard's condition) is notified when such a reply
+lets go of its version, unless its lock is busy (its holder may be the thread letting go; the
+waiting update then sees it within a wait slice).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -53,6 +55,15 @@ class PullResult:
     encoder: PullEncoder | None = None
 
 
+def _notify_if_free(condition: threading.Condition) -> None:
+    """Wake ``condition``'s waiters unless its lock is busy (see the module's docstring)."""
+    if condition.acquire(blocking=False):
+        try:
+            condition.notify_all()
+        finally:
+            condition.release()
+
+
 def _handed_out(result: PullResult | None) -> PullResult | None:
     """``result``, counted as handed to a pull that will read it."""
     if result is not None and isinstance(result.messages, SerializedPull):
@@ -61,7 +72,7 @@ def _handed_out(result: PullResult | None) -> PullResult | None:
 
 
 class PullVersions:
-    def __init__(self, chunk_bytes: int, max_in_flight: int, released: Callable[[], None] | None = None) -> None:
+    def __init__(self, chunk_bytes: int, max_in_flight: int, released: threading.Condition | None = None) -> None:
         self._chunk_bytes = chunk_bytes
         self._max_in_flight = max_in_flight
         self._released = released
@@ -133,7 +144,7 @@ class PullVersions:
         result = self.encode(params, clock, wire_dtype, encoder, live=True)
         self.keep(result, current=True)
         if self._released is not None and result.data_bytes > MAX_FROZEN_BYTES:
-            weakref.finalize(result, self._released).atexit = False
+            weakref.finalize(result, _notify_if_free, self._released).atexit = False
         _handed_out(result)
         return result
 
@@ -156,6 +167,24 @@ class PullVersions:
         reply holds them; new pulls make new ones)."""
         self._cache = {}
         return any(messages.frozen_size > MAX_FROZEN_BYTES for messages in self._reading(params))
+
+    def let_replies_finish(
+        self,
+        params: torch.Tensor,
+        now: Callable[[], float],
+        wait: Callable[[Callable[[], bool], float], None],
+    ) -> None:
+        """Before an update of ``params`` (lock held): when ``must_wait_for_replies``, ``wait`` (the
+        shard's wait, which lets go of the lock) until those replies are done or ``REPLY_WAIT_S``
+        passed, with ``updates_waiting`` raised so new pulls wait too."""
+        if not self.must_wait_for_replies(params):
+            return
+        deadline = now() + REPLY_WAIT_S
+        self.updates_waiting += 1
+        try:
+            wait(lambda: now() >= deadline or not self.must_wait_for_replies(params), deadline)
+        finally:
+            self.updates_waiting -= 1
 
     def freeze_before_update(self, params: torch.Tensor) -> None:
         """Before ``params`` change: drop the cached versions first (a version no reply holds any

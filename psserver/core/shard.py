@@ -56,7 +56,7 @@ from psserver.core.held import Held
 from psserver.core.membership import Membership
 from psserver.core.model import Model
 from psserver.core.observer import NullObserver, Observers, ShardObserver
-from psserver.core.pull_versions import REPLY_WAIT_S, PullEncoder, PullResult, PullVersions
+from psserver.core.pull_versions import PullEncoder, PullResult, PullVersions
 from psserver.core.receiving import PendingPush, PushHeader, PushReceiver, check_complete, decode_into
 from psserver.core.refusals import Refusals
 from psserver.core.rules import UpdateRule
@@ -90,7 +90,7 @@ class Shard:
         self._refusals = Refusals(self.observer)
         self._membership = Membership(self._refusals, config.lease_seconds, config.max_workers)
         self._receiver = PushReceiver(self._refusals, clock_source, config)
-        self._versions = PullVersions(config.chunk_bytes, config.pull_versions, self._reply_released)
+        self._versions = PullVersions(config.chunk_bytes, config.pull_versions, self._changed)
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
         self._model = Model(
             config, self._refusals, self.snapshots, self._versions.freeze_before_update, self.observer.update_applied
@@ -406,7 +406,9 @@ class Shard:
             rule.push_taken(worker.worker_id)
             self._changed.notify_all()
             return self._commit_bsp(worker, pending, update)
-        self._let_replies_finish(worker, pending.abandoned)
+        # A large shard's update lets the replies reading it finish (new pulls wait), not to copy it.
+        wait = lambda ready, deadline: self._waiting.until(worker, ready, pending.abandoned, deadline)  # noqa: E731
+        self._versions.let_replies_finish(self._model.params, self._now, wait)
         self._scheduling.admit_push(worker, rule, pending.abandoned)
         outcome, _ = self._model.apply(worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata)
         self._scheduling.after_push(worker, rule, pending, outcome)
@@ -416,30 +418,6 @@ class Shard:
         self.observer.update_committed(self._model.clock, self._state_locked)
         self._changed.notify_all()
         return outcome
-
-    def _let_replies_finish(self, worker: WorkerRecord, abandoned: Abandoned | None) -> None:
-        """Before an update of a large shard: wait (new pulls held) for the replies reading its live
-        parameters, so they need no copy (``pull_versions``); whatever still reads them is copied."""
-        params = self._model.params
-        if not self._versions.must_wait_for_replies(params):
-            return
-        deadline = self._now() + REPLY_WAIT_S
-        self._versions.updates_waiting += 1
-        try:
-            ready = lambda: self._now() >= deadline or not self._versions.must_wait_for_replies(params)  # noqa: E731
-            self._waiting.until(worker, ready, abandoned, deadline)
-        finally:
-            self._versions.updates_waiting -= 1
-            self._changed.notify_all()
-
-    def _reply_released(self) -> None:
-        """A large version's reply let go of it: wake an update waiting for it, unless the lock is busy
-        (its holder may be this thread; the waiter then sees it within a wait slice)."""
-        if self._lock.acquire(blocking=False):
-            try:
-                self._changed.notify_all()
-            finally:
-                self._lock.release()
 
     def _commit_bsp(self, worker: WorkerRecord, pending: PendingPush, update: torch.Tensor) -> PushOutcome:
         """Add this worker's update to the round and wait until the round's mean is applied."""

@@ -13,7 +13,6 @@ from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
 from psserver.core import pull_versions
-from psserver.core import shard as shard_module
 from psserver.core.pull_versions import PullResult, PullVersions
 from psserver.core.rules import PayloadKind, RuleSpec
 from psserver.core.serialized_pull import SerializedPull
@@ -168,7 +167,7 @@ def test_an_update_of_a_large_shard_waits_for_the_replies_reading_it_and_holds_n
 
 def test_a_reply_still_held_after_the_wait_is_copied_and_the_update_goes_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
     shard, first, second = _large_shard(monkeypatch)
-    monkeypatch.setattr(shard_module, "REPLY_WAIT_S", 0.3)
+    monkeypatch.setattr(pull_versions, "REPLY_WAIT_S", 0.3)
     reply = shard.pull(first, codec.FLOAT32, encoder=PULL_RESPONSE)
     assert isinstance(reply.messages, SerializedPull)
     _push_in_background(shard, second).join(5)
