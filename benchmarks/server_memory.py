@@ -10,8 +10,11 @@ pulled clock (``needs_snapshot``: gap-aware, DC-ASGD), one snapshot per worker:
     must hold = 4 B x shard length x (1 + rule state tensors + workers if the rule needs snapshots)
 
 Here: an ASGD server per model loaded by the largest concurrency level's worker processes at
-once (16), and a gap-aware server (momentum 0.9) on the reference model loaded by
-``rss_workers`` (4); peaks are read when the workers have joined and after the load. Target
+once (16), a gap-aware server (momentum 0.9) on the reference model loaded by ``rss_workers``
+(4), and an ASGD server of a 124M-parameter model (GPT-2 small's shapes, 496 MB) loaded by 16
+workers at once, eight to a process sharing one update (``benchmarks.harness.pool``); peaks are
+read when the workers have joined and after each load, and each ASGD server's RSS is traced
+through its load (where the peak falls). Target
 per hetps server: peak RSS at most 2x what it must hold plus 350 MB. The ``memory`` section
 of ``python -m benchmarks.throughput`` reads the same for every server of the full run (the
 bare mover and the peer included), after its steps, workers joined and concurrency phases.
@@ -30,10 +33,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.harness.memory import RSS_FACTOR, RSS_SLACK_MB, rss_limit_mb, rule_state_bytes
+from benchmarks.harness.memory import RSS_FACTOR, RSS_SLACK_MB, RssTrace, rss_limit_mb, rule_state_bytes
 from benchmarks.harness.models import MODELS
 from benchmarks.harness.pool import PoolTarget, WorkerPool
-from benchmarks.harness.processes import Fleet, HetpsJob, vm_mb
+from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, vm_mb
 from benchmarks.harness.refusals import refused_during, rejected_requests
 from benchmarks.harness.report import parse_settings, prepare_output, print_targets, run_header, target, write_results
 from benchmarks.harness.settings import TORCH_THREADS, Settings
@@ -150,6 +153,52 @@ def asgd_workers(settings: Settings) -> int:
     return max(settings.concurrency)
 
 
+def load_asgd(
+    pool: WorkerPool, pool_target: PoolTarget, server: ServerProcess, seconds: float, console: Console
+) -> dict[str, Any]:
+    """``pool_target``'s workers pushing (and pulling) at once for ``seconds``, the server's RSS traced."""
+    before = rejected_requests(server.ready.metrics_port)
+    with console.status(f"{pool_target.model} server under load"), RssTrace(server.pid) as trace:
+        reports = pool.burst(pool_target.key, pool_target.workers, seconds)
+    return {
+        "workers": pool_target.workers,
+        "steps": sum(int(r["steps"]) for r in reports),
+        "aggregate_steps_per_s": sum(r["steps"] / r["elapsed"] for r in reports),
+        "errors": sum(int(r["errors"]) for r in reports),
+        "first_error": next((r["error"] for r in reports if r["error"]), ""),
+        # What a limit that refuses pushes cost: refusals the workers retried.
+        "refused": refused_during(before, rejected_requests(server.ready.metrics_port)),
+        "rss_trace": trace.summary(),
+    }
+
+
+def load_large(
+    settings: Settings, fleet: Fleet, large_target: PoolTarget, server: ServerProcess, console: Console
+) -> dict[str, Any]:
+    """The large model's server loaded by its workers, ``pushers_per_process`` to a process (16 of
+    its workers each in a process of its own would need 16 GB on the host)."""
+    with console.status(f"starting {large_target.workers} workers of {large_target.model}"):
+        pushers = WorkerPool(large_target.workers, [large_target], settings.pushers_per_process)
+    try:
+        fleet.checkpoint(f"{large_target.model} joined")
+        load = load_asgd(pushers, large_target, server, settings.rss_seconds, console)
+        fleet.checkpoint(f"{large_target.model} load")
+    finally:
+        pushers.close()
+    return load
+
+
+def print_loads(loads: dict[str, Any], console: Console) -> None:
+    for model, load in loads.items():
+        refused = ", ".join(f"{count} {reason}" for reason, count in load["refused"].items()) or "none"
+        trace = load["rss_trace"]
+        peak_at = f", RSS highest {trace['max_mb']:.0f} MB at {trace['max_at_s']:.1f} s" if trace["max_mb"] else ""
+        console.print(
+            f"{model}, {load['workers']} workers: {load['steps']} steps, {load['aggregate_steps_per_s']:.2f} steps/s, "
+            f"{load['errors']} errors, refused {refused}{peak_at}"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument(
@@ -167,38 +216,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
         with console.status("starting servers"):
             jobs = [HetpsJob(f"hetps-{model}-1shard", model, "asgd", (), 0, 1) for model in settings.models]
+            large = HetpsJob(f"hetps-{settings.large_model}-1shard", settings.large_model, "asgd", (), 0, 1)
             by_label = {
                 j.label: fleet.start_hetps(j._replace(config=merged(j.config or {}, server_config)))
-                for j in [*jobs, gap_aware_job(settings)]
+                for j in [*jobs, gap_aware_job(settings), large]
             }
             targets = [
                 PoolTarget(job.model, job.model, (by_label[job.label].address,), asgd_workers(settings)) for job in jobs
             ]
             gap = by_label[gap_aware_job(settings).label]
             targets.append(PoolTarget("gap-aware", gap.model, (gap.address,), settings.rss_workers))
-            for pool_target in targets:
+            large_target = PoolTarget("large", large.model, (by_label[large.label].address,), asgd_workers(settings))
+            for pool_target in [*targets, large_target]:
                 initialize_parameters(pool_target.model, list(pool_target.addresses))
         with console.status("starting worker processes"):
             pool = WorkerPool(max(asgd_workers(settings), settings.rss_workers), targets)
         fleet.checkpoint("workers joined")
+        results["asgd_load"] = {}
         try:
-            results["asgd_load"] = {}
             for job, pool_target in zip(jobs, targets[:-1], strict=True):
-                metrics_port = by_label[job.label].ready.metrics_port
-                before = rejected_requests(metrics_port)
-                with console.status(f"{pool_target.model} server under load"):
-                    reports = pool.burst(pool_target.key, pool_target.workers, settings.rss_seconds)
-                results["asgd_load"][pool_target.model] = {
-                    "workers": pool_target.workers,
-                    "aggregate_steps_per_s": sum(r["steps"] / r["elapsed"] for r in reports),
-                    "errors": sum(int(r["errors"]) for r in reports),
-                    # What a limit that refuses pushes cost: refusals the workers retried.
-                    "refused": refused_during(before, rejected_requests(metrics_port)),
-                }
+                load = load_asgd(pool, pool_target, by_label[job.label], settings.rss_seconds, console)
+                results["asgd_load"][pool_target.model] = load
             results["gap_aware_load"] = load_gap_aware(settings, pool, console)
             fleet.checkpoint("load")
         finally:
             pool.close()
+        results["asgd_load"][large.model] = load_large(settings, fleet, large_target, by_label[large.label], console)
         for server in fleet.servers:
             server.workers = settings.rss_workers if server.rule == "gap-aware" else asgd_workers(settings)
         results["memory"] = measure_memory(fleet)
@@ -207,12 +250,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results["targets"] = memory_targets(results["memory"])
     results["wall_seconds"] = time.perf_counter() - started
     print_memory_table(results["memory"], console)
-    for model, load in results["asgd_load"].items():
-        refused = ", ".join(f"{count} {reason}" for reason, count in load["refused"].items()) or "none"
-        console.print(
-            f"{model}, {load['workers']} workers: {load['aggregate_steps_per_s']:.2f} steps/s, "
-            f"{load['errors']} errors, refused {refused}"
-        )
+    print_loads(results["asgd_load"], console)
     print_targets(results["targets"], console)
     write_results("server_memory", argv, results, out, console)
     return results

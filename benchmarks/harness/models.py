@@ -64,6 +64,34 @@ def tiny_shapes() -> Shapes:
     return [("fc1.weight", (32, 64)), ("fc1.bias", (32,)), ("fc2.weight", (10, 32)), ("fc2.bias", (10,))]
 
 
-MODELS: dict[str, Callable[[], Shapes]] = {"resnet18": resnet18_shapes, "small": small_shapes, "tiny": tiny_shapes}
+def gpt2_small_shapes() -> Shapes:
+    """GPT-2 small's trainable tensors (124,439,808 parameters: 496 MB in fp32), in its usual names."""
+    width, vocab, context, layers = 768, 50257, 1024, 12
+    shapes: Shapes = [("wte.weight", (vocab, width)), ("wpe.weight", (context, width))]
+    for layer in range(layers):
+        prefix = f"h.{layer}"
+        shapes += [
+            (f"{prefix}.ln_1.weight", (width,)),
+            (f"{prefix}.ln_1.bias", (width,)),
+            (f"{prefix}.attn.c_attn.weight", (width, 3 * width)),
+            (f"{prefix}.attn.c_attn.bias", (3 * width,)),
+            (f"{prefix}.attn.c_proj.weight", (width, width)),
+            (f"{prefix}.attn.c_proj.bias", (width,)),
+            (f"{prefix}.ln_2.weight", (width,)),
+            (f"{prefix}.ln_2.bias", (width,)),
+            (f"{prefix}.mlp.c_fc.weight", (width, 4 * width)),
+            (f"{prefix}.mlp.c_fc.bias", (4 * width,)),
+            (f"{prefix}.mlp.c_proj.weight", (4 * width, width)),
+            (f"{prefix}.mlp.c_proj.bias", (width,)),
+        ]
+    return [*shapes, ("ln_f.weight", (width,)), ("ln_f.bias", (width,))]
+
+
+MODELS: dict[str, Callable[[], Shapes]] = {
+    "resnet18": resnet18_shapes,
+    "small": small_shapes,
+    "tiny": tiny_shapes,
+    "gpt2-small": gpt2_small_shapes,
+}
 # The model the targets are stated for, when a run includes it.
 REFERENCE_MODEL = "resnet18"

@@ -3,6 +3,12 @@
 A :class:`WorkerPool` is started once (spawned processes, one torch thread each) and driven
 burst by burst: every chosen worker starts at the same wall-clock moment, steps for the given
 seconds and reports its steps, errors and whether its parameters stayed finite.
+
+A worker is a ``PSClient`` with a preallocated update and output and no model. With
+``per_process`` above one, that many workers share a process (each on its own thread and
+connection) and its one update and one output per model, so 16 workers of a 124M-parameter
+model cost the host a few GB rather than 16 × 1 GB: the server still sees each push and pull
+whole, from a worker of its own.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import multiprocessing
 import multiprocessing.queues
 import queue
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,50 +40,59 @@ class PoolTarget:
     workers: int  # only the first ``workers`` pool members join this target
 
 
+Joined = dict[tuple[str, int], tuple[PSClient, torch.Tensor, torch.Tensor]]
+
+
 def _pool_worker(
-    index: int,
+    indices: range,
     targets: list[PoolTarget],
-    commands: multiprocessing.queues.Queue[tuple[str, float, float] | None],
+    commands: multiprocessing.queues.Queue[tuple[str, float, float, int] | None],
     results: multiprocessing.queues.Queue[tuple[str, int, dict[str, Any]]],
 ) -> None:
-    """A worker process: joins its targets, then runs timed bursts of steps on command."""
+    """A process of pool members ``indices``: joins their targets, then runs timed bursts of steps on
+    command (key, start, seconds, how many of its members step), each member on a thread."""
     torch.set_num_threads(TORCH_THREADS)
-    clients: dict[str, tuple[PSClient, torch.Tensor, torch.Tensor]] = {}
+    clients: Joined = {}
     try:
-        _join_targets(index, targets, clients)
-        results.put(("ready", index, {}))
+        _join_targets(indices, targets, clients)
+        for index in indices:
+            results.put(("ready", index, {}))
         while True:
             command = commands.get()
             if command is None:
                 break
-            key, start_at, duration = command
-            results.put(("done", index, _burst(*clients[key], start_at, duration)))
+            key, start_at, duration, count = command
+            members = [clients[(key, index)] for index in indices[:count]]
+            with ThreadPoolExecutor(max_workers=len(members)) as threads:
+                bursts = [threads.submit(_burst, *member, start_at, duration) for member in members]
+                reports = [burst.result() for burst in bursts]
+            for index, report in zip(indices, reports, strict=False):
+                results.put(("done", index, report))
     except BaseException as error:  # reported to the parent, which fails the run
-        results.put(("failed", index, {"error": repr(error)}))
+        results.put(("failed", indices[0], {"error": repr(error)}))
     finally:
         for client, _, _ in clients.values():
             client.close()
 
 
-def _join_targets(
-    index: int, targets: list[PoolTarget], clients: dict[str, tuple[PSClient, torch.Tensor, torch.Tensor]]
-) -> None:
-    """Join pool member ``index``'s targets into ``clients`` (key -> client, update, output), so the
-    caller closes those joined even when a later one fails."""
-    # One update and one output per model, whatever the number of servers of that model.
+def _join_targets(indices: range, targets: list[PoolTarget], clients: Joined) -> None:
+    """Join pool members ``indices``' targets into ``clients`` ((key, member) -> client, update,
+    output), so the caller closes those joined even when a later one fails."""
+    # One update and one output per model, whatever the number of servers and members of that model.
     tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    generator = torch.Generator().manual_seed(1000 + index)
+    generator = torch.Generator().manual_seed(1000 + indices[0])
     for target in targets:
-        if index >= target.workers:
-            continue
         layout = Layout.from_named_shapes(MODELS[target.model](), len(target.addresses))
-        if target.model not in tensors:
-            length = layout.total_length
-            tensors[target.model] = (torch.randn(length, generator=generator) * 1e-4, torch.empty(length))
-        update, out = tensors[target.model]
-        client = PSClient(list(target.addresses), layout, name=f"pool-{index}-{target.key}")
-        client.pull(out)
-        clients[target.key] = (client, update, out)
+        for index in indices:
+            if index >= target.workers:
+                continue
+            if target.model not in tensors:
+                length = layout.total_length
+                tensors[target.model] = (torch.randn(length, generator=generator) * 1e-4, torch.empty(length))
+            update, out = tensors[target.model]
+            client = PSClient(list(target.addresses), layout, name=f"pool-{index}-{target.key}")
+            clients[(target.key, index)] = (client, update, out)
+            client.pull(out)
 
 
 def _burst(
@@ -101,17 +117,21 @@ def _burst(
 
 
 class WorkerPool:
-    """``size`` worker processes joined to every target, driven burst by burst."""
+    """``size`` workers joined to every target, ``per_process`` to a process, driven burst by burst."""
 
-    def __init__(self, size: int, targets: list[PoolTarget]) -> None:
+    def __init__(self, size: int, targets: list[PoolTarget], per_process: int = 1) -> None:
         context = multiprocessing.get_context("spawn")
         self.results: multiprocessing.queues.Queue[tuple[str, int, dict[str, Any]]] = context.Queue()
-        self.commands: list[multiprocessing.queues.Queue[tuple[str, float, float] | None]] = []
+        self.commands: list[multiprocessing.queues.Queue[tuple[str, float, float, int] | None]] = []
+        self.members: list[range] = [range(i, min(i + per_process, size)) for i in range(0, size, per_process)]
         self.processes = []
-        for index in range(size):
-            inbox: multiprocessing.queues.Queue[tuple[str, float, float] | None] = context.Queue()
+        for members in self.members:
+            inbox: multiprocessing.queues.Queue[tuple[str, float, float, int] | None] = context.Queue()
             process = context.Process(
-                target=_pool_worker, args=(index, targets, inbox, self.results), name=f"pool-{index}", daemon=True
+                target=_pool_worker,
+                args=(members, targets, inbox, self.results),
+                name=f"pool-{members[0]}",
+                daemon=True,
             )
             process.start()
             self.commands.append(inbox)
@@ -139,8 +159,10 @@ class WorkerPool:
 
     def burst(self, key: str, workers: int, seconds: float) -> list[dict[str, Any]]:
         start_at = time.time() + 0.3
-        for commands in self.commands[:workers]:
-            commands.put((key, start_at, seconds))
+        for commands, members in zip(self.commands, self.members, strict=True):
+            count = len([index for index in members if index < workers])
+            if count:
+                commands.put((key, start_at, seconds, count))
         return [self._expect("done", timeout_s=seconds + 300.0) for _ in range(workers)]
 
     def close(self) -> None:

@@ -32,6 +32,10 @@ class Settings:
     apply_samples: int = 15
     rss_workers: int = 4
     rss_seconds: float = 8.0
+    # server_memory's large model (one ASGD shard, the largest concurrency level's workers at once),
+    # its workers sharing a process (and one update and output) this many at a time.
+    large_model: str = "gpt2-small"
+    pushers_per_process: int = 8
 
     @classmethod
     def quick(cls) -> Settings:
@@ -59,6 +63,7 @@ class Settings:
             apply_samples=2,
             rss_workers=2,
             rss_seconds=0.3,
+            large_model="small",
         )
 
     @property

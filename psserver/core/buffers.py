@@ -7,6 +7,11 @@ workers pushing ResNet-18 at once would hold 16 × 47 MB). The pool keeps at mos
 buffers in use; a push that finds none free waits for one before it reads its chunks, so
 gRPC's flow control holds the rest of its bytes on the worker's side.
 
+The pool is bounded by bytes too: past one buffer it holds at most ``MAX_POOL_BYTES``, so a
+shard whose buffer is larger (ResNet-18 size and up) receives one push at a time. A second
+buffer only overlaps one push's decode with the previous one's apply, which is short next to
+it; for a 124M-parameter shard it was 496 MB more of peak RSS.
+
 A worker (an ``owner``) holds at most one buffer at a time: its second concurrent push waits
 for its first to finish, so one worker can never take every buffer from the others.
 """
@@ -20,6 +25,9 @@ import torch
 
 from psserver.core.waiting import Pause, Signal, Steps, run_blocking
 
+# The most memory a pool of more than one buffer may hold (a pool holds at least one).
+MAX_POOL_BYTES = 32 * 1024 * 1024
+
 
 class BufferWaitTimeoutError(TimeoutError):
     """No buffer came free in time; ``own_share`` when the owner's own other buffer was what it waited for."""
@@ -30,13 +38,14 @@ class BufferWaitTimeoutError(TimeoutError):
 
 
 class ReceiveBuffers:
-    """Flat fp32 buffers of one length; ``acquire`` blocks while ``limit`` are in use, or the owner holds one."""
+    """Flat fp32 buffers of one length; ``acquire`` blocks while ``limit`` are in use (at most ``limit``
+    asked for, within ``MAX_POOL_BYTES`` past the first), or the owner holds one."""
 
     def __init__(self, length: int, limit: int) -> None:
         if limit < 1:
             raise ValueError(f"at least one receive buffer is needed, not {limit}")
         self.length = length
-        self.limit = limit
+        self.limit = max(1, min(limit, MAX_POOL_BYTES // max(1, 4 * length)))
         self._free: list[torch.Tensor] = []
         self._in_use = 0
         self._extra = 0

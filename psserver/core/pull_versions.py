@@ -9,23 +9,38 @@ sent), and at ``max_in_flight`` clocks in flight a pull may be given the newest 
 Contract with the shard (which calls everything here under its lock, except ``encode`` of a
 private copy): a serialised version may read the live parameters while it is sent, so the
 shard calls ``freeze_before_update(params)`` before every change to them. That drops the cached
-versions (about to go stale) and finishes every in-flight version still reading the parameters.
+versions (about to go stale) and freezes every in-flight version still reading the parameters
+(one copy of them in the wire dtype, made only while a reply still holds that version).
+
+A copy of a large shard would be a third shard-sized buffer beside the parameters and the push
+being applied. So an update of a shard whose version is larger than ``MAX_FROZEN_BYTES`` first
+lets the replies reading the live parameters finish (``must_wait_for_replies``, at most
+``REPLY_WAIT_S``; the shard holds new pulls meanwhile, ``updates_waiting``), and copies only what
+is still held after that. ``released`` (the shard's condition) is notified when such a reply
+lets go of its version, unless its lock is busy (its holder may be the thread letting go; the
+waiting update then sees it within a wait slice).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from psproto import codec
 from psserver.core.serialized_pull import PullEncoder, SerializedPull
+from psserver.core.waiting import Signal, Steps
 
 __all__ = ["PullEncoder", "PullResult", "PullVersions"]
 
 _CacheKey = tuple[int, int, PullEncoder | None]
+
+# Larger live versions are not copied at an update while their replies can finish first.
+MAX_FROZEN_BYTES = 32 * 1024 * 1024
+# How long an update waits for those replies before it copies what they still read.
+REPLY_WAIT_S = 10.0
 
 
 @dataclass(frozen=True, eq=False)  # identity: results are tracked while being sent
@@ -40,10 +55,29 @@ class PullResult:
     encoder: PullEncoder | None = None
 
 
+def _notify_if_free(signal: Signal) -> None:
+    """Wake ``signal``'s waiters unless its lock is busy (see the module's docstring)."""
+    if signal.lock.acquire(blocking=False):
+        try:
+            signal.notify_all()
+        finally:
+            signal.lock.release()
+
+
+def _handed_out(result: PullResult | None) -> PullResult | None:
+    """``result``, counted as handed to a pull that will read it."""
+    if result is not None and isinstance(result.messages, SerializedPull):
+        result.messages.hand_out()
+    return result
+
+
 class PullVersions:
-    def __init__(self, chunk_bytes: int, max_in_flight: int) -> None:
+    def __init__(self, chunk_bytes: int, max_in_flight: int, released: Signal | None = None) -> None:
         self._chunk_bytes = chunk_bytes
         self._max_in_flight = max_in_flight
+        self._released = released
+        # Updates waiting for the replies that read the live parameters: pulls wait for them.
+        self.updates_waiting = 0
         # The parameters of the latest clock in each requested form, shared by every worker pulling it.
         self._cache: dict[_CacheKey, PullResult] = {}
         # Serialised versions still referenced (being sent); the transport holds each until sent.
@@ -52,7 +86,7 @@ class PullVersions:
     def cached(self, clock: int, wire_dtype: int, encoder: PullEncoder | None) -> PullResult | None:
         """The version of ``clock`` in this form, if made; versions of older clocks are dropped."""
         self._cache = {k: v for k, v in self._cache.items() if k[0] == clock}
-        return self._cache.get((clock, wire_dtype, encoder))
+        return _handed_out(self._cache.get((clock, wire_dtype, encoder)))
 
     def newest_in_flight(
         self, wire_dtype: int, encoder: PullEncoder | None, share: bool, kept: Callable[[int], bool] | None
@@ -66,7 +100,7 @@ class PullVersions:
         if len({r.clock for r in live}) < self._max_in_flight:
             return None
         newest = max(live, key=lambda r: r.clock)
-        return newest if kept is None or kept(newest.clock) else None
+        return _handed_out(newest) if kept is None or kept(newest.clock) else None
 
     def encode(
         self,
@@ -77,9 +111,8 @@ class PullVersions:
         live: bool = False,
     ) -> PullResult:
         """``source`` in the form asked for. The in-process form's payloads are views of ``source``,
-        so it must be a copy nobody changes; serialised messages may read the ``live`` parameters
-        (they keep what they built, to be frozen before an update), or a private source (they keep
-        nothing: each reader's messages are built from it as it reads)."""
+        so it must be a copy nobody changes; serialised messages are built as each reader reads,
+        from the ``live`` parameters (frozen before an update) or from a private source."""
         total = source.numel()
         if encoder is None:
             payloads = list(codec.payloads(source, wire_dtype, self._chunk_bytes))
@@ -110,6 +143,9 @@ class PullVersions:
             return params.clone()
         result = self.encode(params, clock, wire_dtype, encoder, live=True)
         self.keep(result, current=True)
+        if self._released is not None and result.data_bytes > MAX_FROZEN_BYTES:
+            weakref.finalize(result, _notify_if_free, self._released).atexit = False
+        _handed_out(result)
         return result
 
     def keep(self, result: PullResult, current: bool) -> None:
@@ -119,13 +155,43 @@ class PullVersions:
             self._cache = {k: v for k, v in self._cache.items() if k[0] == result.clock}
             self._cache[(result.clock, result.wire_dtype, result.encoder)] = result
 
-    def freeze_before_update(self, params: torch.Tensor) -> None:
-        """Before ``params`` change: drop the cached versions first (a version no reply holds any
-        more is then not built for nothing), and finish every one still reading ``params``."""
-        self._cache = {}
+    def _reading(self, params: torch.Tensor) -> Iterator[SerializedPull]:
+        """The versions in flight whose messages still read ``params``."""
         for result in list(self._in_flight):
             if isinstance(result.messages, SerializedPull) and result.messages.reads(params):
-                result.messages.freeze()
+                yield result.messages
+
+    def must_wait_for_replies(self, params: torch.Tensor) -> bool:
+        """Whether an update of ``params`` should wait for replies before it changes them: a version
+        larger than ``MAX_FROZEN_BYTES`` reads them. The cached versions are dropped first (no
+        reply holds them; new pulls make new ones)."""
+        self._cache = {}
+        return any(messages.frozen_size > MAX_FROZEN_BYTES for messages in self._reading(params))
+
+    def let_replies_finish(
+        self,
+        params: torch.Tensor,
+        now: Callable[[], float],
+        wait: Callable[[Callable[[], bool], float], Steps[None]],
+    ) -> Steps[None]:
+        """Before an update of ``params`` (lock held): when ``must_wait_for_replies``, ``wait`` (the
+        shard's wait, which lets go of the lock) until those replies are done or ``REPLY_WAIT_S``
+        passed, with ``updates_waiting`` raised so new pulls wait too."""
+        if not self.must_wait_for_replies(params):
+            return
+        deadline = now() + REPLY_WAIT_S
+        self.updates_waiting += 1
+        try:
+            yield from wait(lambda: now() >= deadline or not self.must_wait_for_replies(params), deadline)
+        finally:
+            self.updates_waiting -= 1
+
+    def freeze_before_update(self, params: torch.Tensor) -> None:
+        """Before ``params`` change: drop the cached versions first (a version no reply holds any
+        more is then not copied for nothing), and freeze every one still reading ``params``."""
+        self._cache = {}
+        for messages in self._reading(params):
+            messages.freeze()
 
     def clear(self) -> None:
         self._cache = {}

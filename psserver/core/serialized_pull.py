@@ -1,20 +1,23 @@
-"""A pulled version's reply messages, serialised chunk by chunk as the transport sends them.
+"""A pulled version's reply messages, serialised chunk by chunk as each reader's transport asks.
 
 Serialising a whole ResNet-18-sized version (45 MB) before its first byte leaves adds the copy's
 time to every step; building each message only when the transport asks for it overlaps the
 copies with the sending. The bytes of each message come from a ``PullEncoder`` that the
 transport injects (psserver.rpc): the core never knows the wire format.
 
-Contract with the owner of the source: the source may be read here until ``complete``; whoever
-changes it must call ``freeze`` first (``PullVersions.freeze_before_update`` does, under the
-shard lock, before every update). ``freeze`` builds the messages not built yet, so every reader
-still gets exactly the version it pulled. A private lock orders a reader's build of one message
-against ``freeze``; it never waits on the shard lock.
+A version keeps none of the messages it built: each belongs to the reader that asked for it and
+is gone once sent. Keeping them to share between readers made every version a second copy of
+the shard in reply bytes for as long as a reply or the cache held it (a 124M-parameter shard
+peaked at 4.3x its parameters); building a message is one pass over its chunk, which its
+reader pays for whoever built it first.
 
-A version read from a private source that nobody changes (``retain=False``: a snapshot the rule
-keeps anyway) keeps no messages: each reader's message is built when it asks and belongs to it
-alone, so such a version holds no more than its source (which the rule holds anyway) instead
-of a second copy of the shard in reply bytes.
+A version of the live parameters (``live``) reads them until ``freeze``: whoever changes them
+calls it first (``PullVersions.freeze_before_update`` does, under the shard lock, before every
+update). ``freeze`` copies the parameters once, in the wire dtype, for the readers still to
+come, so every reader gets exactly the version it pulled. A private lock orders a reader's
+build of one message from the live parameters against ``freeze``; it never waits on the shard
+lock. A version of a private source that nobody changes (a snapshot the rule keeps anyway) is
+never frozen, and holds nothing but that source.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class PullEncoder(Protocol):
 
 
 class SerializedPull:
-    """The messages of one version, built on first read and shared by every reader."""
+    """The messages of one version, each built for its reader when read."""
 
     def __init__(
         self,
@@ -44,69 +47,63 @@ class SerializedPull:
         wire_dtype: int,
         spans: Sequence[range],
         encoder: PullEncoder,
-        retain: bool = True,
+        live: bool = False,
     ) -> None:
-        self._source: torch.Tensor | None = source
-        self._chunker: codec.Chunker | None = codec.Chunker(source, wire_dtype)
-        self._retain = retain
+        self._source = source
+        self._wire_dtype = wire_dtype
+        self._chunker = codec.Chunker(source, wire_dtype)
+        self._live = live
         self._clock = clock
         self._total = source.numel()
         self._spans = tuple(spans)
         self._encoder = encoder
         self._lock = threading.Lock()
-        self._messages: list[bytes | None] = [None] * len(self._spans)
-        self._unbuilt = len(self._spans)
+        # Bytes of the private copy ``freeze`` made (0 while live, and for a private source).
+        self.frozen_bytes = 0
+        # Pulls handed this version whose reader has not read it to the end: a version whose
+        # readers are all done reads nothing any more, however long its reply lingers.
+        self._unread = 0
 
     def __len__(self) -> int:
         return len(self._spans)
 
+    def hand_out(self) -> None:
+        """A pull was given this version: its reader will read it (``__iter__``)."""
+        with self._lock:
+            self._unread += 1
+
     def __iter__(self) -> Iterator[bytes]:
-        if not self._retain:
-            yield from self._unretained()
-            return
-        for index in range(len(self._spans)):
-            message = self._messages[index]
-            if message is None:
-                with self._lock:
-                    message = self._message_locked(index)
-            yield message
+        try:
+            for span in self._spans:
+                yield self._message(span)
+        finally:
+            with self._lock:
+                self._unread = max(0, self._unread - 1)
 
-    def _unretained(self) -> Iterator[bytes]:
-        chunker = self._chunker
-        assert chunker is not None
-        for span in self._spans:
-            yield self._encoder.encode(self._clock, self._total, chunker.payload(span))
-
-    @property
-    def retained_bytes(self) -> int:
-        """Bytes of the messages this version keeps (built and shared by its readers)."""
-        return sum(len(message) for message in self._messages if message is not None)
+    def _message(self, span: range) -> bytes:
+        with self._lock:
+            if self._live:
+                # Built under the lock: ``freeze`` (and the update after it) waits for it.
+                return self._encoder.encode(self._clock, self._total, self._chunker.payload(span))
+            chunker = self._chunker
+        return self._encoder.encode(self._clock, self._total, chunker.payload(span))
 
     def reads(self, tensor: torch.Tensor) -> bool:
-        """Whether messages not built yet will be read from ``tensor``."""
-        return self._source is tensor
+        """Whether messages still to be built will be read from ``tensor`` as it is then (a reader
+        handed this version has not read it to the end)."""
+        return self._live and self._source is tensor and self._unread > 0
 
     @property
-    def complete(self) -> bool:
-        """Every message is built: the source is no longer read (never, without ``retain``)."""
-        return self._retain and self._unbuilt == 0
+    def frozen_size(self) -> int:
+        """Bytes ``freeze`` copies (the version in its wire dtype)."""
+        return self._total * codec.element_size(self._wire_dtype)
 
     def freeze(self) -> None:
-        """Build every message not built yet, so the source may change."""
-        if not self._retain:
-            raise RuntimeError("a version of a private source keeps reading it: it must not change")
+        """Copy the live source (once, in the wire dtype) so it may change; readers go on from the copy."""
         with self._lock:
-            for index in range(len(self._spans)):
-                self._message_locked(index)
-
-    def _message_locked(self, index: int) -> bytes:
-        message = self._messages[index]
-        if message is None:
-            assert self._chunker is not None
-            message = self._encoder.encode(self._clock, self._total, self._chunker.payload(self._spans[index]))
-            self._messages[index] = message
-            self._unbuilt -= 1
-            if self._unbuilt == 0:
-                # The messages are the copy now: nothing here keeps the source alive.
-                self._source = self._chunker = None
-        return message
+            if not self._live:
+                return
+            self._source = self._source.to(codec.wire_dtype(self._wire_dtype), copy=True)
+            self._chunker = codec.Chunker(self._source, self._wire_dtype)
+            self._live = False
+            self.frozen_bytes = self._source.numel() * self._source.element_size()

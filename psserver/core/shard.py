@@ -79,7 +79,7 @@ class Shard:
         self._refusals = Refusals(self.observer)
         self._membership = Membership(self._refusals, config.lease_seconds, config.max_workers)
         self._receiver = PushReceiver(self._refusals, clock_source, config)
-        self._versions = PullVersions(config.chunk_bytes, config.pull_versions)
+        self._versions = PullVersions(config.chunk_bytes, config.pull_versions, self._signal)
         self.snapshots = SnapshotStore(config.snapshot_memory_bytes)
         self._model = Model(
             config, self._refusals, self.snapshots, self._versions.freeze_before_update, self.observer.update_applied
@@ -90,8 +90,6 @@ class Shard:
         self._scheduling = Scheduling(
             self._now, self._membership, self._waiting, self.observer, config.exclusive_pull_seconds
         )
-
-    # -- readable state (in-process callers; the transport uses ``status``, and ``length``) --
 
     layout: Held[Layout | None] = Held("_model")
     length: Held[int] = Held("_model")  # 0 until a worker's layout is taken
@@ -116,8 +114,6 @@ class Shard:
         with self._lock:
             now = self._now()
             return ShardStatus.of(self._model, list(self._membership), self._refusals.counts(), now, now - self.started)
-
-    # -- membership -------------------------------------------------------------------
 
     def join(
         self, name: str, device: str, observer: bool, layout: Layout, layout_hash: str, resume: bool = False
@@ -232,6 +228,7 @@ class Shard:
             self._require_initialized()
             rule = self._model.rule
             assert rule is not None
+            yield from self._waiting.until(worker, lambda: not self._versions.updates_waiting, abandoned)
             yield from self._admit_pull(worker, rule, exclusive, abandoned)
             share = admission.may_share_version_in_flight(self.config.consistency.model)
             kept = (lambda old: self.snapshots.get(old) is not None) if rule.needs_snapshot else None
@@ -413,6 +410,9 @@ class Shard:
             rule.push_taken(worker.worker_id)
             self._signal.notify_all()
             return (yield from self._commit_bsp(worker, pending, update))
+        # A large shard's update lets the replies reading it finish (new pulls wait), not to copy it.
+        wait = lambda ready, deadline: self._waiting.until(worker, ready, pending.abandoned, deadline)  # noqa: E731
+        yield from self._versions.let_replies_finish(self._model.params, self._now, wait)
         yield from self._scheduling.admit_push(worker, rule, pending.abandoned)
         outcome, _ = self._model.apply(worker.worker_id, update, pending.kind, pending.base_clock, pending.metadata)
         self._scheduling.after_push(worker, rule, pending, outcome)

@@ -11,7 +11,7 @@ import torch
 from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
-from psserver.core.buffers import BufferWaitTimeoutError, ReceiveBuffers
+from psserver.core.buffers import MAX_POOL_BYTES, BufferWaitTimeoutError, ReceiveBuffers
 from psserver.core.consistency import Consistency, ConsistencyModel
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.rules import PayloadKind, RuleSpec
@@ -27,6 +27,14 @@ def test_a_released_buffer_is_reused() -> None:
     pool.release(first)
     assert pool.acquire(0) is first
     assert pool.allocated == 1
+
+
+def test_past_one_buffer_the_pool_holds_at_most_max_pool_bytes() -> None:
+    # Nothing is allocated before ``acquire``: the limits alone are read.
+    assert ReceiveBuffers(16, limit=2).limit == 2
+    assert ReceiveBuffers(MAX_POOL_BYTES // 8, limit=3).limit == 2
+    assert ReceiveBuffers(MAX_POOL_BYTES // 4, limit=2).limit == 1
+    assert ReceiveBuffers(MAX_POOL_BYTES, limit=2).limit == 1  # one buffer always, however large
 
 
 def test_acquire_waits_while_the_limit_is_in_use() -> None:

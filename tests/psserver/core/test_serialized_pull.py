@@ -1,10 +1,9 @@
-"""SerializedPull builds each message on first read, once, and ``freeze`` builds the rest."""
+"""SerializedPull builds each message for its reader when read, and ``freeze`` copies a live source once."""
 
 from __future__ import annotations
 
 import threading
 
-import pytest
 import torch
 
 from psproto import codec, wire
@@ -23,17 +22,20 @@ class CountingEncoder:
         return wire.pull_response(clock, total_length, chunk.offset, chunk.dtype, chunk.data)
 
 
-def make(source: torch.Tensor, calls: list[int]) -> SerializedPull:
-    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
-    return SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder(calls))
+def make(
+    source: torch.Tensor, calls: list[int], dtype: int = ps_pb2.DTYPE_FLOAT32, live: bool = True
+) -> SerializedPull:
+    spans = codec.chunk_spans(source.numel(), dtype, chunk_bytes=8)
+    return SerializedPull(source, 3, dtype, spans, CountingEncoder(calls), live)
 
 
 def values_of(messages: list[bytes]) -> list[float]:
-    """The fp32 values PullResponse ``messages`` carry, in order."""
+    """The values PullResponse ``messages`` carry, in order."""
     values: list[float] = []
     for data in messages:
         chunk = ps_pb2.PullResponse.FromString(data).chunk
-        values += torch.frombuffer(bytearray(chunk.data), dtype=torch.float32).tolist()
+        dtype = codec.wire_dtype(chunk.dtype)
+        values += torch.frombuffer(bytearray(chunk.data), dtype=dtype).float().tolist()
     return values
 
 
@@ -45,61 +47,85 @@ def parse(messages: list[bytes]) -> list[float]:
     return values_of(messages)
 
 
-def test_messages_are_built_when_read_and_shared_by_readers() -> None:
+def test_each_reader_builds_its_own_messages_as_it_reads_and_none_are_kept() -> None:
     calls: list[int] = []
     messages = make(torch.arange(6, dtype=torch.float32), calls)
-    assert len(messages) == 3 and calls == [] and not messages.complete
+    assert len(messages) == 3 and calls == []
     reader = iter(messages)
     first = next(reader)
     assert calls == [0]
-    assert list(messages) == [first, *reader]  # a second reader reuses the built messages
-    assert calls == [0, 2, 4] and messages.complete
+    assert list(messages) == [first, *reader]
+    assert calls == [0, 0, 2, 4, 2, 4]
     assert parse(list(messages)) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert messages.frozen_bytes == 0
 
 
-def test_freeze_builds_the_rest_so_the_source_may_change() -> None:
+def test_freeze_copies_the_live_source_once_so_it_may_change() -> None:
     calls: list[int] = []
     source = torch.arange(6, dtype=torch.float32)
     messages = make(source, calls)
+    assert not messages.reads(source)  # nobody was handed it
+    messages.hand_out()
     reader = iter(messages)
     first = next(reader)
+    assert messages.reads(source)
     messages.freeze()
-    assert calls == [0, 2, 4] and messages.complete
+    messages.freeze()  # frozen already: no second copy
+    assert not messages.reads(source) and messages.frozen_bytes == 6 * 4
     source.fill_(-1.0)
     assert parse([first, *reader]) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert parse(list(messages)) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # a reader that starts after it too
 
 
-def test_a_reader_building_a_message_and_freeze_never_build_one_twice() -> None:
-    calls: list[int] = []
-    messages = make(torch.arange(6, dtype=torch.float32), calls)
-    readers = [threading.Thread(target=lambda: list(messages)) for _ in range(4)]
+def test_a_frozen_copy_is_in_the_wire_dtype() -> None:
+    source = torch.arange(6, dtype=torch.float32)
+    messages = make(source, [], ps_pb2.DTYPE_BFLOAT16)
+    messages.hand_out()
+    messages.freeze()
+    source.fill_(-1.0)
+    assert messages.frozen_bytes == 6 * 2
+    assert parse(list(messages)) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_readers_building_messages_while_the_source_is_frozen_and_changed_read_one_version() -> None:
+    source = torch.arange(60_000, dtype=torch.float32)
+    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=4096)
+    messages = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder([]), live=True)
+    read: list[list[bytes]] = []
+    readers = [threading.Thread(target=lambda: read.append(list(messages))) for _ in range(4)]
+    for _ in readers:
+        messages.hand_out()
     for reader in readers:
         reader.start()
     messages.freeze()
+    source.fill_(-1.0)
     for reader in readers:
         reader.join()
-    assert sorted(calls) == [0, 2, 4] and messages.complete
+    expected = torch.arange(60_000, dtype=torch.float32).tolist()
+    assert len(read) == 4 and all(values_of(got) == expected for got in read)
 
 
-def test_a_version_of_a_private_source_keeps_no_messages_and_reads_alike() -> None:
+def test_a_version_every_reader_read_to_the_end_reads_the_source_no_more() -> None:
     source = torch.arange(6, dtype=torch.float32)
-    spans = codec.chunk_spans(source.numel(), ps_pb2.DTYPE_FLOAT32, chunk_bytes=8)
+    messages = make(source, [])
+    messages.hand_out()
+    messages.hand_out()
+    list(messages)
+    assert messages.reads(source)  # one reader still to read it
+    reader = iter(messages)
+    next(reader)
+    reader.close()  # a reply cancelled half-way is done with it too
+    assert not messages.reads(source)
+
+
+def test_a_version_of_a_private_source_reads_it_and_is_never_copied() -> None:
+    source = torch.arange(6, dtype=torch.float32)
     calls: list[int] = []
-    unretained = SerializedPull(source, 3, ps_pb2.DTYPE_FLOAT32, spans, CountingEncoder(calls), retain=False)
-    first, second = list(unretained), list(unretained)
-    assert first == second == list(make(source, []))
-    assert parse(first) == source.tolist()
-    # Each reader's messages are its own: built per read, none kept by the version.
-    assert calls == [0, 2, 4, 0, 2, 4] and unretained.retained_bytes == 0
-    assert not unretained.complete and not unretained.reads(torch.zeros(6))
-    with pytest.raises(RuntimeError, match="private source"):
-        unretained.freeze()
-
-
-def test_a_version_of_the_live_parameters_keeps_what_it_built() -> None:
-    version = make(torch.arange(6, dtype=torch.float32), [])
-    messages = iter(version)
-    first = next(messages)
-    assert version.retained_bytes == len(first)
-    version.freeze()
-    assert version.retained_bytes == sum(len(m) for m in version) and version.complete
+    private = make(source, calls, live=False)
+    first, second = list(private), list(private)
+    assert first == second and parse(first) == source.tolist()
+    assert calls == [0, 2, 4, 0, 2, 4]
+    private.hand_out()
+    assert not private.reads(source)
+    private.freeze()
+    assert private.frozen_bytes == 0

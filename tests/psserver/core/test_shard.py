@@ -291,8 +291,8 @@ def test_a_version_no_reply_holds_any_more_is_not_built_at_the_next_push() -> No
 
     push(shard, second, 1, 0, torch.ones(8))
 
-    assert being_sent.messages.complete
-    assert not abandoned.complete
+    assert being_sent.messages.frozen_bytes == 8 * 4
+    assert abandoned.frozen_bytes == 0
 
 
 def test_old_push_ids_beyond_the_remembered_window_are_still_duplicates() -> None:
