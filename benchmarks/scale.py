@@ -49,7 +49,7 @@ from benchmarks.harness.crowd import Crowd
 from benchmarks.harness.curves import plot_curves
 from benchmarks.harness.memory import rss_limit_mb
 from benchmarks.harness.models import MODELS, Shapes
-from benchmarks.harness.processes import Fleet, HetpsJob, cpu_of, cpu_seconds, vm_mb
+from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, cpu_of, cpu_seconds, vm_mb
 from benchmarks.harness.refusals import evictions
 from benchmarks.harness.report import prepare_output, print_targets, run_header, target, write_results
 from benchmarks.harness.settings import TORCH_THREADS
@@ -303,7 +303,10 @@ def measure_parameters(settings: ScaleSettings, log_dir: Path, console: Console)
                     points.append({"parameters": parameters, "shards": shards, "skipped": why})
                     continue
                 status.update(f"parameters: {parameters / 1e6:.0f}M over {shards} shard(s)")
-                points.append(measure_point(parameters, shards, settings, log_dir))
+                try:
+                    points.append(measure_point(parameters, shards, settings, log_dir))
+                except Exception as error:  # recorded: the other points still run
+                    points.append({"parameters": parameters, "shards": shards, "error": repr(error)})
     return points
 
 
@@ -321,7 +324,12 @@ def _until(moment: float) -> None:
 
 
 def measure_level(
-    crowd: Crowd, server: Any, stub: ps_pb2_grpc.ParameterServerStub, workers: int, consistency: str, seconds: float
+    crowd: Crowd,
+    server: ServerProcess,
+    stub: ps_pb2_grpc.ParameterServerStub,
+    workers: int,
+    consistency: str,
+    seconds: float,
 ) -> dict[str, Any]:
     """``workers`` workers pushing for ``seconds``: what they and the server did, and the problems."""
     before, evicted = _status(stub), evictions(server.ready.metrics_port)
@@ -352,42 +360,62 @@ def measure_level(
     return level
 
 
+def _levels(
+    crowd: Crowd, server: ServerProcess, consistency: str, settings: ScaleSettings, console: Console
+) -> dict[str, Any]:
+    """Every level of workers on ``server`` until one has a problem (the rest: not run)."""
+    initialize_parameters("small", [server.address])
+    channel, stub = _stub(server.address)
+    levels: dict[str, Any] = {}
+    stalled = 0
+    with channel:
+        for workers in settings.workers:
+            if stalled:
+                levels[str(workers)] = {"not_run": f"after the problems at {stalled} workers"}
+                continue
+            with console.status(f"workers: {workers} under {consistency}"):
+                level = measure_level(crowd, server, stub, workers, consistency, settings.seconds)
+            levels[str(workers)] = level
+            stalled = workers if level["problems"] else 0
+    return levels
+
+
 def measure_workers(settings: ScaleSettings, log_dir: Path, console: Console) -> dict[str, Any]:
+    """A fresh server per consistency (all started before the load processes, whose start would
+    slow theirs), each driven through the levels of workers."""
     results: dict[str, Any] = {}
-    crowd = Crowd(settings.load_processes)
+    fleet = Fleet(log_dir)
     try:
-        for consistency in settings.consistencies:
-            fleet = Fleet(log_dir)
+        config = {"shard": {"lease_seconds": DEFAULT_LEASE_S}}
+        jobs = {
+            c: HetpsJob(f"workers-{c}", "small", "asgd", (), 0, 1, ("--consistency", c), config)
+            for c in settings.consistencies
+        }
+        with console.status("starting the workers' servers"):
+            servers = fleet.start_all(list(jobs.values()))
+        crowd = Crowd(settings.load_processes)
+        for consistency, job in jobs.items():
+            results[consistency] = {"lease_seconds": DEFAULT_LEASE_S}
             try:
-                job = HetpsJob(f"workers-{consistency}", "small", "asgd", (), 0, 1, ("--consistency", consistency))
-                server = fleet.start_hetps(job._replace(config={"shard": {"lease_seconds": DEFAULT_LEASE_S}}))
-                initialize_parameters("small", [server.address])
-                channel, stub = _stub(server.address)
-                levels: dict[str, Any] = {}
-                stalled = 0
-                for workers in settings.workers:
-                    if stalled:
-                        levels[str(workers)] = {"not_run": f"after the problems at {stalled} workers"}
-                        continue
-                    with console.status(f"workers: {workers} under {consistency}"):
-                        level = measure_level(crowd, server, stub, workers, consistency, settings.seconds)
-                    levels[str(workers)] = level
-                    stalled = workers if level["problems"] else 0
-                channel.close()
-                results[consistency] = {"lease_seconds": DEFAULT_LEASE_S, "levels": levels}
-            finally:
-                fleet.stop()
-    finally:
+                results[consistency]["levels"] = _levels(crowd, servers[job.label], consistency, settings, console)
+            except Exception as error:  # recorded; the load processes start afresh for the next
+                results[consistency]["error"] = repr(error)
+                crowd.close()
+                crowd = Crowd(settings.load_processes)
         crowd.close()
+    finally:
+        fleet.stop()
     return results
 
 
 def worker_targets(workers: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per consistency, the most workers' level: no problem at all (a level not run counts as one)."""
+    """Per consistency, the most workers' level: no problem at all (a level not run, or a run that
+    failed, counts as one)."""
     targets = []
     for consistency, data in workers.items():
-        most, level = max(data["levels"].items(), key=lambda item: int(item[0]))
-        problems = level.get("problems", {"not run": 1})
+        levels = data.get("levels", {})
+        most = max(levels, key=int, default="its")
+        problems = levels[most].get("problems", {"not run": 1}) if levels else {"failed": 1}
         detail = ", ".join(f"{count} {name}" for name, count in problems.items()) or "none"
         entry = target(f"{most} workers under {consistency}: problems", summarize([sum(problems.values())]), 0, False)
         targets.append(entry | {"detail": detail})
@@ -401,8 +429,8 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
         table.add_column(column, justify="right")
     for point in results["parameters"]:
         head = (f"{point['parameters'] / 1e6:.3g}M", str(point["shards"]))
-        if "skipped" in point:
-            table.add_row(*head, f"skipped: {point['skipped']}")
+        if "servers" not in point:
+            table.add_row(*head, f"skipped: {point['skipped']}" if "skipped" in point else f"error: {point['error']}")
             continue
         worst = max(point["servers"], key=lambda s: max(s["peak_rss_mb"], s["restored_peak_rss_mb"]) / s["limit_mb"])
         table.add_row(
@@ -418,7 +446,9 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
         table.add_column(column, justify="right")
     table.add_column("problems")
     for consistency, data in results["workers"].items():
-        for workers, level in data["levels"].items():
+        if "error" in data:
+            table.add_row(consistency, "", "", "", "", "", f"error: {data['error']}")
+        for workers, level in data.get("levels", {}).items():
             if "not_run" in level:
                 table.add_row(consistency, workers, "", "", "", "", f"not run: {level['not_run']}")
                 continue

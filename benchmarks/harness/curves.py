@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 
 
 def _by_shards(points: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
-    measured = [p for p in points if "skipped" not in p]
+    measured = [p for p in points if "servers" in p]
     return {s: [p for p in measured if p["shards"] == s] for s in sorted({p["shards"] for p in measured})}
 
 
@@ -90,7 +90,7 @@ def _workers(results: dict[str, Any], path: Path) -> None:
     )
     for axis, (key, title) in zip(axes, keys, strict=True):
         for index, (consistency, data) in enumerate(results["workers"].items()):
-            levels = [(int(w), level) for w, level in data["levels"].items() if "not_run" not in level]
+            levels = [(int(w), level) for w, level in data.get("levels", {}).items() if "not_run" not in level]
             axis.plot([w for w, _ in levels], [lv[key] for _, lv in levels], "o-", color=f"C{index}", label=consistency)
             bad = [(w, lv[key]) for w, lv in levels if lv["problems"]]
             axis.plot([w for w, _ in bad], [v for _, v in bad], "x", color="red", markersize=12)

@@ -63,9 +63,11 @@ def test_a_worker_target_fails_on_any_problem_or_a_level_not_run() -> None:
         "async": {"levels": {"8": {"problems": {"errors": 3}}, "64": {"problems": {}}}},
         "bsp": {"levels": {"8": {"problems": {"stuck": 2, "evictions": 5}}, "64": {"not_run": "after 8"}}},
     }
-    passed, stalled = worker_targets(workers)
+    workers["ssp"] = {"error": "RuntimeError('the server did not start')"}
+    passed, stalled, failed = worker_targets(workers)
     assert passed["target"] == "64 workers under async: problems" and passed["pass"] and passed["detail"] == "none"
     assert not stalled["pass"] and stalled["detail"] == "1 not run"
+    assert not failed["pass"] and failed["detail"] == "1 failed"
 
 
 def test_workers_are_dealt_evenly_over_the_load_processes() -> None:
