@@ -468,12 +468,30 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
         console.print(f"{shards} shard(s): hetps {seconds['hetps']:.3f} s/GB, bare {seconds['bare']:.3f} s/GB")
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    """``1M,124M`` or ``1,8`` as counts, each at least 1; an ArgumentTypeError says what is wrong."""
+    try:
+        counts = tuple(
+            round(float(part.removesuffix("M")) * (1e6 if part.endswith("M") else 1)) for part in text.split(",")
+        )
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1M,124M or 1,8") from None
+    if min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be at least 1")
+    return counts
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="three sizes over 1 and 2 shards, up to 64 workers")
+    parser.add_argument("--sizes", type=_counts, help="parameter counts, e.g. 1M,124M (default: 1M to 350M)")
+    parser.add_argument("--shards", type=_counts, help="shard counts, e.g. 1,8 (default: 1,2,4,8)")
+    parser.add_argument("--workers", type=_counts, help="worker counts, e.g. 1,512 (default: 1,8,64,256,512)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/scale.json"))
     args = parser.parse_args(argv)
     settings = ScaleSettings.quick() if args.quick else ScaleSettings()
+    chosen = {name: getattr(args, name) for name in ("sizes", "shards", "workers") if getattr(args, name)}
+    settings = dataclasses.replace(settings, **chosen)
     console, log_dir = prepare_output(args.out)
     torch.set_num_threads(TORCH_THREADS)
     started = time.perf_counter()
