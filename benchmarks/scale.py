@@ -343,7 +343,8 @@ def measure_level(
     level: dict[str, Any] = {**report, "evictions": evictions(server.ready.metrics_port) - evicted}
     level["pushes_per_s"] = report["pushes_in_window"] / seconds
     level["rounds_per_s"] = (closed.clock - opened.clock) / seconds if opened and closed else 0.0
-    level["server_cpu_ms_per_push"] = 1e3 * cpu / max(1, report["pushes_in_window"])
+    pushes = report["pushes_in_window"]
+    level["server_cpu_ms_per_push"] = 1e3 * cpu / pushes if pushes else None  # none: nothing to share it
     level["server_cores_busy"], level["load_cores_busy"] = cpu / seconds, load / seconds
     level["server_peak_rss_mb"], level["server_rss_mb"] = vm_mb(server.pid, "VmHWM"), vm_mb(server.pid, "VmRSS")
     level["applied"] = after.applied_pushes - before.applied_pushes if before and after else -1
@@ -458,7 +459,7 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
                 workers,
                 f"{level['pushes_per_s']:.0f}",
                 f"{level['rounds_per_s']:.1f}",
-                f"{level['server_cpu_ms_per_push']:.2f}",
+                "" if level["server_cpu_ms_per_push"] is None else f"{level['server_cpu_ms_per_push']:.2f}",
                 f"{level['server_peak_rss_mb']:.0f}",
                 problems or "none",
             )

@@ -14,6 +14,7 @@ stalls shows in the report instead of hanging the benchmark.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.queues
 import queue
@@ -31,6 +32,7 @@ from psworker.client import ClientConfig, PSClient
 HEARTBEAT_S = 5.0  # psworker train's default heartbeat interval
 GRACE_S = 10.0  # how long a call may run past the end of a level before its worker is cut off
 JOIN_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 300.0
 Command = tuple[str, dict[str, Any]] | None
 SUMMED = ("workers", "pushes_in_window", "acknowledged", "workers_that_pushed", "errors", "stuck", "heartbeat_errors")
 
@@ -58,7 +60,8 @@ class _Worker:
                 self.acknowledged += 1
                 self.in_window += time.time() <= end_at
         finally:
-            self.client.close()
+            with contextlib.suppress(ValueError):  # cut off at the end: its channel is closed already
+                self.client.close()
             self.done.set()
 
 
@@ -138,6 +141,7 @@ def _crowd_process(
     torch.set_num_threads(1)
     workers: list[_Worker] = []
     update = torch.empty(0)
+    outbox.put(("ready", process, {}))
     while (command := inbox.get()) is not None:
         kind, spec = command
         try:
@@ -171,6 +175,8 @@ class Crowd:
         ]
         for process in self.processes:
             process.start()
+        # A spawned process imports torch and gRPC first: on a busy host that alone takes a minute.
+        self._collect("ready", processes, START_TIMEOUT_S)
         self._dealt: list[tuple[multiprocessing.queues.Queue[Command], int]] = []
         self._joined: list[dict[str, Any]] = []
         self._seconds = 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,9 @@ def _workers(results: dict[str, Any], path: Path) -> None:
     for axis, (key, title) in zip(axes, keys, strict=True):
         for index, (consistency, data) in enumerate(results["workers"].items()):
             levels = [(int(w), level) for w, level in data.get("levels", {}).items() if "not_run" not in level]
-            axis.plot([w for w, _ in levels], [lv[key] for _, lv in levels], "o-", color=f"C{index}", label=consistency)
-            bad = [(w, lv[key]) for w, lv in levels if lv["problems"]]
+            values = [math.nan if lv[key] is None else lv[key] for _, lv in levels]
+            axis.plot([w for w, _ in levels], values, "o-", color=f"C{index}", label=consistency)
+            bad = [(w, v) for (w, lv), v in zip(levels, values, strict=True) if lv["problems"]]
             axis.plot([w for w, _ in bad], [v for _, v in bad], "x", color="red", markersize=12)
         axis.set_xscale("log", base=2)
         axis.set_xlabel("workers")
