@@ -342,7 +342,8 @@ def measure_level(
     after = _status(stub)
     level: dict[str, Any] = {**report, "evictions": evictions(server.ready.metrics_port) - evicted}
     level["pushes_per_s"] = report["pushes_in_window"] / seconds
-    level["rounds_per_s"] = (closed.clock - opened.clock) / seconds if opened and closed else 0.0
+    # None: the server's Status did not answer in time at one end of the window.
+    level["rounds_per_s"] = (closed.clock - opened.clock) / seconds if opened and closed else None
     pushes = report["pushes_in_window"]
     level["server_cpu_ms_per_push"] = 1e3 * cpu / pushes if pushes else None  # none: nothing to share it
     level["server_cores_busy"], level["load_cores_busy"] = cpu / seconds, load / seconds
@@ -458,7 +459,7 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
                 consistency,
                 workers,
                 f"{level['pushes_per_s']:.0f}",
-                f"{level['rounds_per_s']:.1f}",
+                "" if level["rounds_per_s"] is None else f"{level['rounds_per_s']:.1f}",
                 "" if level["server_cpu_ms_per_push"] is None else f"{level['server_cpu_ms_per_push']:.2f}",
                 f"{level['server_peak_rss_mb']:.0f}",
                 problems or "none",
