@@ -4,7 +4,7 @@
 
 The full run: every measurement below on one set of servers, so each server's memory is
 followed across all of them. Everything runs on loopback, each server in its own process and
-every client in this one (the concurrency section's workers in their own processes).
+every client in this one (the worker processes that load the servers in their own).
 Sections, each also a script of its own (``python -m benchmarks.NAME``):
 
 1. **steps** (``step_round_trip``) — a worker step (push a gradient, get the parameters back)
@@ -14,8 +14,9 @@ Sections, each also a script of its own (``python -m benchmarks.NAME``):
    ``torch.distributed.rpc`` parameter server (``benchmarks.harness.torch_rpc_peer``, TensorPipe
    over TCP, fp32), and the same peer on TensorPipe's default channels as a reference row.
    Systems are interleaved step by step, so ratios compare like with like on a busy machine.
-2. **concurrency** (``worker_scaling``) — aggregate steps/s of 1, 4 and 16 worker processes
-   on one hetps shard.
+2. **load** — 16 worker processes pushing at once to each model's 1-shard server, so the memory
+   section reads its peak under load (how the push rate grows with workers, up to 512 under each
+   consistency, is ``benchmarks.scale``'s workers axis).
 3. **apply** (``rule_apply``) — server-side apply time of every update rule on 11.7M
    parameters against ``torch.optim.SGD(momentum=0.9, fused=True)``, interleaved sample by
    sample.
@@ -56,7 +57,6 @@ from benchmarks.harness.steps import initialize_parameters
 from benchmarks.rule_apply import apply_targets, measure_apply, print_apply_table
 from benchmarks.server_memory import gap_aware_job, load_gap_aware, measure_memory, memory_targets, print_memory_table
 from benchmarks.step_round_trip import measure_steps, step_limits, step_targets, step_validity
-from benchmarks.worker_scaling import concurrency_targets, measure_concurrency, print_concurrency_table, scaling_targets
 from psserver.allocator import WORKER, apply_allocator
 
 
@@ -84,14 +84,22 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
         comparisons.leave()
         comparisons = None
         initialize_parameters(gap_target.model, list(gap_target.addresses))
-        targets = scaling_targets(settings, {model: hetps[model][("hetps", 1)][0] for model in settings.models})
+        most = max(settings.concurrency)
+        targets = [PoolTarget(model, model, (hetps[model][("hetps", 1)][0],), most) for model in settings.models]
         with console.status("starting worker processes"):
-            pool = WorkerPool(max(*settings.concurrency, settings.rss_workers), [*targets, gap_target])
+            pool = WorkerPool(max(most, settings.rss_workers), [*targets, gap_target])
         fleet.checkpoint("workers joined")
         try:
-            pids = {server.address: server.pid for server in fleet.servers}
-            results["concurrency"] = measure_concurrency(settings, pool, targets, pids, console)
-            fleet.checkpoint("concurrency")
+            results["load"] = {}
+            for pool_target in targets:
+                with console.status(f"{pool_target.model} server under {most} workers"):
+                    reports = pool.burst(pool_target.key, most, settings.rss_seconds)
+                results["load"][pool_target.model] = {
+                    "workers": most,
+                    "aggregate_steps_per_s": sum(r["steps"] / r["elapsed"] for r in reports),
+                    "errors": sum(int(r["errors"]) for r in reports),
+                }
+            fleet.checkpoint("load")
             results["gap_aware_load"] = load_gap_aware(settings, pool, console)
         finally:
             pool.close()
@@ -110,7 +118,6 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
     results["targets"] = [
         *step_targets(settings, results["steps"], results["validity"]),
         *apply_targets(results["apply"]),
-        *concurrency_targets(settings, results["concurrency"]),
         *memory_targets(results["memory"]),
     ]
     results["limits"] = step_limits(results["steps"], results["validity"])
@@ -121,7 +128,6 @@ def run(settings: Settings, log_dir: Path, console: Console) -> dict[str, Any]:
 def print_tables(results: dict[str, Any], console: Console) -> None:
     print_step_tables(results["steps"], console)
     print_step_limits(results["limits"], console)
-    print_concurrency_table(results["concurrency"], console)
     print_apply_table(results["apply"], console)
     print_memory_table(results["memory"], console)
     print_validity(results["validity"], console)

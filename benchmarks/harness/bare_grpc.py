@@ -3,7 +3,8 @@
     python -m benchmarks.harness.bare_grpc [--ready-file PATH]   # prints "bare grpc listening on 127.0.0.1:PORT"
 
 No protobuf and no parameter-server logic. ``Init`` (unary) hands the server a byte buffer
-under a key (invocation metadata ``key``); ``PushPull`` (client-streaming in,
+under a key (invocation metadata ``key``; a buffer larger than a message comes as its ``length``
+alone, zeros); ``PushPull`` (client-streaming in,
 server-streaming out) sends one step: the client streams its update as raw chunks of at most
 ``chunk_bytes``, the server copies each into the key's buffer at a running offset, then
 answers with that buffer in chunks of the same size. Where the push and the reply are one chunk
@@ -136,7 +137,8 @@ class _Store:
         meta = dict(context.invocation_metadata())
         key = str(meta["key"])
         chunk_bytes = int(meta["chunk-bytes"])
-        buffer = bytearray(request)
+        # A buffer larger than one message comes as its length alone: the plain mover moves bytes, whatever they hold.
+        buffer = bytearray(int(meta["length"])) if "length" in meta else bytearray(request)
         if "arithmetic" in meta:
             with self._lock:
                 by_span = meta.get("apply") == "by-span"
@@ -281,6 +283,10 @@ class BareClient:
                 extra = (("arithmetic", self.wire_dtype), ("apply", "by-span" if self.apply_by_span else "whole"))
             elif self._pushes is not None:
                 extra = (("push-bytes", str(len(self._pushes[index]))),)
+            size = wire.numel() * wire.element_size()
+            if size > MAX_MESSAGE_BYTES and not self.arithmetic:
+                call(b"", metadata=(*self._metadata, *extra, ("length", str(size))), timeout=120)
+                continue
             call(wire.view(torch.uint8).numpy().tobytes(), metadata=(*self._metadata, *extra), timeout=120)
 
     def step(self, update: torch.Tensor, out: torch.Tensor) -> None:

@@ -26,8 +26,6 @@ class Settings:
     warmup: int = 3
     steps: dict[str, int] = field(default_factory=lambda: {"resnet18": 6, "small": 40, "tiny": 1})
     concurrency: tuple[int, ...] = (1, 4, 16)
-    concurrency_repeats: int = 4
-    concurrency_seconds: float = 8.0
     apply_length: int = 11_689_512
     apply_samples: int = 15
     rss_workers: int = 4
@@ -43,8 +41,6 @@ class Settings:
             repeats=3,
             warmup=3,
             steps={"resnet18": 4, "small": 15, "tiny": 1},
-            concurrency_repeats=2,
-            concurrency_seconds=4.0,
             apply_samples=6,
             rss_seconds=4.0,
         )
@@ -57,8 +53,6 @@ class Settings:
             warmup=1,
             steps={"tiny": 2},
             concurrency=(1, 2),
-            concurrency_repeats=1,
-            concurrency_seconds=0.3,
             apply_length=20_000,
             apply_samples=2,
             rss_workers=2,

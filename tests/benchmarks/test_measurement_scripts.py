@@ -13,7 +13,7 @@ import pytest
 
 SCRIPTS = [
     "step_round_trip",
-    "worker_scaling",
+    "scale",
     "rule_apply",
     "server_memory",
     "throughput",
