@@ -51,12 +51,13 @@ MIN_RECEIVE_WINDOW_BYTES = 64 * 1024
 MAX_RECEIVE_WINDOW_BYTES = 2**31 - 1
 # HTTP/2's largest frame (SETTINGS_MAX_FRAME_SIZE may be 16 KiB to 2^24 - 1).
 MAX_FRAME_BYTES = 2**24 - 1
-# Covers 4 GB/s at a 1 ms round trip, more than gRPC's Python layer moves per stream, and two
-# chunks of up to 2 MiB, so a push does not wait for a window update in the middle of each chunk
-# (with 1 and 2 MiB windows and 2 MiB chunks a step was 8-15% slower than with gRPC's own sizing;
-# with 4 MiB and frames as large, within the run-to-run noise of it). See
-# ServerLimits.receive_window_bytes.
-DEFAULT_RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024
+# One chunk (1 MiB by default) in flight per stream. Every push waiting for a receive buffer
+# holds up to this much in the transport, so it sets how the server's memory grows with workers
+# pushing at once: against 4 MiB, a ResNet-18 shard with 16 workers peaked at 407 MB instead of
+# 504 (limit 444), one worker's step was 1.04x as fast and 16 workers' aggregate 1.21x
+# (``python -m benchmarks.receive_window --quick --windows 4MiB,1MiB``, docs/performance.md).
+# See ServerLimits.receive_window_bytes.
+DEFAULT_RECEIVE_WINDOW_BYTES = 1024 * 1024
 # Clients ping over HTTP/2 to notice a silent link (psworker.channels: every keepalive interval,
 # at least 1 s, also between calls). gRPC's default server policy takes one ping per 5 minutes
 # without data and, after two strikes, answers faster ones with GOAWAY "too_many_pings" (the

@@ -17,6 +17,7 @@ shard, on about half the worker's CPU (``benchmarks.call_forms``, docs/performan
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
@@ -55,16 +56,13 @@ def _translate_errors(method: Unary) -> Unary:
 
     @functools.wraps(method)
     async def answered(self: ParameterServerServicer, request: Any, context: Context) -> Any:
-        call = _Call.begin()
+        _Call.begin(context)
         try:
             if isinstance(request, wire.Malformed):
                 raise ShardError(ErrorKind.BAD_REQUEST, f"the request could not be parsed: {request.reason}")
             return await method(self, request, context)
         except ShardError as error:
             await _abort(self.shard, error, context)
-        except asyncio.CancelledError:
-            await call.ended_by_limit(self.shard, context)
-            raise
 
     return answered
 
@@ -74,7 +72,7 @@ def _translate_stream_errors(method: Streaming) -> Streaming:
 
     @functools.wraps(method)
     async def answered(self: ParameterServerServicer, request: Any, context: Context) -> AsyncIterator[bytes]:
-        call = _Call.begin()
+        _Call.begin(context)
         try:
             if isinstance(request, wire.Malformed):
                 raise ShardError(ErrorKind.BAD_REQUEST, f"the request could not be parsed: {request.reason}")
@@ -82,9 +80,6 @@ def _translate_stream_errors(method: Streaming) -> Streaming:
                 yield message
         except ShardError as error:
             await _abort(self.shard, error, context)
-        except asyncio.CancelledError:
-            await call.ended_by_limit(self.shard, context)
-            raise
 
     return answered
 
@@ -97,24 +92,26 @@ async def _abort(shard: Shard, error: ShardError, context: Context) -> NoReturn:
 
 
 class _Call:
-    """The running call's task, so a limit the shard enforces from another thread can end it.
+    """The running call, so a limit the shard enforces from another thread can end it.
 
-    ``cancel`` (given to the shard for a push, an Init upload or a pull reply it watches) cancels
-    the task; the handler then ends the call CANCELLED with the limit's reason, or with the push's
-    own refusal (PUSH_STALLED) when it was receiving one."""
+    ``cancel`` (given to the shard for a push, an Init upload or a pull reply it watches) sends
+    the call's status at once, CANCELLED with the limit's reason (the push's own refusal,
+    PUSH_STALLED, when ``stalled`` says so), then cancels the handler's task, wherever it waits
+    (for the next message, or for the client to read the last one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: Context) -> None:
+        self._context = context
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
-        self.limit_ended: ShardError | None = None
-        self.fired = False
+        # The refusal of the push this call receives, once a limit ended it (``Shard.push_stalled``).
+        self.stalled: Callable[[], ShardError | None] = lambda: None
         # What the shard's waits ask (``Abandoned``); set when the client gives up (psserver.rpc.awaiting).
         self.gone = ClientGone()
 
     @staticmethod
-    def begin() -> _Call:
+    def begin(context: Context) -> _Call:
         """The call whose handler runs now (each call's task has its own context)."""
-        call = _Call()
+        call = _Call(context)
         _CURRENT_CALL.set(call)
         return call
 
@@ -124,21 +121,18 @@ class _Call:
 
     def cancel(self) -> None:
         # From the shard's reaper thread.
-        self.fired = True
-        if self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._end_for_limit()))
 
-    async def ended_by_limit(self, shard: Shard, context: Context) -> None:
-        """After a cancellation: when it was a limit's, end the call with its reason (else the client's)."""
-        if not self.fired or self._task is None:
-            return
-        self._task.uncancel()
-        error = self.limit_ended or ShardError(
+    async def _end_for_limit(self) -> None:
+        error = self.stalled() or ShardError(
             ErrorKind.STREAM_STALLED,
             "the stream went idle or fell behind the server's minimum transfer pace (shard.transfer_pace)",
-            counted=True,
         )
-        await _abort(shard, error, context)
+        # Counted where the limit ended it (the receiver, the stream watch).
+        with contextlib.suppress(Exception):
+            await refuse(self._context, refusal(error.kind, error.message, error.metadata))
+        if self._task is not None:
+            self._task.cancel()
 
 
 _CURRENT_CALL: contextvars.ContextVar[_Call] = contextvars.ContextVar("hetps_call")
@@ -461,13 +455,11 @@ class ParameterServerServicer:
         return (yield from self.shard.push_steps(header, chunks, call.cancel, call.gone))
 
     async def _receive_stream(self, pending: PendingPush, messages: AsyncIterator[PushMessage], call: _Call) -> None:
-        try:
-            async for message in messages:
-                await self.runner.call(self._add_chunk, pending, _chunk_of(message, "Push"))
-        except asyncio.CancelledError:
-            # A limit that ended the push cancelled its stream: the call ends with that refusal.
-            call.limit_ended = self.shard.push_stalled(pending)
-            raise
+        # A limit that ends the push cancels its stream: the call ends with that refusal.
+        call.stalled = functools.partial(self.shard.push_stalled, pending)
+        async for message in messages:
+            await self.runner.call(self._add_chunk, pending, _chunk_of(message, "Push"))
+        call.stalled = lambda: None
 
     @staticmethod
     def _add_chunk(pending: PendingPush, chunk: codec.ChunkLike) -> None:

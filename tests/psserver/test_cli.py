@@ -160,7 +160,7 @@ def test_the_shard_index_from_the_hostname_counts_the_shards_of_the_file(
 def test_without_a_file_every_setting_has_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
     config = _config_of([], monkeypatch)
     assert config.shard.rule.rule.name == "asgd" and config.shard.chunk_bytes == 1024**2
-    assert config.transport.receive_window_bytes == 4 * 1024**2 and config.allocator.arenas == 1
+    assert config.transport.receive_window_bytes == 1024**2 and config.allocator.arenas == 1
     assert config.torch_threads == 2 and config.checkpoints is None and config.metrics is not None
 
 
