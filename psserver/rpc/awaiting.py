@@ -7,9 +7,9 @@ the pool, lets go of the lock at a pause and awaits the next change of what the 
 (its ``Signal``) on the event loop, so a waiting call holds no thread: the pool only does work,
 and its size never has to grow with the number of workers.
 
-A change wakes every call waiting on that signal; each checks its pause's ``ready`` on the
-event loop (under the lock, taken only if free), and only a call that can go on, or whose
-slice ran out, goes back to the pool. When the client gives up (the call's task is cancelled),
+At a change of that signal the event loop checks every waiting call's ``ready`` (under the
+lock, taken only if free), and only a call that can go on, or whose slice ran out, goes back to
+the pool. When the client gives up (the call's task is cancelled),
 the step running is let finish, and the steps are resumed once more as abandoned: the core ends
 the wait with its own refusal (ABANDONED, counted), or finishes what it could, then the task
 ends cancelled.
@@ -18,7 +18,6 @@ ends cancelled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Callable
 from concurrent import futures
@@ -53,12 +52,28 @@ class ClientGone:
         return self.gone
 
 
+@dataclass(eq=False)
+class _Waiter:
+    future: asyncio.Future[None]
+    ready: Callable[[], bool]
+    timer: asyncio.TimerHandle | None = None
+
+
+# How soon a wake-up tries again when a step holds the lock (it changes what the waiters read).
+_RETRY_S = 0.0005
+
+
 class _Waker:
-    """Wakes the coroutines waiting on one signal, from whichever thread notified it."""
+    """Wakes the coroutines waiting on one signal, from whichever thread notified it.
+
+    At a change it checks every waiter's ``ready`` itself, under one hold of the lock taken only
+    when free, and wakes just the ones that can go on: hundreds of waiting calls cost one pass
+    over cheap checks per change, not a task each."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, signal: Signal) -> None:
         self._loop = loop
-        self._future: asyncio.Future[None] = loop.create_future()
+        self._signal = signal
+        self._waiters: set[_Waiter] = set()
         self._scheduled = False
         self.stop = signal.listen(self._notified)
 
@@ -70,25 +85,42 @@ class _Waker:
 
     def _wake(self) -> None:
         self._scheduled = False
-        woken, self._future = self._future, self._loop.create_future()
-        woken.set_result(None)
+        if not self._waiters:
+            return
+        lock = self._signal.lock
+        if not lock.acquire(blocking=False):
+            self._scheduled = True
+            self._loop.call_later(_RETRY_S, self._wake)
+            return
+        try:
+            going_on = [waiter for waiter in self._waiters if waiter.ready()]
+        finally:
+            lock.release()
+        for waiter in going_on:
+            _resolve(waiter)
 
-    async def changed(self, seconds: float | None) -> None:
-        """Return at the signal's next change, or after ``seconds``."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._future), seconds)
+    async def changed(self, pause: Pause, seen: int) -> None:
+        """Return once ``pause.ready`` holds after a change of the signal since ``seen``, or after
+        ``pause.seconds`` (its steps then look again: leases, a client that gave up)."""
+        waiter = _Waiter(self._loop.create_future(), pause.ready)
+        if pause.seconds is not None:
+            waiter.timer = self._loop.call_later(pause.seconds, _resolve, waiter)
+        self._waiters.add(waiter)
+        if self._signal.changes != seen and not self._scheduled:
+            # It changed after the step let go of the lock and before this waiter was listed.
+            self._scheduled = True
+            self._loop.call_soon(self._wake)
+        try:
+            await waiter.future
+        finally:
+            self._waiters.discard(waiter)
+            if waiter.timer is not None:
+                waiter.timer.cancel()
 
 
-def _ready_now(pause: Pause) -> bool:
-    """Whether resuming would go on: ``ready`` under the lock when it is free; when it is not, a
-    step holds it and is changing something, so the pool finds out."""
-    lock = pause.signal.lock
-    if not lock.acquire(blocking=False):
-        return True
-    try:
-        return pause.ready()
-    finally:
-        lock.release()
+def _resolve(waiter: _Waiter) -> None:
+    if not waiter.future.done():
+        waiter.future.set_result(None)
 
 
 class StepRunner:
@@ -130,19 +162,7 @@ class StepRunner:
             raise
 
     async def _until_changed(self, paused: _Paused) -> None:
-        pause = paused.pause
-        waker = self._waker(pause.signal)
-        deadline = None if pause.seconds is None else self._loop.time() + pause.seconds
-        seen = paused.seen
-        while True:
-            if pause.signal.changes != seen:
-                seen = pause.signal.changes
-                if _ready_now(pause):
-                    return
-            remaining = None if deadline is None else deadline - self._loop.time()
-            if remaining is not None and remaining <= 0:
-                return
-            await waker.changed(remaining)
+        await self._waker(paused.pause.signal).changed(paused.pause, paused.seen)
 
     def _waker(self, signal: Signal) -> _Waker:
         kept = self._wakers.get(id(signal))
