@@ -29,7 +29,7 @@ from tests.integration.probes import status
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 WORKERS = 512
-ROUNDS = 3
+ROUNDS = 2
 LAYOUT = Layout.from_named_shapes([("w", (64,))])
 # One connection per worker, as separate worker processes would have.
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
