@@ -250,7 +250,7 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     "config_file",
     type=_FILE,
     default=None,
-    help="TOML file of every setting (docs/configuration.md): limits, transport, threads, allocator...; "
+    help="TOML file of every setting (docs/configuration.md): limits, transport, metrics, allocator...; "
     "a flag given here overrides the file",
 )
 @click.pass_context
