@@ -15,11 +15,8 @@ so an evicted worker never stalls them, and end within a slice once their client
 A push enters through one call, ``Shard.push`` (for the transport, in its parts: ``open_push``,
 ``take_buffer_steps``, ``receive``, ``commit_steps``, ``discard_push``), which owns it to the end
 and returns its outcome; every RPC form (psserver.rpc.servicer) and the in-process service
-(pstools.inprocess) are thin adapters over it. A gradient's path: ``rpc.servicer`` parses the
-header into a ``receiving.PushHeader`` and each chunk with psproto.wire; the
-``receiving.PendingPush`` the shard opens decodes each chunk with ``psproto.codec`` straight into
-its receive buffer; at the stream's end the shard checks the buffer, admits the push and calls
-``model.Model.apply``, which calls the rule's ``apply``.
+(pstools.inprocess) are thin adapters over it: each chunk decoded straight into a receive buffer
+(``receiving.PendingPush``), checked whole, admitted, then applied by the rule (``model.Model``).
 """
 
 from __future__ import annotations
@@ -104,6 +101,9 @@ class Shard:
     @property
     def rejected(self) -> dict[str, int]:
         return self._refusals.counts()
+
+    def busy(self) -> bool:
+        return self._lock.locked()  # a call holds the lock now (it may be applying an update)
 
     def subscribe(self, observer: ShardObserver) -> Callable[[], None]:
         """Have ``observer`` hear every event too; returns the function that unsubscribes it."""

@@ -135,6 +135,15 @@ class StepRunner:
         """``function(*args)`` on the pool: core calls that take the lock, or compute."""
         return await self._loop.run_in_executor(self._pool, functools.partial(function, *args))
 
+    async def call_brief(self, busy: Callable[[], bool], function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)``, a call that holds the shard's lock only briefly (a heartbeat, a leave, a
+        status): on the loop itself while ``busy`` says nobody holds the lock, so it never queues on
+        the pool behind pushes and pulls (a late heartbeat reads as a dead server); on the pool when
+        the lock is held, so the loop never waits out an update."""
+        if not busy():
+            return function(*args)
+        return await self.call(function, *args)
+
     async def run(self, steps: Steps[T], gone: ClientGone | None = None) -> T:
         """Run ``steps`` to their result, waiting at each pause without a thread.
 

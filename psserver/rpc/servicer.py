@@ -534,17 +534,19 @@ class ParameterServerServicer:
 
     @_translate_errors
     async def Heartbeat(self, request: ps_pb2.HeartbeatRequest, context: Context) -> ps_pb2.HeartbeatResponse:
-        clock = await self.runner.call(self.shard.heartbeat, request.worker_id, dict(request.stats))
+        clock = await self.runner.call_brief(
+            self.shard.busy, self.shard.heartbeat, request.worker_id, dict(request.stats)
+        )
         return ps_pb2.HeartbeatResponse(clock=clock, lease_seconds=self.shard.config.lease_seconds)
 
     @_translate_errors
     async def Leave(self, request: ps_pb2.LeaveRequest, context: Context) -> ps_pb2.LeaveResponse:
-        await self.runner.call(self.shard.leave, request.worker_id)
+        await self.runner.call_brief(self.shard.busy, self.shard.leave, request.worker_id)
         return ps_pb2.LeaveResponse()
 
     @_translate_errors
     async def Status(self, request: ps_pb2.StatusRequest, context: Context) -> ps_pb2.StatusResponse:
-        status = await self.runner.call(self.shard.status)
+        status = await self.runner.call_brief(self.shard.busy, self.shard.status)
         config = self.shard.config
         return ps_pb2.StatusResponse(
             clock=status.clock,
