@@ -256,8 +256,8 @@ class PSClient:
             self._observe_clock(index, session.join.clock)
             return session
 
-    def _observe_clock(self, index: int, clock: int) -> None:
-        rollback = observe_clock(self.seen_clocks, index, clock)
+    def _observe_clock(self, index: int, clock: int, seen_when_sent: int | None = None) -> None:
+        rollback = observe_clock(self.seen_clocks, index, clock, seen_when_sent)
         if rollback is not None:
             self.stats.rollbacks.append(rollback)
             _LOGGER.warning("%s: %s", self.name, rollback)
@@ -369,10 +369,12 @@ class PSClient:
     def _pull_shard(self, session: ShardSession, out: torch.Tensor, reserve: bool = False) -> int:
         request = ps_pb2.PullRequest(worker_id=session.worker_id, wire_dtype=self.wire_dtype, reserve=reserve)
         timeout = self._held_deadline(session, self.wire_dtype)
+        seen_when_sent = self.seen_clocks[session.range.index]
         messages = session.data.pull(request, timeout=timeout, metadata=self._metadata)
         clock = transfer.receive_params(messages, out[session.range.span])
         self.pulled_clocks[session.range.index] = clock
-        self._observe_clock(session.range.index, pulled_shard_clock(clock, transfer.shard_clock(messages)))
+        shard_clock = pulled_shard_clock(clock, transfer.shard_clock(messages))
+        self._observe_clock(session.range.index, shard_clock, seen_when_sent)
         return clock
 
     def push(
@@ -449,11 +451,12 @@ class PSClient:
             return PushResult.of(reply)
         timeout = self._held_deadline(session, self.push_encoder.dtype, self.wire_dtype)
         part, unary = pull_into[session.range.span], self.unary_push_pulls
+        seen_when_sent = self.seen_clocks[index]
         ack, clock, call = transfer.push_pull(session.data, header, chunks, part, timeout, self._metadata, unary, index)
         self.pulled_clocks[index] = clock
         # A duplicate's acknowledgement repeats the clock of the first attempt: no longer the shard's.
         ack_clock = None if ack.duplicate else ack.clock
-        self._observe_clock(index, pulled_shard_clock(clock, transfer.shard_clock(call), ack_clock))
+        self._observe_clock(index, pulled_shard_clock(clock, transfer.shard_clock(call), ack_clock), seen_when_sent)
         return PushResult.of(ack)
 
     def _held_deadline(self, session: ShardSession, *wire_dtypes: int) -> float:
@@ -463,12 +466,13 @@ class PSClient:
 
     def heartbeat(self, stats: Mapping[str, float]) -> None:
         def beat(session: ShardSession) -> None:
+            seen_when_sent = self.seen_clocks[session.range.index]
             reply: ps_pb2.HeartbeatResponse = session.stub.Heartbeat(
                 ps_pb2.HeartbeatRequest(worker_id=session.worker_id, stats=dict(stats)),
                 timeout=self.deadlines.short(),
                 metadata=self._metadata,
             )
-            self._observe_clock(session.range.index, reply.clock)
+            self._observe_clock(session.range.index, reply.clock, seen_when_sent)
 
         for index in range(len(self.sessions)):
             self._call(index, beat)

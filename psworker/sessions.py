@@ -133,13 +133,20 @@ class ClientStats:
     rollbacks: list[Rollback] = field(default_factory=list)
 
 
-def observe_clock(seen_clocks: list[int], index: int, clock: int) -> Rollback | None:
+def observe_clock(seen_clocks: list[int], index: int, clock: int, seen_when_sent: int | None = None) -> Rollback | None:
     """Shard ``index`` showed ``clock`` (pulled, joined at, heartbeat): raise ``seen_clocks``; when it is
-    below the highest seen, the rollback, and ``seen_clocks`` starts again from it."""
+    below the highest seen, the rollback, and ``seen_clocks`` starts again from it.
+
+    ``seen_when_sent``: the highest clock seen when the call that showed ``clock`` was sent. A reply
+    that crossed a newer one (a heartbeat answered before a push of another thread was applied,
+    read after its acknowledgement) shows a clock between the two: that is no rollback, and the
+    newer clock is kept."""
     seen = seen_clocks[index]
-    seen_clocks[index] = clock
-    if clock >= seen:
+    floor = seen if seen_when_sent is None else min(seen, seen_when_sent)
+    if clock >= floor:
+        seen_clocks[index] = max(seen, clock)
         return None
+    seen_clocks[index] = clock
     return Rollback(index, seen, clock)
 
 

@@ -436,3 +436,13 @@ def test_a_clock_below_the_highest_seen_is_a_rollback_and_the_count_starts_again
     assert rollback == Rollback(0, 7, 3) and seen == [3, 0]
     assert str(rollback) == "shard 0 is back at clock 3 after 7: 4 update(s) were lost"
     assert observe_clock(seen, 0, 3) is None
+
+
+def test_a_reply_that_crossed_a_newer_clock_is_no_rollback_and_keeps_the_newer_one() -> None:
+    seen = [5]
+    # A heartbeat sent when 5 was the highest seen is answered with 6, but read after a push's
+    # acknowledgement raised the highest seen to 8: the shard went forward, not back.
+    assert observe_clock(seen, 0, 8) is None
+    assert observe_clock(seen, 0, 6, seen_when_sent=5) is None and seen == [8]
+    # Below what was seen when it was sent: the shard went back.
+    assert observe_clock(seen, 0, 4, seen_when_sent=8) == Rollback(0, 8, 4) and seen == [4]
