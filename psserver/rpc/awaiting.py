@@ -144,7 +144,7 @@ class StepRunner:
             return function(*args)
         return await self.call(function, *args)
 
-    async def run(self, steps: Steps[T], gone: ClientGone | None = None) -> T:
+    async def run(self, steps: Steps[T], gone: ClientGone) -> T:
         """Run ``steps`` to their result, waiting at each pause without a thread.
 
         Cancelled (the client gave up): ``gone`` is set and the steps run on as abandoned (the core
@@ -159,7 +159,7 @@ class StepRunner:
             outcome = await self._step(steps, outcome.pause, gone)
         return outcome.value
 
-    async def _step(self, steps: Steps[T], paused: Pause | None, gone: ClientGone | None) -> _Finished[T] | _Paused:
+    async def _step(self, steps: Steps[T], paused: Pause | None, gone: ClientGone) -> _Finished[T] | _Paused:
         """One step on the pool; if the client gives up meanwhile, the step still finishes first."""
         step = self._loop.run_in_executor(self._pool, _advance, steps, paused)
         try:
@@ -184,14 +184,10 @@ class StepRunner:
             self._wakers[id(signal)] = kept
         return kept[1]
 
-    async def _abandon(self, steps: Steps[Any], pause: Pause, gone: ClientGone | None) -> None:
+    async def _abandon(self, steps: Steps[Any], pause: Pause, gone: ClientGone) -> None:
         """End paused steps whose client gave up: resumed once as abandoned, closed if they pause again."""
-        if gone is not None:
-            gone.gone = True
-            ending = self._loop.run_in_executor(self._pool, _resume_abandoned, steps, pause)
-        else:
-            ending = self._loop.run_in_executor(self._pool, _close, steps, pause)
-        await _unless_cancelled_again(ending)
+        gone.gone = True
+        await _unless_cancelled_again(self._loop.run_in_executor(self._pool, _resume_abandoned, steps, pause))
 
     def stop(self) -> None:
         for _, waker in self._wakers.values():
@@ -235,11 +231,6 @@ def _resume_abandoned(steps: Steps[Any], paused: Pause) -> None:
         steps.send(None)
     except (StopIteration, ShardError):
         return
-    # Paused again (a wait that no client ends), holding the lock again.
-    steps.close()
-
-
-def _close(steps: Steps[Any], paused: Pause) -> None:
-    """Close paused steps: GeneratorExit at the pause, and their ``with lock`` blocks let go of the lock."""
-    paused.signal.lock.acquire()
+    # Paused again (a wait that no client ends), holding the lock again: GeneratorExit at the
+    # pause, and the steps' ``with lock`` blocks let go of it.
     steps.close()

@@ -424,7 +424,7 @@ class ParameterServerServicer:
     ) -> PullResult:
         """The shard's pull; the shard's own clock goes with the reply's status (``psproto.metadata.SHARD_CLOCK``),
         since the version may be an older one still being sent to others, whose clock is not the shard's."""
-        gone = ClientGone()
+        gone = _Call.current().gone
         result = await self.runner.run(self.shard.pull_steps(worker_id, dtype, exclusive, encoder, gone), gone)
         _send_shard_clock(context, self.shard)
         return result
@@ -436,7 +436,8 @@ class ParameterServerServicer:
         a receive buffer (awaited when none is free), the chunks as they arrive, then the commit
         (awaiting its turn)."""
         header = _push_header(await _first(messages), then_pull)
-        call, gone = _Call.current(), ClientGone()
+        call = _Call.current()
+        gone = call.gone
         pending = await self.runner.call(self.shard.open_push, header, call.cancel, gone)
         try:
             await self.runner.run(self.shard.take_buffer_steps(pending), gone)
