@@ -38,6 +38,8 @@ class Reason(str, enum.Enum):
     UNAUTHENTICATED = "UNAUTHENTICATED"  # a missing or wrong bearer token
     DRAINING = "DRAINING"  # the server is shutting down (SIGTERM) and takes no new calls
     ABANDONED = "ABANDONED"  # the client gave up (cancelled, deadline) on a call waiting in the shard
+    NOT_PRIMARY = "NOT_PRIMARY"  # a replica that is not its shard's primary: metadata.primary names it
+    STALE_EPOCH = "STALE_EPOCH"  # a replica message of an older epoch: its sender was deposed (fenced)
 
     @property
     def label(self) -> str:
@@ -59,6 +61,12 @@ class TransientLimit(str, enum.Enum):
     RECEIVE_BUFFERS = "receive_buffers"  # every receive buffer stayed taken for the server's wait
     OPEN_PUSHES_PER_WORKER = "open_pushes_per_worker"  # this worker's earlier pushes are still being received
     RECEIVING_PUSHES = "receiving_pushes"  # shard.max_receiving_pushes other pushes are being received
+
+
+# ErrorInfo metadata of a NOT_PRIMARY refusal: the primary's address (HOST:PORT; empty while none is
+# known, during an election) and its epoch (decimal; empty with it).
+PRIMARY_KEY = "primary"
+EPOCH_KEY = "epoch"
 
 
 # The ``limit`` of a LIMIT_REACHED refusal of a PushPullUnary whose reply would exceed the server's

@@ -36,6 +36,9 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.DRAINING: grpc.StatusCode.UNAVAILABLE,
     # Its client already gave up: nobody receives it; it is for the server's counts and logs.
     Reason.ABANDONED: grpc.StatusCode.CANCELLED,
+    # A backup, or a primary whose lease ran out: the call is sent again to the primary named.
+    Reason.NOT_PRIMARY: grpc.StatusCode.UNAVAILABLE,
+    Reason.STALE_EPOCH: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
