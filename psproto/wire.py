@@ -326,3 +326,9 @@ def split_push_pull_response(data: bytes) -> tuple[int, memoryview]:
     if found is None:
         raise WireError("a PushPullResponse with neither ack nor params")
     return found
+
+
+def length_delimited(field: int, data: memoryview | bytes) -> bytes:
+    """One length-delimited field (a ``bytes`` or a message) as wire bytes: its key, size and data,
+    in one copy of ``data``. A message of that one field is these bytes."""
+    return b"".join((_key(field, _LEN), _varint(len(data)), data))

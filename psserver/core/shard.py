@@ -471,18 +471,18 @@ class Shard:
         if not self._model.initialized:
             self._refuse_if(checks.NOT_INITIALIZED)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, copy: shard_state.Copier = shard_state.clone) -> dict[str, Any]:
         """A consistent copy of everything needed to resume: parameters, rule state, clocks,
-        workers and their push-id memories (``shard_state``). A BSP round still collecting is
-        not included: its pushes were not acknowledged, so their workers retry them."""
+        workers and their push-id memories (``shard_state``; ``copy`` makes the tensors' copies). A
+        BSP round still collecting is not included: its pushes were not acknowledged, so their
+        workers retry them."""
         with self._lock:
-            return self._state_locked()
+            return self._state_locked(copy)
 
-    def _state_locked(self) -> dict[str, Any]:
+    def _state_locked(self, copy: shard_state.Copier = shard_state.clone) -> dict[str, Any]:
         model, membership = self._model, self._membership.state_dict()
-        return shard_state.capture(
-            self.config, model.layout, model.params, model.rule_state(), model.counters(), membership
-        )
+        tensors = (model.params, model.rule_state())
+        return shard_state.capture(self.config, model.layout, tensors, model.counters(), membership, copy)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` returned, into a shard that has seen no worker yet.

@@ -8,7 +8,7 @@ its tensors fit its layout before the shard changes anything.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -46,15 +46,25 @@ def damage_as_state_error() -> Iterator[None]:
         raise StateError(f"the saved state is incomplete or damaged: {error!r}") from None
 
 
+# Makes the state's copy of one tensor (its key: "params" or "rule_state/NAME"); the default clones it.
+Copier = Callable[[str, torch.Tensor], torch.Tensor]
+
+
+def clone(_key: str, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone()
+
+
 def capture(
     config: ShardConfig,
     layout: Layout | None,
-    params: torch.Tensor,
-    rule_state: Mapping[str, torch.Tensor],
+    tensors: tuple[torch.Tensor, Mapping[str, torch.Tensor]],
     counters: Mapping[str, Any],
     membership: Mapping[str, Any],
+    copy: Copier = clone,
 ) -> dict[str, Any]:
-    """The state to save; ``counters`` (initialized, clock, applied_pushes) and ``membership`` are merged in."""
+    """The state to save: the parameters and the rule's state (``tensors``, copied by ``copy``);
+    ``counters`` (initialized, clock, applied_pushes) and ``membership`` are merged in."""
+    params, rule_state = tensors
     return {
         "format": STATE_FORMAT,
         "shard_index": config.shard_index,
@@ -63,8 +73,8 @@ def capture(
         "rule_options": dict(config.rule.options.as_strings()),
         "layout": [[name, list(shape)] for name, shape in layout.specs] if layout else None,
         **counters,
-        "params": params.clone(),
-        "rule_state": {k: v.detach().clone() for k, v in rule_state.items()},
+        "params": copy("params", params),
+        "rule_state": {k: copy(f"rule_state/{k}", v) for k, v in rule_state.items()},
         **membership,
         "written_at": time.time(),
     }

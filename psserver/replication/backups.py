@@ -26,9 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import torch
 
+from psproto import wire
 from psproto.errors import Reason, reason_of
-from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psproto.v1 import ps_pb2
+from psserver.core import shard_state
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.observer import NullObserver
 from psserver.core.shard import Shard
@@ -36,11 +39,13 @@ from psserver.core.workers import WorkerRecord
 from psserver.replication import state_wire
 from psserver.replication.config import ReplicationConfig
 from psserver.replication.coordinator import Coordinator, EtcdError, PrimaryRecord
+from psserver.replication.standby import DATA_FIELD, REPLICA_SERVICE
 
 _LOGGER = logging.getLogger(__name__)
 # A state's transfer may take its timeout plus its bytes at this rate (a large shard is not a slow backup).
 MIN_TRANSFER_BYTES_PER_S = 100e6
 RETRY_PAUSE_S = 0.2
+REPLICATE_METHOD = f"/{REPLICA_SERVICE}/Replicate"
 
 
 class StateVersions(NullObserver):
@@ -80,11 +85,33 @@ class StateVersions(NullObserver):
         self.changed()
 
 
-@dataclass(frozen=True)
+@dataclass
 class SentState:
     version: int
     encoded: state_wire.EncodedState
     digest: str  # "" when this one carries none
+    staging: int  # which set of staging buffers holds its tensors (-1: its own)
+    senders: int = 0  # links sending it now
+
+
+class _Staging:
+    """Two sets of buffers the captured tensors are copied into, used in turn: a copy into memory
+    already touched costs a fraction of a fresh allocation's (page faults), and a set still being
+    sent is never written."""
+
+    def __init__(self) -> None:
+        self._sets: list[dict[str, torch.Tensor]] = [{}, {}]
+
+    def copier(self, index: int) -> Callable[[str, torch.Tensor], torch.Tensor]:
+        buffers = self._sets[index]
+
+        def copy(key: str, tensor: torch.Tensor) -> torch.Tensor:
+            kept = buffers.get(key)
+            if kept is None or kept.shape != tensor.shape or kept.dtype != tensor.dtype:
+                kept = buffers[key] = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            return kept.copy_(tensor.detach())
+
+        return copy
 
 
 @dataclass
@@ -106,7 +133,9 @@ class _Link:
         self.in_sync = False
         self.stopped = False
         self._channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)])
-        self._stub = ps_pb2_grpc.ShardReplicaStub(self._channel)
+        self._replicate = self._channel.stream_unary(
+            REPLICATE_METHOD, request_serializer=None, response_deserializer=ps_pb2.ReplicateResponse.FromString
+        )
         self._thread = threading.Thread(target=self._run, name=f"replicate-{name}", daemon=True)
         self._thread.start()
 
@@ -145,17 +174,21 @@ class _Link:
             digest=sent.digest,
         )
         timeout = owner.config.ack_timeout_seconds + sent.encoded.total_bytes / MIN_TRANSFER_BYTES_PER_S
-        reply: ps_pb2.ReplicateResponse = self._stub.Replicate(
-            _messages(header, sent.encoded, owner.chunk_bytes), timeout=timeout, metadata=owner.metadata
-        )
+        try:
+            reply: ps_pb2.ReplicateResponse = self._replicate(
+                _messages(header, sent.encoded, owner.chunk_bytes), timeout=timeout, metadata=owner.metadata
+            )
+        finally:
+            owner.sent(sent)
         return reply
 
 
-def _messages(header: ps_pb2.ReplicateHeader, encoded: state_wire.EncodedState, chunk: int) -> Iterator[Any]:
-    yield ps_pb2.ReplicateRequest(header=header)
+def _messages(header: ps_pb2.ReplicateHeader, encoded: state_wire.EncodedState, chunk: int) -> Iterator[bytes]:
+    """The Replicate stream as serialised ReplicateRequests (one copy of the state, into them)."""
+    yield ps_pb2.ReplicateRequest(header=header).SerializeToString()
     for part in encoded.parts:
         for start in range(0, part.nbytes, chunk):
-            yield ps_pb2.ReplicateRequest(data=bytes(part[start : start + chunk]))
+            yield wire.length_delimited(DATA_FIELD, part[start : start + chunk])
 
 
 class Replicator:
@@ -181,6 +214,8 @@ class Replicator:
         self._links: dict[str, _Link] = {}
         self._sent: SentState | None = None
         self._capture = threading.Lock()
+        self._staging = _Staging()
+        self._in_staging: dict[int, SentState] = {}
         self._digested = 0
         self.digest_mismatches = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -236,12 +271,29 @@ class Replicator:
             sent = self._sent
             if sent is None or sent.version <= version:
                 current = self.versions.version  # read before the capture: the state is at least this new
-                encoded = state_wire.encode(self.shard.state_dict())
+                staging = self._free_staging()
+                copy = self._staging.copier(staging) if staging >= 0 else shard_state.clone
+                encoded = state_wire.encode(self.shard.state_dict(copy))
                 digest = ""
                 if current - self._digested >= self.config.digest_every:
                     digest, self._digested = encoded.digest(), current
-                sent = self._sent = SentState(current, encoded, digest)
+                sent = self._sent = SentState(current, encoded, digest, staging)
+            sent.senders += 1
+            self._in_staging[sent.staging] = sent
             return sent
+
+    def _free_staging(self) -> int:
+        """A set of staging buffers no link is sending from and the newest state is not in (-1: none)."""
+        newest = self._sent.staging if self._sent is not None else -1
+        for index in (0, 1):
+            holder = self._in_staging.get(index)
+            if index != newest and (holder is None or holder.senders == 0):
+                return index
+        return -1
+
+    def sent(self, state: SentState) -> None:
+        with self._capture:
+            state.senders -= 1
 
     # -- what the links report -------------------------------------------------------------------
 

@@ -23,17 +23,15 @@ import json
 import logging
 import threading
 import time
+from base64 import b64encode
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import etcd3gw
-from etcd3gw import exceptions as etcd_errors
-from etcd3gw.client import Etcd3Client
-from etcd3gw.lease import Lease
-from etcd3gw.utils import _encode
-
 from psserver.replication.config import ReplicationConfig
+
+if TYPE_CHECKING:
+    from etcd3gw.client import Etcd3Client
 
 _LOGGER = logging.getLogger(__name__)
 # What the replica trusts less than etcd's own clock: scheduling and clock-rate differences.
@@ -41,7 +39,13 @@ LEASE_MARGIN_S = 0.25
 # A request to etcd that takes longer than this is a failure (a partition must be noticed in time).
 REQUEST_TIMEOUT_S = 0.5
 
-EtcdError = etcd_errors.Etcd3Exception
+
+class EtcdError(Exception):
+    """etcd could not be asked (no endpoint answered in time) or refused the request."""
+
+
+def _encode(text: str) -> str:
+    return b64encode(text.encode()).decode()
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,15 @@ class Coordinator:
         self.name = name
         self.address = address
         self.prefix = f"/hetps/{config.job}/shard/{shard_index}/"
+        # etcd3gw imports requests, which probes the network when imported: only a replica pays it.
+        from etcd3gw import exceptions
+        from etcd3gw.lease import Lease
+
+        self._unreachable = (exceptions.ConnectionFailedError, exceptions.ConnectionTimeoutError)
+        self._refused = exceptions.Etcd3Exception
+        self._lease_of = Lease
         self._clients = [_client(url) for url in config.etcd]
-        self._lease: Lease | None = None
+        self._lease: Any = None
         self._lock = threading.Lock()
         self.valid_until = 0.0
 
@@ -99,14 +110,15 @@ class Coordinator:
         for index, client in enumerate(self._clients):
             try:
                 result = request(client)
-            except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError) as error:
+            except self._unreachable as error:
                 last = error
                 continue
+            except self._refused as error:
+                raise EtcdError(f"etcd refused the request: {error}") from None
             if index:  # this one answers: ask it first from now on
                 self._clients.insert(0, self._clients.pop(index))
             return result
-        assert last is not None
-        raise last
+        raise EtcdError(f"no etcd endpoint answered: {last}")
 
     # -- the lease -------------------------------------------------------------------------------
 
@@ -126,7 +138,7 @@ class Coordinator:
         if lease is None:
             return False
         sent = time.monotonic()
-        ttl = self._call(lambda c: Lease(lease.id, c).refresh())
+        ttl = self._call(lambda c: self._lease_of(lease.id, c).refresh())
         if ttl <= 0:
             return False
         with self._lock:
@@ -142,7 +154,7 @@ class Coordinator:
         self.valid_until = 0.0
         if lease is not None:
             try:
-                self._call(lambda c: Lease(lease.id, c).revoke())
+                self._call(lambda c: self._lease_of(lease.id, c).revoke())
             except EtcdError as error:
                 _LOGGER.warning("could not revoke the etcd lease (it expires by itself): %s", error)
 
@@ -206,6 +218,8 @@ class Coordinator:
 
 
 def _client(url: str) -> Etcd3Client:
+    import etcd3gw
+
     parts = urlsplit(url)
     assert parts.hostname is not None and parts.port is not None  # ReplicationConfig checked it
     return etcd3gw.client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=REQUEST_TIMEOUT_S)

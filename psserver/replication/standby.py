@@ -17,13 +17,18 @@ from typing import Any
 import grpc
 import numpy as np
 import torch
+from google.protobuf.message import DecodeError
 
+from psproto import wire
 from psproto.errors import Reason
-from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psproto.v1 import ps_pb2
 from psserver.replication import state_wire
 from psserver.rpc.status_codes import refusal, refuse
 
 _LOGGER = logging.getLogger(__name__)
+REPLICA_SERVICE = ps_pb2.DESCRIPTOR.services_by_name["ShardReplica"].full_name
+# ReplicateRequest's fields: the header (1) or a piece of the state (2).
+HEADER_FIELD, DATA_FIELD = 1, 2
 
 
 @dataclass(frozen=True)
@@ -63,11 +68,10 @@ class Standby:
         self._spare = None
         return spare
 
-    async def replicate(self, messages: AsyncIterator[ps_pb2.ReplicateRequest], context: Any) -> Any:
-        first = await anext(messages, None)
-        if first is None or first.WhichOneof("body") != "header":
-            await refuse(context, refusal(Reason.BAD_REQUEST, "a Replicate stream must start with its header"))
-        header = first.header
+    async def replicate(self, messages: AsyncIterator[bytes], context: Any) -> Any:
+        """The Replicate call; its messages arrive as their wire bytes (each one field: the header or
+        a piece of the state), so a piece is copied once, into the buffer."""
+        header = await _header(messages, context)
         refused = self._refusal(header.epoch)
         if refused is not None:
             await refuse(context, refusal(Reason.STALE_EPOCH, refused, {"epoch": str(self.known_epoch)}))
@@ -76,8 +80,8 @@ class Standby:
         view = buffer.numpy()
         filled = 0
         async for message in messages:
-            data = message.data
-            if filled + len(data) > header.total_bytes:
+            data = _field(message, DATA_FIELD)
+            if data is None or filled + len(data) > header.total_bytes:
                 await refuse(context, refusal(Reason.BAD_REQUEST, "a Replicate stream longer than its header says"))
             view[filled : filled + len(data)] = np.frombuffer(data, dtype=np.uint8)
             filled += len(data)
@@ -113,13 +117,30 @@ class Standby:
         return None
 
 
-class ShardReplicaServicer(ps_pb2_grpc.ShardReplicaServicer):
-    def __init__(self, standby: Standby) -> None:
-        self.standby = standby
+def _field(message: bytes, field: int) -> memoryview | None:
+    """The one field of a ReplicateRequest's bytes when it is ``field``; None otherwise."""
+    try:
+        fields = wire.length_delimited_fields(message, limit=1)
+    except wire.WireError:
+        return None
+    return fields[0][1] if len(fields) == 1 and fields[0][0] == field else None
 
-    async def Replicate(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802
-        return await self.standby.replicate(request_iterator, context)
+
+async def _header(messages: AsyncIterator[bytes], context: Any) -> ps_pb2.ReplicateHeader:
+    first = await anext(messages, None)
+    body = _field(first, HEADER_FIELD) if first is not None else None
+    if body is None:
+        await refuse(context, refusal(Reason.BAD_REQUEST, "a Replicate stream must start with its header"))
+    try:
+        return ps_pb2.ReplicateHeader.FromString(bytes(body))
+    except DecodeError:
+        await refuse(context, refusal(Reason.BAD_REQUEST, "the Replicate header does not parse"))
 
 
 def add_replica_service(standby: Standby) -> Callable[[grpc.aio.Server], None]:
-    return lambda server: ps_pb2_grpc.add_ShardReplicaServicer_to_server(ShardReplicaServicer(standby), server)
+    """Registers ShardReplica.Replicate, its requests left as bytes (``Standby.replicate`` reads them)."""
+    handler = grpc.stream_unary_rpc_method_handler(
+        standby.replicate, request_deserializer=None, response_serializer=ps_pb2.ReplicateResponse.SerializeToString
+    )
+    service = grpc.method_handlers_generic_handler(REPLICA_SERVICE, {"Replicate": handler})
+    return lambda server: server.add_generic_rpc_handlers((service,))
