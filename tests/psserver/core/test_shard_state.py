@@ -25,7 +25,7 @@ def saved(params: torch.Tensor | None = None, layout: Layout | None = LAYOUT) ->
     counters = {"initialized": True, "clock": 5, "applied_pushes": 5}
     membership = {"workers": [], "memories": {}, "id_counter": 1, "evictions": 0}
     values = params if params is not None else torch.arange(6, dtype=torch.float32)
-    return capture(CONFIG, layout, values, {}, counters, membership)
+    return capture(CONFIG, layout, (values, {}), counters, membership)
 
 
 def test_capture_copies_the_tensors_and_names_the_shard() -> None:
