@@ -11,7 +11,6 @@ on, a barrier) is the shard's to do.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -34,7 +33,7 @@ class Membership:
         self.workers: dict[int, WorkerRecord] = {}
         self.evictions = 0
         self._memories: dict[str, PushMemory] = {}
-        self._ids = itertools.count(1)
+        self._next_id = 1  # never reused, also across a restore
         # (the version it was worked out at, the slowest SSP clock then): ``slowest_clock``.
         self._slowest: tuple[int, list[int]] = (-1, [])
 
@@ -70,7 +69,8 @@ class Membership:
             self._memories.pop(name, None)
             self._memories[name] = memory
             self._forget_idle_memories()
-        worker = WorkerRecord(next(self._ids), name, device, observer, last_seen=now, memory=memory)
+        worker = WorkerRecord(self._next_id, name, device, observer, last_seen=now, memory=memory)
+        self._next_id += 1
         # A newcomer starts level with the slowest live worker so SSP neither stalls nor rushes it.
         worker.ssp_clock = min((w.ssp_clock for w in self.live()), default=0)
         self.workers[worker.worker_id] = worker
@@ -139,7 +139,7 @@ class Membership:
         return {
             "workers": [w.to_state() for w in self.workers.values()],
             "memories": {name: memory.to_state() for name, memory in self._memories.items()},
-            "id_counter": next(self._ids),
+            "id_counter": self._next_id,
             "evictions": self.evictions,
         }
 
@@ -155,4 +155,4 @@ class Membership:
         first_id = max(int(state["id_counter"]), max(workers, default=0) + 1)
         self._memories, self.workers, self.evictions = memories, workers, evictions
         self._slowest = (-1, [])
-        self._ids = itertools.count(first_id)
+        self._next_id = first_id

@@ -93,7 +93,7 @@ def decode(data: Buffer) -> dict[str, Any]:
                 count *= int(size)
             nbytes = count * torch.empty((), dtype=dtype).element_size()
             if start + nbytes > len(view):
-                raise ValueError(f"the state ends inside tensor {name}")
+                raise ValueError(f"a damaged replica state: it ends inside tensor {name}")
             flat = (
                 torch.frombuffer(view, dtype=dtype, count=count, offset=start) if count else torch.empty(0, dtype=dtype)
             )
