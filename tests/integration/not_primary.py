@@ -1,9 +1,11 @@
-"""A replica that is not its shard's primary, as a worker meets it: a real gRPC server on a free
-loopback port that refuses every ParameterServer call with NOT_PRIMARY naming the primary
-(``psserver.rpc.status_codes.refusal``, the server's own refusal), and counts what it refused."""
+"""Replicas of a shard that are not its primary, as a worker meets them: a backup, a real gRPC server
+on a free loopback port that refuses every ParameterServer call with NOT_PRIMARY naming the primary
+(``psserver.rpc.status_codes.refusal``, the server's own refusal) and counts what it refused; and a
+replica that is down, a closed port."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -64,3 +66,10 @@ def not_primary_server(primary: str) -> Iterator[NotPrimary]:
         yield backup
     finally:
         server.stop(0)
+
+
+def closed_port() -> str:
+    """A loopback address nothing listens on (a replica that is down): a connection there is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"

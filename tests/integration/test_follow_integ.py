@@ -5,26 +5,18 @@ worker trains, and the primary applies every push once."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from collections.abc import Callable
 
 import pytest
 
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from tests.integration.not_primary import not_primary_server
+from tests.integration.not_primary import closed_port, not_primary_server
 from tests.integration.workers import start_train, train_command
 
 pytestmark = pytest.mark.integration
 
 STEPS = 30
-
-
-def closed_port() -> str:
-    """A loopback address nothing listens on: a connection there is refused at once."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{probe.getsockname()[1]}"
 
 
 def test_python_workers_follow_a_backup_to_the_primary_and_go_past_a_replica_that_is_down(

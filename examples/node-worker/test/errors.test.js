@@ -57,6 +57,7 @@ test('the hetps detail is found among others', () => {
 
 test('each reason decides what the worker does; unknown reasons and none end it', () => {
   const { Action, actionFor } = errors;
+  assert.equal(actionFor('NOT_PRIMARY'), Action.FOLLOW);
   assert.equal(actionFor('UNKNOWN_WORKER'), Action.REJOIN);
   assert.equal(actionFor('FUTURE_CLOCK'), Action.REBASE);
   for (const reason of ['PUSH_STALLED', 'NAME_IN_USE', 'DRAINING']) assert.equal(actionFor(reason), Action.RETRY);
@@ -64,4 +65,43 @@ test('each reason decides what the worker does; unknown reasons and none end it'
     assert.equal(actionFor(reason), Action.GIVE_UP, reason);
   }
   assert.equal(actionFor('toString'), Action.GIVE_UP); // not fooled by Object's own properties
+});
+
+// A refusal as a replica that is not its shard's primary sends it (psserver: NOT_PRIMARY, UNAVAILABLE).
+function notPrimary(primary) {
+  const metadata = primary === undefined ? {} : { primary, epoch: primary ? '3' : '' };
+  const error = refused(statusBytes([{ reason: 'NOT_PRIMARY', domain: 'hetps', metadata }]));
+  return Object.assign(error, { code: grpc.status.UNAVAILABLE });
+}
+
+const noAnswer = () => Object.assign(new Error('no connection'), { code: grpc.status.UNAVAILABLE, details: 'No connection established' });
+const SET = ['10.0.0.1:1', '10.0.0.2:1', '10.0.0.3:1'];
+
+test('NOT_PRIMARY is followed, on a single server as on a set', () => {
+  assert.equal(errors.actionFor('NOT_PRIMARY'), errors.Action.FOLLOW);
+  assert.equal(errors.recoveryFor(notPrimary(SET[1]), 1), errors.Action.FOLLOW);
+  assert.equal(errors.recoveryFor(notPrimary(SET[1]), 3), errors.Action.FOLLOW);
+});
+
+test('a call without an answer goes to the next replica of a set, and ends a single-server worker as before', () => {
+  assert.equal(errors.recoveryFor(noAnswer(), 2), errors.Action.FOLLOW);
+  const deadline = Object.assign(new Error('deadline'), { code: grpc.status.DEADLINE_EXCEEDED });
+  assert.equal(errors.recoveryFor(deadline, 2), errors.Action.FOLLOW);
+  assert.equal(errors.recoveryFor(noAnswer(), 1), errors.Action.GIVE_UP);
+  // Another status without a reason is no sign of a replica down.
+  assert.equal(errors.recoveryFor(Object.assign(new Error('bad'), { code: grpc.status.INVALID_ARGUMENT }), 2), errors.Action.GIVE_UP);
+  // A reason decides whatever the code: DRAINING is retried where it is.
+  const draining = Object.assign(refused(statusBytes([{ reason: 'DRAINING', domain: 'hetps' }])), { code: grpc.status.UNAVAILABLE });
+  assert.equal(errors.recoveryFor(draining, 2), errors.Action.RETRY);
+});
+
+test('a followed call goes to the named primary, else to the next replica round the set', () => {
+  assert.equal(errors.nextAddress(notPrimary(SET[2]), SET, SET[0]), SET[2]);
+  assert.equal(errors.nextAddress(notPrimary('psserver-1.psserver:50051'), SET, SET[0]), 'psserver-1.psserver:50051');
+  // An election (no primary yet), no metadata, or a replica naming itself: the next replica.
+  for (const error of [notPrimary(''), notPrimary(undefined), notPrimary(SET[1])]) {
+    assert.equal(errors.nextAddress(error, SET, SET[1]), SET[2]);
+  }
+  assert.equal(errors.nextAddress(noAnswer(), SET, SET[2]), SET[0]);
+  assert.equal(errors.nextReplica(SET, 'elsewhere:1'), SET[0]);
 });
