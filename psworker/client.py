@@ -209,13 +209,16 @@ class PSClient:
     def _first_join(self, index: int) -> ShardSession:
         """Join shard ``index``, waiting for it to come up (``sessions.first_join`` says how)."""
 
-        def retried(recovery: Recovery, error: grpc.RpcError, old: str, new: str) -> None:
+        def retried(
+            recovery: Recovery, error: grpc.RpcError, old: str, new: str, call_seconds: float, failing_seconds: float
+        ) -> None:
             self.stats.retries += 1
             if recovery is Recovery.WAIT_FOR_NAME:
                 _LOGGER.warning("%s: shard %d: %s; retrying", self.name, index, error.details())
             if new != old:
                 self.stats.follows += 1
-                note = reconnect_note(index, old, new, error, 0.0, 0.0, self.retry.give_up_seconds)
+                budget = max(self.connect_timeout, self.retry.give_up_seconds)
+                note = reconnect_note(index, old, new, error, call_seconds, failing_seconds, budget)
                 _LOGGER.warning("%s: %s", self.name, note)
 
         return first_join(

@@ -299,14 +299,15 @@ def first_join(
     replicas: Sequence[str],
     policy: RetryPolicy,
     patience_seconds: float,
-    on_retry: Callable[[Recovery, grpc.RpcError, str, str], None],
+    on_retry: Callable[[Recovery, grpc.RpcError, str, str, float, float], None],
     takes_over: bool = False,
 ) -> ShardSession:
     """Join (``join(channel, address, resume)``) the shard served by ``replicas``, starting with the
     first, with retries for up to ``patience_seconds``; a retry resumes, replacing a record an
     unanswered attempt may have left. With ``takes_over`` (the caller knows the name's earlier
-    holder is dead) the first attempt resumes too. ``on_retry(recovery, error, old, new)`` hears of
-    every retry, with the address it failed on and the one it goes to.
+    holder is dead) the first attempt resumes too. ``on_retry(recovery, error, old, new, call_seconds,
+    failing_seconds)`` hears of every retry: the address it failed on, the one it goes to, how long
+    the attempt took and how long the Join has been failing.
 
     A name still held by a joined worker (NAME_IN_USE: most often this worker's previous process,
     not yet expired) is retried without resume until that record's lease runs out, so a restarted
@@ -321,16 +322,20 @@ def first_join(
     unanswered = 0
     # Once another worker was seen holding the name, never resume: that would take its record over.
     name_held = False
+    failing_since: float | None = None
     while True:
+        started = time.monotonic()
         try:
             return join(channel, address, resume)
         except grpc.RpcError as error:
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
             recovery = join_recovery_for(error, policy)
-            if recovery is Recovery.FAIL or time.monotonic() >= deadline:
+            if recovery is Recovery.FAIL or now >= deadline:
                 channel.close()
                 raise
             target = next_address(recovery, error, replicas, address)
-            on_retry(recovery, error, address, target)
+            on_retry(recovery, error, address, target, now - started, now - failing_since)
             if recovery in (Recovery.RECONNECT, Recovery.FOLLOW):
                 channel.close()
                 address = target
