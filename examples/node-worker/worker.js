@@ -328,9 +328,13 @@ class Worker {
     const initial = lib.initialParameters(this.options.features, this.options.seed + 1);
     for (const shard of this.shards) {
       if (shard.initialized) continue;
-      const messages = [{ header: { worker_id: shard.workerId, layout_hash: this.layoutHash } }];
-      for (const chunk of lib.chunksOf(initial, shard.offset, shard.length)) messages.push({ chunk });
-      const reply = await clientStream(shard.client, 'Init', messages, this.metadata);
+      const chunks = lib.chunksOf(initial, shard.offset, shard.length);
+      // Built at each attempt, and sent to the shard's current replica (a failover may come between).
+      const send = () => {
+        const header = { worker_id: shard.workerId, layout_hash: this.layoutHash };
+        return clientStream(shard.client, 'Init', [{ header }, ...chunks.map((chunk) => ({ chunk }))], this.metadata);
+      };
+      const reply = await this.recovering(shard, send);
       this.log('init', { shard: this.shards.indexOf(shard), applied: reply.applied, clock: reply.clock });
     }
   }
