@@ -351,6 +351,8 @@ class PSClient:
         of a replica set holds it on every replica); if the shard lost it meanwhile, the next
         call's UNKNOWN_WORKER re-joins with resume."""
         address = next_address(recovery, error, self.replicas[index], stale.address)
+        if recovery is Recovery.FOLLOW and address == stale.address:
+            return  # a lone replica that knows no primary yet: it answered, so its connection is kept
         with self._session_lock:
             if self.sessions[index] is not stale:
                 return  # another thread already replaced it

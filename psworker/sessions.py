@@ -336,7 +336,7 @@ def first_join(
                 raise
             target = next_address(recovery, error, replicas, address)
             on_retry(recovery, error, address, target, now - started, now - failing_since)
-            if recovery in (Recovery.RECONNECT, Recovery.FOLLOW):
+            if recovery is Recovery.RECONNECT or target != address:
                 channel.close()
                 address = target
                 channel = open_channel(address)

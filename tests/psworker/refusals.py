@@ -42,7 +42,9 @@ class FakeRpcError(grpc.RpcError, grpc.Call):  # type: ignore[misc]
         return False
 
 
-class _BareStatus(grpc.Status):
+class BareStatus(grpc.Status):
+    """A status without ErrorInfo in its trailers."""
+
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         self.code = code
         self.details = details
@@ -57,4 +59,4 @@ def refusal(
 
 def bare(code: grpc.StatusCode, message: str = "") -> FakeRpcError:
     """A failure without ErrorInfo: the transport's, or an older server's."""
-    return FakeRpcError(_BareStatus(code, message))
+    return FakeRpcError(BareStatus(code, message))

@@ -370,3 +370,22 @@ def test_a_whole_set_without_answer_is_backed_off_from_as_a_single_server(served
         early = [t for _, t in attempts if t - attempts[0][1] < 0.8]
         assert 3 <= len(early) <= 5, addresses
         assert client.stats.reconnects == len(attempts) - 1 == client.stats.follows
+
+
+def test_a_lone_server_that_knows_no_primary_yet_is_asked_again_on_its_connection(served: tuple[Shard, str]) -> None:
+    _, address = served
+    with PSClient([address], LAYOUT, name="lone", config=ClientConfig(retry=FAST)) as client:
+        first = client.sessions[0]
+        used: list[ShardSession] = []
+
+        def call(session: ShardSession) -> str:
+            used.append(session)
+            if len(used) < 3:  # an election is running: no primary to name
+                raise refusal(grpc.StatusCode.UNAVAILABLE, Reason.NOT_PRIMARY, "electing", {PRIMARY_KEY: ""})
+            return session.address
+
+        started = time.monotonic()
+        assert client._call(0, call) == address
+        assert time.monotonic() - started >= 2 * FOLLOW_PAUSE_S
+        assert used == [first, first, first] and client.sessions[0] is first
+        assert (client.stats.follows, client.stats.reconnects, client.stats.retries) == (0, 0, 2)
