@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -66,6 +67,18 @@ def python_worker(addresses: list[str], steps: int, losses: list[float], errors:
                 losses.append(loss.item())
     except BaseException as error:  # reported by the test thread
         errors.append(error)
+
+
+def finished_events(node: subprocess.Popen[str], timeout: float) -> list[dict[str, Any]]:
+    """The JSON events a Node worker printed, once it ended with exit code 0 (killed if it runs past ``timeout``)."""
+    try:
+        stdout, stderr = node.communicate(timeout=timeout)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+    assert node.returncode == 0, f"node worker failed:\n{stderr}\n{stdout}"
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 def test_node_unit_tests() -> None:
@@ -173,13 +186,11 @@ def test_node_worker_rejoins_when_the_shard_forgets_it(
             time.sleep(0.01)
         assert joined, "the Node worker never pushed"
         stub.Leave(ps_pb2.LeaveRequest(worker_id=joined[0].worker_id), timeout=10)
-        stdout, stderr = node.communicate(timeout=120)
-    finally:
-        if node.poll() is None:
-            node.kill()
-            node.wait()
-    assert node.returncode == 0, f"node worker failed:\n{stderr}\n{stdout}"
-    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    except BaseException:
+        node.kill()
+        node.wait()
+        raise
+    events = finished_events(node, 120)
     recovered = [e for e in events if e["event"] == "recovering"]
     assert recovered and {(e["reason"], e["action"]) for e in recovered} == {("UNKNOWN_WORKER", "rejoin")}, events
     rejoined = [e for e in events if e["event"] == "rejoined"]
@@ -242,14 +253,7 @@ def test_node_workers_follow_a_backup_to_the_primary_and_go_past_a_replica_that_
             for index, first in enumerate((backup.address, down))
         }
         for first, node in runs.items():
-            try:
-                stdout, stderr = node.communicate(timeout=60)
-            finally:
-                if node.poll() is None:
-                    node.kill()
-                    node.wait()
-            assert node.returncode == 0, f"node worker failed:\n{stderr}\n{stdout}"
-            events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+            events = finished_events(node, 60)
             (followed,) = [e for e in events if e["event"] == "followed"]
             reason = "NOT_PRIMARY" if first == backup.address else None
             assert (followed["from"], followed["to"], followed["reason"]) == (first, primary, reason), followed
