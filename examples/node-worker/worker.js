@@ -254,7 +254,9 @@ class Worker {
         this.log('recovering', { shard: this.shards.indexOf(shard), reason, action });
         unanswered = action === errors.Action.FOLLOW && reason === null ? unanswered + 1 : 0;
         if (action === errors.Action.FOLLOW) {
-          this.follow(shard, errors.nextAddress(error, shard.replicas, shard.address), error);
+          const address = errors.nextAddress(error, shard.replicas, shard.address);
+          // A lone replica that names no primary yet (an election) answered: it is asked again as it is.
+          if (address !== shard.address) this.follow(shard, address, error);
           if (unanswered < shard.replicas.length) {
             await sleep(FOLLOW_PAUSE_MS);
             continue;
