@@ -4,6 +4,7 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const errors = require('../errors');
+const { noAnswer, notPrimary, refused, statusBytes } = require('./refusals');
 
 // What a hetps server (Python: psproto.errors.rich_status) sends for
 // rich_status(NOT_FOUND, Reason.UNKNOWN_WORKER, "worker 7 is not joined", {"worker_id": "7"}).
@@ -11,22 +12,6 @@ const FROM_PYTHON = Buffer.from(
   '08051216776f726b65722037206973206e6f74206a6f696e65641a530a28747970652e676f6f676c65617069732e636f6d2f676f6f676c652e7270632e4572726f72496e666f12270a0e554e4b4e4f574e5f574f524b4552120568657470731a0e0a09776f726b65725f6964120137',
   'hex',
 );
-
-function statusBytes(infos) {
-  const { Status, ErrorInfo } = errors.rpcTypes();
-  const details = infos.map((info) => ({
-    type_url: 'type.googleapis.com/google.rpc.ErrorInfo',
-    value: ErrorInfo.encode(ErrorInfo.create(info)).finish(),
-  }));
-  return Buffer.from(Status.encode(Status.create({ code: 9, message: 'refused', details })).finish());
-}
-
-// A refused call as @grpc/grpc-js reports it: code, details and the trailers as metadata.
-function refused(...trailers) {
-  const metadata = new grpc.Metadata();
-  for (const value of trailers) metadata.add(errors.DETAILS_KEY, value);
-  return Object.assign(new Error('refused'), { code: grpc.status.NOT_FOUND, details: 'refused', metadata });
-}
 
 test('the reason of a refusal a Python server sent', () => {
   const error = refused(FROM_PYTHON);
@@ -67,14 +52,6 @@ test('each reason decides what the worker does; unknown reasons and none end it'
   assert.equal(actionFor('toString'), Action.GIVE_UP); // not fooled by Object's own properties
 });
 
-// A refusal as a replica that is not its shard's primary sends it (psserver: NOT_PRIMARY, UNAVAILABLE).
-function notPrimary(primary) {
-  const metadata = primary === undefined ? {} : { primary, epoch: primary ? '3' : '' };
-  const error = refused(statusBytes([{ reason: 'NOT_PRIMARY', domain: 'hetps', metadata }]));
-  return Object.assign(error, { code: grpc.status.UNAVAILABLE });
-}
-
-const noAnswer = () => Object.assign(new Error('no connection'), { code: grpc.status.UNAVAILABLE, details: 'No connection established' });
 const SET = ['10.0.0.1:1', '10.0.0.2:1', '10.0.0.3:1'];
 
 test('NOT_PRIMARY is followed, on a single server as on a set', () => {
