@@ -126,7 +126,8 @@ TRAIN_SECTIONS = {
     "--server",
     "servers",
     multiple=True,
-    help="HOST:PORT of a shard; repeat once per shard, in shard order",
+    help="HOST:PORT of a shard, or its replicas as HOST:PORT|HOST:PORT (the primary is found); repeat once per "
+    "shard, in shard order",
 )
 @tls_ca_option
 @auth_token_option

@@ -50,18 +50,39 @@ def check_keepalive(keepalive_seconds: float) -> None:
         )
 
 
-def shard_addresses(servers: str | Sequence[str], num_shards: int) -> list[str]:
-    """The address of each of ``num_shards`` shards, in shard order; a ValueError names what is wrong."""
-    addresses = [servers] if isinstance(servers, str) else list(servers)
-    if len(addresses) != num_shards:
-        raise ValueError(f"{len(addresses)} server address(es) for a layout of {num_shards} shard(s)")
+# Separates the replicas of one shard in a server entry: ``HOST:PORT|HOST:PORT``.
+REPLICA_SEPARATOR = "|"
+
+
+def replica_sets(servers: str | Sequence[str]) -> list[tuple[str, ...]]:
+    """Each server entry's replica set, in the entries' order; a ValueError names what is wrong.
+
+    An entry is one shard: its address, or its replicas' addresses joined by ``|`` (a primary and
+    its backups, in any order: the client finds the primary). No address may appear twice."""
+    entries = [servers] if isinstance(servers, str) else list(servers)
+    sets = [tuple(member.strip() for member in entry.split(REPLICA_SEPARATOR)) for entry in entries]
+    for entry, replicas in zip(entries, sets, strict=True):
+        if "" in replicas:
+            raise ValueError(
+                f"server entry {entry!r} has an empty address; give HOST:PORT, or a shard's replicas as "
+                f"HOST:PORT{REPLICA_SEPARATOR}HOST:PORT"
+            )
+    addresses = [address for replicas in sets for address in replicas]
     repeated = sorted({a for a in addresses if addresses.count(a) > 1})
     if repeated:
         raise ValueError(
             f"server address(es) {', '.join(repeated)} listed more than once; give each shard's address once, "
-            "in shard order"
+            "in shard order, and each replica in one set only"
         )
-    return addresses
+    return sets
+
+
+def shard_addresses(servers: str | Sequence[str], num_shards: int) -> list[tuple[str, ...]]:
+    """The replica set of each of ``num_shards`` shards, in shard order (:func:`replica_sets`)."""
+    sets = replica_sets(servers)
+    if len(sets) != num_shards:
+        raise ValueError(f"{len(sets)} server address(es) for a layout of {num_shards} shard(s)")
+    return sets
 
 
 def single_threaded_pulls_pay(shard_lengths: Iterable[int]) -> bool:

@@ -21,6 +21,10 @@ and acknowledges a repeat as a duplicate). A shard that no longer knows the work
 it was evicted, or the server restarted without its record) is joined again with ``resume``, which
 keeps the worker's push-id memory on the server. When a restarted shard is behind the clocks this
 client already saw, the rollback is recorded in ``rollbacks``.
+
+A shard given as a replica set (``HOST:PORT|HOST:PORT``) is followed: a replica that is not the
+primary (NOT_PRIMARY) sends the call to the primary it names, a replica that gives no answer to the
+next one of the set, each switch logged and counted in ``stats.follows``.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from psworker.service import PushResult, ServerMismatchError
 from psworker.sessions import (
     LEAVE_TIMEOUT_S,
     NO_RETRY,
+    RESEND,
     ClientStats,
     Recovery,
     RetryPolicy,
@@ -68,8 +73,10 @@ from psworker.sessions import (
     first_join,
     is_future_clock,
     join_shard,
+    next_address,
     observe_clock,
     pulled_shard_clock,
+    quick_pause,
     reconnect_note,
     recovery_for,
 )
@@ -151,7 +158,8 @@ class PSClient:
         a shard that came back empty (restarted without a checkpoint)."""
         config = config or ClientConfig()
         self.config = config
-        addresses = shard_addresses(servers, layout.num_shards)
+        # Each shard's replica set: one address, or a primary and its backups in any order.
+        self.replicas = shard_addresses(servers, layout.num_shards)
         push, pull = wire_dtypes(config.wire_dtype, config.push_dtype, config.pull_dtype)
         self.keepalive_seconds = config.keepalive_seconds
         self.deadlines = config.deadlines
@@ -174,14 +182,14 @@ class PSClient:
         self._next_push_id = time.time_ns() // 1000
         self._push_id_lock = threading.Lock()
         self._session_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(addresses)), thread_name_prefix="psclient")
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.replicas)), thread_name_prefix="psclient")
         # Set when close() starts: a call still in flight then fails instead of retrying or joining
         # again, or a worker stopped with Ctrl-C would come back to life on the shard it just left.
         self._closing = threading.Event()
         self.sessions: list[ShardSession] = []
         try:
-            for index, address in enumerate(addresses):
-                self.sessions.append(self._first_join(index, address))
+            for index in range(len(self.replicas)):
+                self.sessions.append(self._first_join(index))
         except BaseException:
             # Leave the shards already joined: a record left behind would count as a live worker
             # (a BSP barrier would wait for it) until its lease ran out.
@@ -198,17 +206,25 @@ class PSClient:
     def _channel(self, address: str) -> grpc.Channel:
         return open_channel(address, self._credentials, self.keepalive_seconds, self._single_threaded_pulls)
 
-    def _first_join(self, index: int, address: str) -> ShardSession:
+    def _first_join(self, index: int) -> ShardSession:
         """Join shard ``index``, waiting for it to come up (``sessions.first_join`` says how)."""
 
-        def retried(recovery: Recovery, error: grpc.RpcError) -> None:
+        def retried(
+            recovery: Recovery, error: grpc.RpcError, old: str, new: str, call_seconds: float, failing_seconds: float
+        ) -> None:
             self.stats.retries += 1
             if recovery is Recovery.WAIT_FOR_NAME:
                 _LOGGER.warning("%s: shard %d: %s; retrying", self.name, index, error.details())
+            if new != old:
+                self.stats.follows += 1
+                budget = max(self.connect_timeout, self.retry.give_up_seconds)
+                note = reconnect_note(index, old, new, error, call_seconds, failing_seconds, budget)
+                _LOGGER.warning("%s: %s", self.name, note)
 
         return first_join(
-            lambda channel, resume: self._join(index, address, channel, self.connect_timeout, resume=resume),
-            lambda: self._channel(address),
+            lambda channel, address, resume: self._join(index, address, channel, self.connect_timeout, resume=resume),
+            self._channel,
+            self.replicas[index],
             self.retry,
             max(self.connect_timeout, self.retry.give_up_seconds),
             retried,
@@ -226,7 +242,9 @@ class PSClient:
             layout_hash=self.layout.hash,
             resume=resume,
         )
-        return join_shard(channel, address, self.layout.shard(index), request, timeout, self._metadata)
+        # A single server is waited for; a replica of a set is not, as another one may be up.
+        wait = len(self.replicas[index]) == 1
+        return join_shard(channel, address, self.layout.shard(index), request, timeout, self._metadata, wait)
 
     def _rejoin(self, index: int, stale: ShardSession) -> ShardSession:
         """Join shard ``index`` again (same name, push-id memory kept); Init it if it came back empty."""
@@ -263,13 +281,15 @@ class PSClient:
             _LOGGER.warning("%s: %s", self.name, rollback)
 
     def _call(self, index: int, call: Callable[[ShardSession], ResultT]) -> ResultT:
-        """Run ``call`` on shard ``index``, retrying with backoff, reconnecting and re-joining as needed.
+        """Run ``call`` on shard ``index``, retrying with backoff, reconnecting, following the
+        primary and re-joining as needed.
 
         Retries go on while the call has been failing for less than the retry budget, counted from
         its first failure: time spent in a working exchange is not counted against it."""
         policy = self.retry
         failing_since: float | None = None
         backoff = policy.initial_backoff
+        unanswered = 0
         while True:
             session = self.sessions[index]
             started = time.monotonic()
@@ -286,12 +306,12 @@ class PSClient:
                         self._rejoin(index, session)
                     except grpc.RpcError as join_error:
                         error, recovery = join_error, recovery_for(join_error, policy)
-                        if recovery not in (Recovery.RETRY, Recovery.RECONNECT):
+                        if recovery not in RESEND:
                             raise
                     else:
                         continue
-                if recovery is Recovery.RECONNECT:
-                    self._reconnect(index, session, error, now - started, now - failing_since)
+                if recovery in (Recovery.RECONNECT, Recovery.FOLLOW):
+                    self._switch(index, session, error, recovery, now - started, now - failing_since)
                 elif recovery is not Recovery.RETRY:
                     raise
                 else:
@@ -299,25 +319,52 @@ class PSClient:
                         "%s: shard %d: %s (%s); retrying", self.name, index, error.code().name, error.details()
                     )
                 self.stats.retries += 1
-            remaining = failing_since + policy.give_up_seconds - time.monotonic()
-            time.sleep(min(backoff, max(0.0, remaining)) * random.uniform(0.5, 1.0))
-            backoff = min(policy.max_backoff, backoff * policy.multiplier)
+            unanswered = unanswered + 1 if recovery is Recovery.RECONNECT else 0
+            backoff = self._pause(recovery, unanswered, index, backoff, failing_since)
 
-    def _reconnect(
-        self, index: int, stale: ShardSession, error: grpc.RpcError, call_seconds: float, failing_seconds: float
+    def _pause(self, recovery: Recovery, unanswered: int, index: int, backoff: float, failing_since: float) -> float:
+        """Wait before a call is sent again: the short fixed pause of a move to another replica
+        (:func:`psworker.sessions.quick_pause`), else ``backoff`` (within the retry budget); returns
+        the next backoff."""
+        pause = quick_pause(recovery, unanswered, len(self.replicas[index]))
+        if pause is not None:
+            time.sleep(pause)
+            return backoff
+        remaining = failing_since + self.retry.give_up_seconds - time.monotonic()
+        time.sleep(min(backoff, max(0.0, remaining)) * random.uniform(0.5, 1.0))
+        return min(self.retry.max_backoff, backoff * self.retry.multiplier)
+
+    def _switch(
+        self,
+        index: int,
+        stale: ShardSession,
+        error: grpc.RpcError,
+        recovery: Recovery,
+        call_seconds: float,
+        failing_seconds: float,
     ) -> None:
-        """Replace the connection of a call that got no answer: a new channel, the old one closed.
+        """Replace the connection of a call that got no answer, or that a replica refused for not
+        being the primary: a new channel, to the same server or another replica of the shard's set
+        (:func:`psworker.sessions.next_address`), the old one closed.
 
-        The worker's record on the shard is kept (it is not tied to a connection); if the shard
-        evicted it meanwhile, the next call's UNKNOWN_WORKER re-joins with resume."""
+        The worker's record on the shard is kept (it is not tied to a connection, and the primary
+        of a replica set holds it on every replica); if the shard lost it meanwhile, the next
+        call's UNKNOWN_WORKER re-joins with resume."""
+        address = next_address(recovery, error, self.replicas[index], stale.address)
+        if recovery is Recovery.FOLLOW and address == stale.address:
+            return  # a lone replica that knows no primary yet: it answered, so its connection is kept
         with self._session_lock:
             if self.sessions[index] is not stale:
                 return  # another thread already replaced it
-            self.sessions[index] = stale.on_channel(self._channel(stale.address))
-            self.stats.reconnects += 1
-        # Cancels whatever else was still waiting on the dead connection; those calls retry on the new one.
+            self.sessions[index] = stale.on_channel(self._channel(address), address)
+            if recovery is Recovery.RECONNECT:
+                self.stats.reconnects += 1
+            if address != stale.address:
+                self.stats.follows += 1
+        # Cancels whatever else was still waiting on the old connection; those calls retry on the new one.
         close_channel(stale.channel)
-        note = reconnect_note(stale, error, call_seconds, failing_seconds, self.retry.give_up_seconds)
+        budget = self.retry.give_up_seconds
+        note = reconnect_note(index, stale.address, address, error, call_seconds, failing_seconds, budget)
         _LOGGER.warning("%s: %s", self.name, note)
 
     @property

@@ -6,8 +6,16 @@ the worker is joined again, a call that got no answer (UNAVAILABLE or DEADLINE_E
 a reason: the server is down, or the link went silent and the keepalive or the deadline gave
 up on it) is sent again on a new connection, other transient failures are retried on the same
 one, a name held by another joined worker is waited out on the first Join, and a base clock
-from the future (the shard restarted behind the worker) is handled by the push path. The
-decisions are pure functions of the error, so they are tested without a server.
+from the future (the shard restarted behind the worker) is handled by the push path.
+
+A shard may be a replica set (a primary and its backups, :func:`psworker.channels.replica_sets`).
+A replica that is not the primary refuses with NOT_PRIMARY and names the primary: the call
+follows it there (or, while an election runs and none is named, to the next replica of the set).
+A call that got no answer from a replica of a set of several goes to the next replica rather than
+to the same address again. The new primary holds this worker's record and its push-id memory, so
+the same call is sent again as it was (a push keeps its push id and is applied once).
+
+The decisions are pure functions of the error, so they are tested without a server.
 """
 
 from __future__ import annotations
@@ -16,14 +24,14 @@ import contextlib
 import enum
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
-from psproto.errors import Reason, limit_of, reason_of
+from psproto.errors import Reason, error_info, limit_of, reason_of
 from psproto.layout import ShardRange
-from psproto.reasons import TransientLimit
+from psproto.reasons import PRIMARY_KEY, TransientLimit
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psworker.service import ServerMismatchError
 from psworker.transfer import DataPath
@@ -61,6 +69,11 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(give_up_seconds=0.0)
+# The pause before a call goes to another replica of its shard (the primary a refusal named, or
+# the next replica): fixed, not the growing backoff, so a failover costs the worker no more than
+# the election. Short enough to add nothing visible, long enough that a set whose replicas point at
+# each other during an election is not asked in a tight loop.
+FOLLOW_PAUSE_S = 0.1
 # Leaving is a courtesy (a lease ends a record anyway): a dead server must not hold the exit up long.
 LEAVE_TIMEOUT_S = 5.0
 
@@ -69,17 +82,22 @@ class Recovery(enum.Enum):
     """What the client does about a failed call to a shard."""
 
     REJOIN = "rejoin"  # the shard no longer knows this worker: Join again with resume
-    RECONNECT = "reconnect"  # no answer: replace the connection, back off, send the same call again
+    RECONNECT = "reconnect"  # no answer: replace the connection (the next replica of a set), send the same call again
+    FOLLOW = "follow"  # not the primary: send the same call to the primary it names (or the next replica)
     RETRY = "retry"  # transient: back off and send the same call again
     WAIT_FOR_NAME = "wait_for_name"  # first Join: another joined worker holds the name; retry without resume
     FAIL = "fail"  # nothing to do: the error goes to the caller
 
 
+# Refusals whose reason alone decides, whatever the policy.
+_BY_REASON = {Reason.UNKNOWN_WORKER: Recovery.REJOIN, Reason.NOT_PRIMARY: Recovery.FOLLOW}
+
+
 def recovery_for(error: grpc.RpcError, policy: RetryPolicy) -> Recovery:
     """The recovery for a failed call on a joined session."""
     reason = reason_of(error)
-    if reason is Reason.UNKNOWN_WORKER:
-        return Recovery.REJOIN
+    if reason in _BY_REASON:
+        return _BY_REASON[reason]
     if reason in policy.retry_reasons:
         return Recovery.RETRY
     if reason is Reason.LIMIT_REACHED and limit_of(error) in policy.retry_limits:
@@ -96,7 +114,47 @@ def join_recovery_for(error: grpc.RpcError, policy: RetryPolicy) -> Recovery:
     if reason_of(error) is Reason.NAME_IN_USE:
         return Recovery.WAIT_FOR_NAME
     recovery = recovery_for(error, policy)
-    return recovery if recovery in (Recovery.RETRY, Recovery.RECONNECT) else Recovery.FAIL
+    return recovery if recovery in RESEND else Recovery.FAIL
+
+
+# The recoveries that send the same call again (to the same replica or another one of its set).
+RESEND = frozenset({Recovery.RETRY, Recovery.RECONNECT, Recovery.FOLLOW})
+
+
+def next_replica(replicas: Sequence[str], current: str) -> str:
+    """The replica after ``current`` in its set, round the end; the first when ``current`` is not in
+    the set (a primary a refusal named by another address)."""
+    if current not in replicas:
+        return replicas[0]
+    return replicas[(replicas.index(current) + 1) % len(replicas)]
+
+
+def next_address(recovery: Recovery, error: grpc.RpcError, replicas: Sequence[str], current: str) -> str:
+    """Where a call that failed with ``error`` on ``current`` goes next, for ``recovery``.
+
+    FOLLOW: the primary the refusal names; the next replica when it names none (an election is
+    running) or names the replica that refused. RECONNECT: the next replica of a set of several,
+    since a replica that gave no answer is likely down; the same address for a single server. Any
+    other recovery stays where it is."""
+    if recovery is Recovery.FOLLOW:
+        info = error_info(error)
+        primary = "" if info is None else info.metadata.get(PRIMARY_KEY, "").strip()
+        return primary if primary and primary != current else next_replica(replicas, current)
+    if recovery is Recovery.RECONNECT and len(replicas) > 1:
+        return next_replica(replicas, current)
+    return current
+
+
+def quick_pause(recovery: Recovery, unanswered: int, set_size: int) -> float | None:
+    """The fixed pause before a call is sent to another replica, or None for the growing backoff.
+
+    ``unanswered``: the calls in a row, this one included, that got no answer. A call followed to
+    the primary goes after :data:`FOLLOW_PAUSE_S`; so does one that got no answer from a replica of
+    a set of several, until every replica has been tried without an answer: a whole set down is
+    backed off from as a single server is."""
+    if recovery is Recovery.FOLLOW or (recovery is Recovery.RECONNECT and unanswered < set_size):
+        return FOLLOW_PAUSE_S
+    return None
 
 
 def is_future_clock(error: grpc.RpcError) -> bool:
@@ -129,6 +187,9 @@ class ClientStats:
     rejoins: int = 0
     # Connections replaced after a call got no answer (a silent link, a server down).
     reconnects: int = 0
+    # Calls sent to another replica of their shard's set: the primary a refusal named, or the next
+    # replica after NOT_PRIMARY without a name or no answer.
+    follows: int = 0
     duplicate_acks: int = 0
     rollbacks: list[Rollback] = field(default_factory=list)
 
@@ -174,20 +235,32 @@ class ShardSession:
     join: ps_pb2.JoinResponse
     data: DataPath
 
-    def on_channel(self, channel: grpc.Channel) -> ShardSession:
-        """The same standing with the shard (worker id, Join reply) over another connection."""
+    def on_channel(self, channel: grpc.Channel, address: str) -> ShardSession:
+        """The same standing with the shard (worker id, Join reply) over another connection, to
+        ``address``: the same server, or another replica of its set (which holds the same records)."""
         stub = ps_pb2_grpc.ParameterServerStub(channel)
-        return ShardSession(self.address, stub, channel, self.worker_id, self.range, self.join, DataPath(channel))
+        return ShardSession(address, stub, channel, self.worker_id, self.range, self.join, DataPath(channel))
 
 
 def reconnect_note(
-    stale: ShardSession, error: grpc.RpcError, call_seconds: float, failing_seconds: float, budget_seconds: float
+    shard: int,
+    old: str,
+    new: str,
+    error: grpc.RpcError,
+    call_seconds: float,
+    failing_seconds: float,
+    budget_seconds: float,
 ) -> str:
-    """The log line of a replaced connection: which shard, why, after how long, and for how long more."""
+    """The log line of a replaced connection: which shard, where from and to, why, after how long,
+    and for how long more."""
+    reason = reason_of(error)
+    why = f"not the primary ({error.details()})" if reason is Reason.NOT_PRIMARY else "no answer"
+    if reason is not Reason.NOT_PRIMARY:
+        why += f" ({error.code().name}: {error.details()})"
+    where = "opened a new connection" if new == old else f"switched to {new}"
     return (
-        f"shard {stale.range.index} at {stale.address}: no answer ({error.code().name}: {error.details()}) after "
-        f"{call_seconds:.1f} s; opened a new connection (failing for {failing_seconds:.1f} s, retrying for up to "
-        f"{budget_seconds:.0f} s)"
+        f"shard {shard} at {old}: {why} after {call_seconds:.1f} s; {where} (failing for {failing_seconds:.1f} s, "
+        f"retrying for up to {budget_seconds:.0f} s)"
     )
 
 
@@ -198,13 +271,15 @@ def join_shard(
     request: ps_pb2.JoinRequest,
     timeout: float,
     metadata: tuple[tuple[str, str], ...],
+    wait_for_ready: bool = True,
 ) -> ShardSession:
-    """Join the shard at ``address`` over ``channel``, waiting for it to come up until ``timeout``.
+    """Join the shard at ``address`` over ``channel``; with ``wait_for_ready``, waiting for it to
+    come up until ``timeout`` (a replica of a set does not wait: another one may be up).
 
     A server that serves another slice than ``expected`` is left again and refused with
     ServerMismatchError (its channel closed): the servers were listed out of shard order."""
     stub = ps_pb2_grpc.ParameterServerStub(channel)
-    reply: ps_pb2.JoinResponse = stub.Join(request, timeout=timeout, wait_for_ready=True, metadata=metadata)
+    reply: ps_pb2.JoinResponse = stub.Join(request, timeout=timeout, wait_for_ready=wait_for_ready, metadata=metadata)
     index = expected.index
     if reply.shard_index != index or (reply.shard_offset, reply.shard_length) != (expected.offset, expected.length):
         with contextlib.suppress(grpc.RpcError):
@@ -219,40 +294,58 @@ def join_shard(
 
 
 def first_join(
-    join: Callable[[grpc.Channel, bool], ShardSession],
-    open_channel: Callable[[], grpc.Channel],
+    join: Callable[[grpc.Channel, str, bool], ShardSession],
+    open_channel: Callable[[str], grpc.Channel],
+    replicas: Sequence[str],
     policy: RetryPolicy,
     patience_seconds: float,
-    on_retry: Callable[[Recovery, grpc.RpcError], None],
+    on_retry: Callable[[Recovery, grpc.RpcError, str, str, float, float], None],
     takes_over: bool = False,
 ) -> ShardSession:
-    """Join (``join(channel, resume)``) with retries for up to ``patience_seconds``; a retry resumes,
-    replacing a record an unanswered attempt may have left. With ``takes_over`` (the caller knows
-    the name's earlier holder is dead) the first attempt resumes too.
+    """Join (``join(channel, address, resume)``) the shard served by ``replicas``, starting with the
+    first, with retries for up to ``patience_seconds``; a retry resumes, replacing a record an
+    unanswered attempt may have left. With ``takes_over`` (the caller knows the name's earlier
+    holder is dead) the first attempt resumes too. ``on_retry(recovery, error, old, new, call_seconds,
+    failing_seconds)`` hears of every retry: the address it failed on, the one it goes to, how long
+    the attempt took and how long the Join has been failing.
 
     A name still held by a joined worker (NAME_IN_USE: most often this worker's previous process,
     not yet expired) is retried without resume until that record's lease runs out, so a restarted
     worker comes back and two running workers never share a name. An attempt that got no answer
-    is retried on a new channel: a handshake swallowed by a silent link is not waited on again."""
-    channel = open_channel()
+    is retried on a new channel (to the next replica of a set): a handshake swallowed by a silent
+    link is not waited on again. A replica that is not the primary is followed to the one it names."""
+    address = replicas[0]
+    channel = open_channel(address)
     deadline = time.monotonic() + patience_seconds
     backoff = policy.initial_backoff
     resume = takes_over
+    unanswered = 0
     # Once another worker was seen holding the name, never resume: that would take its record over.
     name_held = False
+    failing_since: float | None = None
     while True:
+        started = time.monotonic()
         try:
-            return join(channel, resume)
+            return join(channel, address, resume)
         except grpc.RpcError as error:
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
             recovery = join_recovery_for(error, policy)
-            if recovery is Recovery.FAIL or time.monotonic() >= deadline:
+            if recovery is Recovery.FAIL or now >= deadline:
                 channel.close()
                 raise
-            on_retry(recovery, error)
-            if recovery is Recovery.RECONNECT:
+            target = next_address(recovery, error, replicas, address)
+            on_retry(recovery, error, address, target, now - started, now - failing_since)
+            if recovery is Recovery.RECONNECT or target != address:
                 channel.close()
-                channel = open_channel()
+                address = target
+                channel = open_channel(address)
+            unanswered = unanswered + 1 if recovery is Recovery.RECONNECT else 0
             name_held = name_held or recovery is Recovery.WAIT_FOR_NAME
             resume = not name_held
+        pause = quick_pause(recovery, unanswered, len(replicas))
+        if pause is not None:
+            time.sleep(pause)
+            continue
         time.sleep(backoff * random.uniform(0.5, 1.0))
         backoff = min(policy.max_backoff, backoff * policy.multiplier)

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from psproto import codec
 from psworker.binding import ModelBinding
+from psworker.channels import replica_sets
 from psworker.client import ClientConfig, PSClient
 from psworker.pacing import Pace
 from psworker.procedures import Procedure, StepCounts, StepOutcome
@@ -31,7 +32,7 @@ ENCODE_PLACES = ("device", "host")
 class TrainConfig:
     """Every setting of a training run but the task (``psworker train --config``'s ``[train]`` table)."""
 
-    # HOST:PORT of every shard, in shard order.
+    # HOST:PORT of every shard, in shard order; a replicated shard as its replicas, HOST:PORT|HOST:PORT.
     servers: tuple[str, ...]
     # Unique worker name (default: host and process).
     name: str | None = None
@@ -74,6 +75,7 @@ class TrainConfig:
         object.__setattr__(self, "servers", tuple(self.servers))
         if not self.servers:
             raise ValueError("servers: give the address of every shard")
+        replica_sets(self.servers)
         if self.encode_on not in ENCODE_PLACES:
             raise ValueError(f"encode_on {self.encode_on!r} is not one of {', '.join(ENCODE_PLACES)}")
         if not self.slowdown >= 1.0:
@@ -102,10 +104,12 @@ class TrainSummary:
     test_loss: float
     final_clock: int
     telemetry: dict[str, float] = field(default_factory=dict)
-    # Calls retried, shards re-joined, and (shard, clock seen, clock after restart) per rollback.
+    # Calls retried, shards re-joined, connections replaced, calls sent to another replica of their
+    # shard (following the primary), and (shard, clock seen, clock after restart) per rollback.
     retries: int = 0
     rejoins: int = 0
     reconnects: int = 0
+    follows: int = 0
     duplicate_acks: int = 0
     rollbacks: list[list[int]] = field(default_factory=list)
     # Steps whose compute took longer than the emulated device's step time (--step-time).
@@ -340,6 +344,7 @@ def _summary(config: TrainConfig, steps: _Steps, client: PSClient, device: torch
         retries=client.stats.retries,
         rejoins=client.stats.rejoins,
         reconnects=client.stats.reconnects,
+        follows=client.stats.follows,
         duplicate_acks=client.stats.duplicate_acks,
         rollbacks=[[r.shard, r.seen_clock, r.clock] for r in client.rollbacks],
         overrun_steps=steps.pace.overruns,

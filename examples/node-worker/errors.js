@@ -8,6 +8,7 @@
 
 const path = require('node:path');
 const protobuf = require('protobufjs');
+const { status: grpcStatus } = require('@grpc/grpc-js');
 
 const DOMAIN = 'hetps';
 const DETAILS_KEY = 'grpc-status-details-bin';
@@ -73,8 +74,11 @@ function reasonOf(error) {
 //   REBASE   the shard's clock is behind the pulled one (it restarted from an older checkpoint):
 //            send the push again against the shard's clock
 //   RETRY    repeat the call after a short wait
+//   FOLLOW   send the same call to another replica of the shard's set (nextAddress): the primary a
+//            NOT_PRIMARY refusal names, or the next replica; the new primary holds this worker's
+//            record and push ids, so a push sent again there is applied once
 //   GIVE_UP  stop: the request itself is wrong, or a limit or a reason this worker does not know
-const Action = Object.freeze({ REJOIN: 'rejoin', REBASE: 'rebase', RETRY: 'retry', GIVE_UP: 'give-up' });
+const Action = Object.freeze({ REJOIN: 'rejoin', REBASE: 'rebase', RETRY: 'retry', FOLLOW: 'follow', GIVE_UP: 'give-up' });
 
 const ACTIONS = Object.freeze({
   UNKNOWN_WORKER: Action.REJOIN, // evicted, or the server restarted without this worker's record
@@ -82,10 +86,49 @@ const ACTIONS = Object.freeze({
   PUSH_STALLED: Action.RETRY, // cancelled and not applied
   NAME_IN_USE: Action.RETRY, // this worker's previous run still holds the name until its lease ends
   DRAINING: Action.RETRY, // the server is restarting
+  NOT_PRIMARY: Action.FOLLOW, // a backup, or a deposed primary: metadata.primary names the primary
 });
+
+// Status codes of a call that got no answer (the server is down, the link went silent).
+const NO_ANSWER_CODES = Object.freeze([grpcStatus.UNAVAILABLE, grpcStatus.DEADLINE_EXCEEDED]);
 
 function actionFor(reason) {
   return (reason !== null && Object.hasOwn(ACTIONS, reason) && ACTIONS[reason]) || Action.GIVE_UP;
 }
 
-module.exports = { DOMAIN, DETAILS_KEY, Action, actionFor, errorInfo, errorInfoFromStatusBytes, reasonOf, rpcTypes };
+// What the worker does about a failed call to a shard served by `replicaCount` replicas: the
+// reason's action; a call that got no answer from a replica of a set of several goes to the next
+// replica (FOLLOW), where a single server's ends the worker as any refusal without a reason does.
+function recoveryFor(error, replicaCount) {
+  const reason = reasonOf(error);
+  if (reason === null && replicaCount > 1 && error && NO_ANSWER_CODES.includes(error.code)) return Action.FOLLOW;
+  return actionFor(reason);
+}
+
+// The replica after `current` in `replicas`, round the end; the first when `current` is not in the set.
+function nextReplica(replicas, current) {
+  const index = replicas.indexOf(current);
+  return index < 0 ? replicas[0] : replicas[(index + 1) % replicas.length];
+}
+
+// Where a call FOLLOW sends goes: the primary a NOT_PRIMARY refusal names; the next replica when it
+// names none (an election is running), names the replica that refused, or the call got no answer.
+function nextAddress(error, replicas, current) {
+  const info = errorInfo(error);
+  const primary = info !== null && info.reason === 'NOT_PRIMARY' ? String(info.metadata.primary || '').trim() : '';
+  return primary && primary !== current ? primary : nextReplica(replicas, current);
+}
+
+module.exports = {
+  DOMAIN,
+  DETAILS_KEY,
+  Action,
+  actionFor,
+  errorInfo,
+  errorInfoFromStatusBytes,
+  nextAddress,
+  nextReplica,
+  reasonOf,
+  recoveryFor,
+  rpcTypes,
+};

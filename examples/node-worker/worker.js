@@ -10,7 +10,8 @@
 //   node worker.js --server 127.0.0.1:50051 [--server HOST:PORT ...] --steps 200
 //
 // Options (all optional but --server):
-//   --server HOST:PORT   a shard; repeat once per shard, in shard order
+//   --server HOST:PORT   a shard; repeat once per shard, in shard order; a replicated shard as
+//                        its replicas HOST:PORT|HOST:PORT (the worker finds and follows the primary)
 //   --name NAME          worker name (default node-<host>-<pid>)
 //   --features F         input features (default 8)
 //   --steps N            local steps (default 200)
@@ -27,8 +28,9 @@
 //   --tls-ca P           connect with TLS, trusting this CA (--tls-cert/--tls-key for mTLS)
 
 // A refused call is recovered from by its reason (errors.js: re-join on UNKNOWN_WORKER, rebase a
-// push on FUTURE_CLOCK, retry PUSH_STALLED, NAME_IN_USE and DRAINING); any other refusal ends the
-// worker with exit code 1, the status code and reason on stderr.
+// push on FUTURE_CLOCK, retry PUSH_STALLED, NAME_IN_USE and DRAINING, follow NOT_PRIMARY to the
+// primary it names); any other refusal ends the worker with exit code 1, the status code and
+// reason on stderr. A call to a replica set that got no answer goes to the next replica.
 
 const os = require('node:os');
 const fs = require('node:fs');
@@ -38,8 +40,13 @@ const protoLoader = require('@grpc/proto-loader');
 const lib = require('./lib');
 const errors = require('./errors');
 
-// How long one call keeps recovering from refusals (re-join, rebase, retry) before giving up.
+// How long one call keeps recovering from refusals (re-join, rebase, retry, follow) before giving up.
 const RECOVERY_SECONDS = 60;
+// The pause before a call goes to another replica: fixed, not the growing backoff, so a failover
+// costs no more than the election (the Python client's FOLLOW_PAUSE_S).
+const FOLLOW_PAUSE_MS = 100;
+// Separates the replicas of one shard in a --server entry.
+const REPLICA_SEPARATOR = '|';
 
 const DEFAULT_PROTO = path.resolve(__dirname, '..', '..', 'protos', 'psproto', 'v1', 'ps.proto');
 
@@ -77,7 +84,10 @@ function parseArgs(argv) {
   for (let i = 0; i < argv.length; i += 1) {
     const flag = argv[i];
     if (flag === '--help' || flag === '-h') {
-      process.stdout.write(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 28).join('\n').replace(/^\/\/ ?/gm, '') + '\n');
+      // The comment block that opens this file, up to its first blank line.
+      const lines = fs.readFileSync(__filename, 'utf8').split('\n').slice(2);
+      const usage = lines.slice(0, lines.findIndex((line) => !line.startsWith('//')));
+      process.stdout.write(usage.join('\n').replace(/^\/\/ ?/gm, '') + '\n');
       process.exit(0);
     }
     if (!flag.startsWith('--') || i + 1 >= argv.length) throw new Error(`unexpected argument ${flag}`);
@@ -91,10 +101,27 @@ function parseArgs(argv) {
     } else options[key] = value;
   }
   if (options.server.length === 0) throw new Error('give at least one --server HOST:PORT');
+  options.replicas = replicaSets(options.server);
   // The server accepts a ping every 0.5 s at most; faster ones earn GOAWAY too_many_pings.
   if (options.keepaliveSeconds < 1) throw new Error('--keepalive-seconds needs a number >= 1');
   if (!['fp32', 'int8'].includes(options.pushDtype)) throw new Error('--push-dtype is fp32 or int8');
   return options;
+}
+
+// Each --server entry's replica set; an empty member or an address given twice is an Error naming it.
+function replicaSets(entries) {
+  const sets = entries.map((entry) => entry.split(REPLICA_SEPARATOR).map((member) => member.trim()));
+  sets.forEach((members, i) => {
+    if (members.includes('')) {
+      throw new Error(`--server ${JSON.stringify(entries[i])} has an empty address; give HOST:PORT, or a shard's replicas as HOST:PORT|HOST:PORT`);
+    }
+  });
+  const addresses = sets.flat();
+  const repeated = [...new Set(addresses.filter((a, i) => addresses.indexOf(a) !== i))].sort();
+  if (repeated.length > 0) {
+    throw new Error(`--server ${repeated.join(', ')} listed more than once; give each shard's address once, and each replica in one set only`);
+  }
+  return sets;
 }
 
 function loadService(protoPath) {
@@ -165,26 +192,46 @@ class Worker {
       { name: 'w', shape: [1, options.features] },
       { name: 'b', shape: [1] },
     ];
-    this.numShards = options.server.length;
+    this.numShards = options.replicas.length;
     this.layoutHash = lib.layoutHash(this.tensors, this.numShards);
     this.length = lib.totalLength(this.tensors);
     this.params = new Float64Array(this.length);
     this.grad = new Float64Array(this.length);
     this.metadata = metadataFor(options);
-    const Service = loadService(options.proto);
-    const credentials = credentialsFor(options);
+    this.Service = loadService(options.proto);
+    this.credentials = credentialsFor(options);
     // Keepalive pings, between calls too, so a link that went silent (no RST, no FIN) fails the
     // calls on it within 1.5 intervals instead of hanging them (the Python client does the same).
     const keepaliveMs = Math.round(options.keepaliveSeconds * 1000);
-    const channelOptions = {
+    this.channelOptions = {
       'grpc.max_receive_message_length': 64 << 20,
       'grpc.max_send_message_length': 64 << 20,
       'grpc.keepalive_time_ms': keepaliveMs,
       'grpc.keepalive_timeout_ms': Math.round(keepaliveMs / 2),
       'grpc.keepalive_permit_without_calls': 1,
     };
-    this.shards = options.server.map((address) => ({ address, client: new Service(address, credentials, channelOptions) }));
+    // Each shard starts at the first of its replicas; `address` is the one its calls go to.
+    this.shards = options.replicas.map((replicas) => ({ replicas, address: replicas[0], client: this.connect(replicas[0]) }));
     this.pushId = 0;
+    this.follows = 0;
+  }
+
+  connect(address) {
+    return new this.Service(address, this.credentials, this.channelOptions);
+  }
+
+  // Send `shard`'s calls to `address` from now on: another replica of its set, over a new channel.
+  follow(shard, address, error) {
+    this.log('followed', {
+      shard: this.shards.indexOf(shard),
+      from: shard.address,
+      to: address,
+      reason: errors.reasonOf(error),
+      why: describe(error),
+    });
+    shard.client.close();
+    Object.assign(shard, { address, client: this.connect(address) });
+    this.follows += 1;
   }
 
   log(event, fields) {
@@ -196,14 +243,25 @@ class Worker {
   async recovering(shard, call) {
     const deadline = Date.now() + RECOVERY_SECONDS * 1000;
     let backoffMs = 100;
+    let unanswered = 0; // calls in a row that got no answer: once every replica gave none, back off
     for (;;) {
       try {
         return await call();
       } catch (error) {
         const reason = errors.reasonOf(error);
-        const action = errors.actionFor(reason);
+        const action = errors.recoveryFor(error, shard.replicas.length);
         if (action === errors.Action.GIVE_UP || Date.now() >= deadline) throw error;
         this.log('recovering', { shard: this.shards.indexOf(shard), reason, action });
+        unanswered = action === errors.Action.FOLLOW && reason === null ? unanswered + 1 : 0;
+        if (action === errors.Action.FOLLOW) {
+          const address = errors.nextAddress(error, shard.replicas, shard.address);
+          // A lone replica that names no primary yet (an election) answered: it is asked again as it is.
+          if (address !== shard.address) this.follow(shard, address, error);
+          if (unanswered < shard.replicas.length) {
+            await sleep(FOLLOW_PAUSE_MS);
+            continue;
+          }
+        }
         if (action === errors.Action.REJOIN) {
           await this.recovering(shard, () => this.joinShard(shard, true));
         } else if (action === errors.Action.REBASE) {
@@ -239,9 +297,12 @@ class Worker {
   async join() {
     let offset = 0;
     for (const [index, shard] of this.shards.entries()) {
-      await new Promise((resolve, reject) =>
-        shard.client.waitForReady(Date.now() + 30_000, (error) => (error ? reject(error) : resolve())),
-      );
+      // A single server is waited for; a replica of a set is not, as another one may be up.
+      if (shard.replicas.length === 1) {
+        await new Promise((resolve, reject) =>
+          shard.client.waitForReady(Date.now() + 30_000, (error) => (error ? reject(error) : resolve())),
+        );
+      }
       const reply = await this.recovering(shard, () => this.joinShard(shard, false));
       if (reply.shard_index !== index || reply.shard_offset !== offset) {
         throw new Error(`${shard.address} serves shard ${reply.shard_index} at ${reply.shard_offset}; list the servers in shard order`);
@@ -269,9 +330,13 @@ class Worker {
     const initial = lib.initialParameters(this.options.features, this.options.seed + 1);
     for (const shard of this.shards) {
       if (shard.initialized) continue;
-      const messages = [{ header: { worker_id: shard.workerId, layout_hash: this.layoutHash } }];
-      for (const chunk of lib.chunksOf(initial, shard.offset, shard.length)) messages.push({ chunk });
-      const reply = await clientStream(shard.client, 'Init', messages, this.metadata);
+      const chunks = lib.chunksOf(initial, shard.offset, shard.length);
+      // Built at each attempt, and sent to the shard's current replica (a failover may come between).
+      const send = () => {
+        const header = { worker_id: shard.workerId, layout_hash: this.layoutHash };
+        return clientStream(shard.client, 'Init', [{ header }, ...chunks.map((chunk) => ({ chunk }))], this.metadata);
+      };
+      const reply = await this.recovering(shard, send);
       this.log('init', { shard: this.shards.indexOf(shard), applied: reply.applied, clock: reply.clock });
     }
   }
@@ -378,6 +443,7 @@ class Worker {
     losses.push(finalLoss);
     this.log('done', {
       pushes: this.pushId,
+      follows: this.follows,
       clock,
       first_loss: losses[0],
       final_loss: finalLoss,
@@ -407,4 +473,4 @@ async function main() {
 
 if (require.main === module) main();
 
-module.exports = { Worker, parseArgs };
+module.exports = { Worker, parseArgs, replicaSets };

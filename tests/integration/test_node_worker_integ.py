@@ -1,5 +1,6 @@
 """A Node.js worker (examples/node-worker, @grpc/grpc-js, written against ps.proto only) and a Python
-worker train one model together on a live two-shard server: the protocol is language-agnostic."""
+worker train one model together on a live two-shard server: the protocol is language-agnostic. The
+Node worker recovers by the same reasons: it re-joins, and follows a replica set to its primary."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ import torch
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psworker.client import PSClient
+from tests.integration.not_primary import closed_port, not_primary_server
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +67,18 @@ def python_worker(addresses: list[str], steps: int, losses: list[float], errors:
                 losses.append(loss.item())
     except BaseException as error:  # reported by the test thread
         errors.append(error)
+
+
+def finished_events(node: subprocess.Popen[str], timeout: float) -> list[dict[str, Any]]:
+    """The JSON events a Node worker printed, once it ended with exit code 0 (killed if it runs past ``timeout``)."""
+    try:
+        stdout, stderr = node.communicate(timeout=timeout)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+    assert node.returncode == 0, f"node worker failed:\n{stderr}\n{stdout}"
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 def test_node_unit_tests() -> None:
@@ -171,13 +186,11 @@ def test_node_worker_rejoins_when_the_shard_forgets_it(
             time.sleep(0.01)
         assert joined, "the Node worker never pushed"
         stub.Leave(ps_pb2.LeaveRequest(worker_id=joined[0].worker_id), timeout=10)
-        stdout, stderr = node.communicate(timeout=120)
-    finally:
-        if node.poll() is None:
-            node.kill()
-            node.wait()
-    assert node.returncode == 0, f"node worker failed:\n{stderr}\n{stdout}"
-    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    except BaseException:
+        node.kill()
+        node.wait()
+        raise
+    events = finished_events(node, 120)
     recovered = [e for e in events if e["event"] == "recovering"]
     assert recovered and {(e["reason"], e["action"]) for e in recovered} == {("UNKNOWN_WORKER", "rejoin")}, events
     rejoined = [e for e in events if e["event"] == "rejoined"]
@@ -215,3 +228,38 @@ def test_node_worker_pushes_8_bit_blocks(
         status = stub_for(address).Status(ps_pb2.StatusRequest(), timeout=10)
         # Every 8-bit push was decoded and applied; none refused.
         assert status.applied_pushes == steps and sum(status.rejected.values()) == 0, address
+
+
+@needs_node
+def test_node_workers_follow_a_backup_to_the_primary_and_go_past_a_replica_that_is_down(
+    start_psserver: Callable[..., str], stub_for: Callable[[str], ps_pb2_grpc.ParameterServerStub]
+) -> None:
+    """Given a shard as a replica set, the Node worker finds the primary: a backup's NOT_PRIMARY names
+    it, a replica that is down (a closed port) is passed for the next one; every push applied once."""
+    require_node_modules()
+    assert NODE is not None
+    primary = start_psserver("asgd", 0.5)
+    down = closed_port()
+    steps = 20
+    with not_primary_server(primary) as backup:
+        runs = {
+            first: subprocess.Popen(
+                [NODE, "worker.js", "--name", f"node-{index}", "--server", f"{first}|{primary}", "--steps", str(steps)],
+                cwd=NODE_WORKER,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for index, first in enumerate((backup.address, down))
+        }
+        for first, node in runs.items():
+            events = finished_events(node, 60)
+            (followed,) = [e for e in events if e["event"] == "followed"]
+            reason = "NOT_PRIMARY" if first == backup.address else None
+            assert (followed["from"], followed["to"], followed["reason"]) == (first, primary, reason), followed
+            done = next(e for e in events if e["event"] == "done")
+            assert done["pushes"] == steps and done["follows"] == 1, done
+        assert backup.refused == {"Join": 1}
+    status = stub_for(primary).Status(ps_pb2.StatusRequest(), timeout=10)
+    assert status.applied_pushes == status.clock == 2 * steps
+    assert sum(status.rejected.values()) == 0

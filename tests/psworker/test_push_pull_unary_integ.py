@@ -23,7 +23,7 @@ from psworker.channels import open_channel
 from psworker.client import ClientConfig, PSClient
 from psworker.transfer import refuses_unary
 from tests.psworker.live import serving
-from tests.psworker.test_recovery_integ import FakeRpcError, _BareStatus
+from tests.psworker.refusals import BareStatus, FakeRpcError
 
 SHAPES = [("w", (30, 40)), ("b", (40,))]
 LAYOUT = Layout.from_named_shapes(SHAPES)
@@ -190,7 +190,7 @@ def test_only_a_refusal_of_the_call_itself_sends_the_push_as_streams(
     status: grpc.Status | grpc.StatusCode, refused: bool
 ) -> None:
     if isinstance(status, grpc.StatusCode):
-        status = _BareStatus(status, "Method not found!")
+        status = BareStatus(status, "Method not found!")
     assert refuses_unary(FakeRpcError(status)) is refused
 
 

@@ -1,153 +1,31 @@
-"""The client's recovery decisions, taken on the refusal's reason (google.rpc.ErrorInfo), never its text.
-
-Refusals are fake gRPC errors carrying a rich status built with ``psproto.errors.rich_status``,
-so these tests hold whatever the server in this checkout attaches; the client around the
-decisions runs against a real in-process server.
-"""
+"""The client acting on its recovery decisions (tests/psworker/test_recovery.py) against a real
+in-process server, the refusals made without one (tests/psworker/refusals.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
 import torch
 
-from psproto.errors import Reason, rich_status
+from psproto.errors import Reason
 from psproto.layout import Layout
-from psproto.reasons import TransientLimit
+from psproto.reasons import PRIMARY_KEY, TransientLimit
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psproto.wire import PulledChunk
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
 from psworker.client import ClientConfig, PSClient, PushResult, RetryPolicy, Rollback
-from psworker.sessions import (
-    Recovery,
-    ShardSession,
-    is_future_clock,
-    join_recovery_for,
-    observe_clock,
-    recovery_for,
-)
+from psworker.sessions import FOLLOW_PAUSE_S, ShardSession
 from tests.psworker.live import serving
+from tests.psworker.refusals import bare, refusal
 
 LAYOUT = Layout.from_named_shapes([("w", [4])], 1)
 FAST = RetryPolicy(give_up_seconds=10.0, initial_backoff=0.001, max_backoff=0.001)
-
-
-class FakeRpcError(grpc.RpcError, grpc.Call):  # type: ignore[misc]
-    """A failed call as grpc raises it: code, details and the trailers a rich status travels in."""
-
-    def __init__(self, status: grpc.Status) -> None:
-        self._status = status
-
-    def code(self) -> grpc.StatusCode:
-        return self._status.code
-
-    def details(self) -> str:
-        return str(self._status.details)
-
-    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return tuple(self._status.trailing_metadata)
-
-    def initial_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return ()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def cancel(self) -> bool:
-        return False
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
-
-
-class _BareStatus(grpc.Status):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        self.code = code
-        self.details = details
-        self.trailing_metadata = ()
-
-
-def refusal(
-    code: grpc.StatusCode, reason: Reason, message: str = "refused", metadata: dict[str, str] | None = None
-) -> FakeRpcError:
-    return FakeRpcError(rich_status(code, reason, message, metadata))
-
-
-def bare(code: grpc.StatusCode, message: str = "") -> FakeRpcError:
-    """A failure without ErrorInfo: the transport's, or an older server's."""
-    return FakeRpcError(_BareStatus(code, message))
-
-
-# -- the decisions ----------------------------------------------------------------------------
-
-
-def test_an_unknown_worker_is_joined_again() -> None:
-    assert recovery_for(refusal(grpc.StatusCode.NOT_FOUND, Reason.UNKNOWN_WORKER), FAST) is Recovery.REJOIN
-
-
-def test_the_message_text_alone_decides_nothing() -> None:
-    # The words the client once searched for, without a reason: not a re-join.
-    assert recovery_for(bare(grpc.StatusCode.NOT_FOUND, "worker 3 is not joined (evicted)"), FAST) is Recovery.FAIL
-    future = bare(grpc.StatusCode.OUT_OF_RANGE, "base clock 9 is ahead of the shard's clock 2")
-    assert not is_future_clock(future)
-    assert join_recovery_for(bare(grpc.StatusCode.ALREADY_EXISTS, "name in use"), FAST) is Recovery.FAIL
-
-
-def test_a_call_without_answer_is_sent_again_on_a_new_connection() -> None:
-    # No reason: the transport's own failure (a keepalive that went unanswered, a deadline that
-    # ran out, a server down): the connection is suspect, so it is replaced.
-    for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        assert recovery_for(bare(code, "Stream removed (ping timeout)"), FAST) is Recovery.RECONNECT
-        assert join_recovery_for(bare(code), FAST) is Recovery.RECONNECT
-    # Cancelled under the call (another call replaced its connection): the same call again.
-    assert recovery_for(bare(grpc.StatusCode.CANCELLED), FAST) is Recovery.RETRY
-    assert join_recovery_for(bare(grpc.StatusCode.CANCELLED), FAST) is Recovery.RETRY
-    assert recovery_for(bare(grpc.StatusCode.INVALID_ARGUMENT), FAST) is Recovery.FAIL
-
-
-def test_a_draining_server_is_retried_not_given_up() -> None:
-    draining = refusal(grpc.StatusCode.UNAVAILABLE, Reason.DRAINING)
-    assert recovery_for(draining, FAST) is Recovery.RETRY
-    assert join_recovery_for(draining, FAST) is Recovery.RETRY
-
-
-def test_a_policy_without_reconnect_codes_only_retries_or_fails() -> None:
-    policy = RetryPolicy(reconnect_codes=frozenset(), retry_codes=frozenset({grpc.StatusCode.UNAVAILABLE}))
-    assert recovery_for(bare(grpc.StatusCode.UNAVAILABLE), policy) is Recovery.RETRY
-    assert recovery_for(bare(grpc.StatusCode.DEADLINE_EXCEEDED), policy) is Recovery.FAIL
-
-
-def test_a_stalled_push_is_retried_and_other_refusals_fail() -> None:
-    assert recovery_for(refusal(grpc.StatusCode.CANCELLED, Reason.PUSH_STALLED), FAST) is Recovery.RETRY
-    for code, reason in [
-        (grpc.StatusCode.FAILED_PRECONDITION, Reason.LAYOUT_MISMATCH),
-        (grpc.StatusCode.OUT_OF_RANGE, Reason.CHUNK_OUT_OF_RANGE),
-        (grpc.StatusCode.INVALID_ARGUMENT, Reason.NON_FINITE),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.LIMIT_REACHED),
-        # A reason the client does not retry, even on a code it retries when no reason is given.
-        (grpc.StatusCode.UNAVAILABLE, Reason.CHECKPOINT_FAILED),
-    ]:
-        assert recovery_for(refusal(code, reason), FAST) is Recovery.FAIL, reason
-
-
-def test_a_limit_that_passes_on_its_own_is_retried_and_the_others_fail() -> None:
-    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
-    for limit in TransientLimit:
-        transient = refusal(exhausted, Reason.LIMIT_REACHED, "reworded", {"limit": limit.value})
-        assert recovery_for(transient, FAST) is Recovery.RETRY, limit
-    for metadata in (None, {"limit": "max_workers"}, {"other": "receive_buffers"}):
-        assert recovery_for(refusal(exhausted, Reason.LIMIT_REACHED, "full", metadata), FAST) is Recovery.FAIL
-    # Only a LIMIT_REACHED: the same metadata on another reason decides nothing.
-    other = refusal(exhausted, Reason.BAD_REQUEST, "bad", {"limit": TransientLimit.RECEIVE_BUFFERS.value})
-    assert recovery_for(other, FAST) is Recovery.FAIL
 
 
 def test_the_client_sends_a_push_again_while_every_receive_buffer_is_taken(served: tuple[Shard, str]) -> None:
@@ -165,20 +43,6 @@ def test_the_client_sends_a_push_again_while_every_receive_buffer_is_taken(serve
 
         assert client._call(0, call) == 3
         assert client.stats.retries == 2 and client.stats.rejoins == 0
-
-
-def test_a_name_in_use_is_waited_out_on_the_first_join() -> None:
-    held = refusal(grpc.StatusCode.ALREADY_EXISTS, Reason.NAME_IN_USE)
-    assert join_recovery_for(held, FAST) is Recovery.WAIT_FOR_NAME
-    assert recovery_for(held, FAST) is Recovery.FAIL  # on a joined session it is nothing to retry
-
-
-def test_a_future_base_clock_is_recognised_by_its_reason() -> None:
-    assert is_future_clock(refusal(grpc.StatusCode.OUT_OF_RANGE, Reason.FUTURE_CLOCK))
-    assert not is_future_clock(refusal(grpc.StatusCode.OUT_OF_RANGE, Reason.CHUNK_OUT_OF_RANGE))
-
-
-# -- the client acting on them ----------------------------------------------------------------
 
 
 @pytest.fixture
@@ -429,20 +293,99 @@ def test_a_first_join_without_answer_is_retried_on_a_new_channel(
             stubs[0].Status(ps_pb2.StatusRequest(), timeout=1)
 
 
-def test_a_clock_below_the_highest_seen_is_a_rollback_and_the_count_starts_again_from_it() -> None:
-    seen = [5, 0]
-    assert observe_clock(seen, 0, 7) is None and seen == [7, 0]
-    rollback = observe_clock(seen, 0, 3)
-    assert rollback == Rollback(0, 7, 3) and seen == [3, 0]
-    assert str(rollback) == "shard 0 is back at clock 3 after 7: 4 update(s) were lost"
-    assert observe_clock(seen, 0, 3) is None
+def _closed_port() -> str:
+    """A loopback address nothing listens on: connecting is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
 
 
-def test_a_reply_that_crossed_a_newer_clock_is_no_rollback_and_keeps_the_newer_one() -> None:
-    seen = [5]
-    # A heartbeat sent when 5 was the highest seen is answered with 6, but read after a push's
-    # acknowledgement raised the highest seen to 8: the shard went forward, not back.
-    assert observe_clock(seen, 0, 8) is None
-    assert observe_clock(seen, 0, 6, seen_when_sent=5) is None and seen == [8]
-    # Below what was seen when it was sent: the shard went back.
-    assert observe_clock(seen, 0, 4, seen_when_sent=8) == Rollback(0, 8, 4) and seen == [4]
+def test_a_call_refused_by_a_replica_follows_to_the_primary_it_names(
+    served: tuple[Shard, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    shard, address = served
+    backup = _closed_port()
+    with PSClient([f"{address}|{backup}"], LAYOUT, name="follower", config=ClientConfig(retry=FAST)) as client:
+        client.init(torch.zeros(4))
+        first = client.sessions[0]
+        used: list[str] = []
+
+        def call(session: ShardSession) -> int:
+            used.append(session.address)
+            if len(used) == 1:  # an election: no primary named, so the next replica
+                raise refusal(grpc.StatusCode.UNAVAILABLE, Reason.NOT_PRIMARY, "deposed", {PRIMARY_KEY: ""})
+            if len(used) == 2:  # that one names the primary
+                raise refusal(grpc.StatusCode.UNAVAILABLE, Reason.NOT_PRIMARY, "a backup", {PRIMARY_KEY: address})
+            reply: ps_pb2.StatusResponse = session.stub.Status(ps_pb2.StatusRequest(), timeout=5)
+            return reply.clock
+
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="psworker.client"):
+            assert client._call(0, call) == 0
+        # Two fixed pauses of 0.1 s, not a growing backoff.
+        assert 2 * FOLLOW_PAUSE_S <= time.monotonic() - started < 1.0
+        assert used == [address, backup, address]
+        assert (client.stats.follows, client.stats.reconnects, client.stats.rejoins) == (2, 0, 0)
+        # The same standing (worker id, Join reply) on every replica: the same call is sent again.
+        assert (client.sessions[0].worker_id, client.sessions[0].join) == (first.worker_id, first.join)
+        lines = [r.getMessage() for r in caplog.records if "switched to" in r.getMessage()]
+        assert len(lines) == 2
+        assert f"shard 0 at {address}: not the primary (deposed)" in lines[0] and f"switched to {backup}" in lines[0]
+        assert f"shard 0 at {backup}: not the primary (a backup)" in lines[1] and f"switched to {address}" in lines[1]
+        client.push(torch.ones(4))
+        assert shard.clock == 1
+
+
+def test_the_first_join_goes_past_a_replica_that_is_down(served: tuple[Shard, str]) -> None:
+    _, address = served
+    down = _closed_port()
+    started = time.monotonic()
+    with PSClient([f"{down}|{address}"], LAYOUT, name="past", config=ClientConfig(retry=FAST)) as client:
+        # Not waited for (a single server is, for connect_timeout): the next replica is asked at once.
+        assert time.monotonic() - started < 5.0
+        assert client.sessions[0].address == address
+        assert client.stats.follows == 1 and client.stats.reconnects == 0
+        client.init(torch.zeros(4))
+        (result,) = client.push(torch.ones(4))
+        assert result.clock == 1
+
+
+def test_a_whole_set_without_answer_is_backed_off_from_as_a_single_server(served: tuple[Shard, str]) -> None:
+    _, address = served
+    backup = _closed_port()
+    budget = RetryPolicy(give_up_seconds=1.0, initial_backoff=0.4, max_backoff=0.4)
+    with PSClient([f"{address}|{backup}"], LAYOUT, name="all-down", config=ClientConfig(retry=budget)) as client:
+        attempts: list[tuple[str, float]] = []
+
+        def never_answers(session: ShardSession) -> None:
+            attempts.append((session.address, time.monotonic()))
+            raise bare(grpc.StatusCode.UNAVAILABLE)
+
+        with pytest.raises(grpc.RpcError):
+            client._call(0, never_answers)
+        addresses = [a for a, _ in attempts]
+        assert addresses[:3] == [address, backup, address]
+        # After the 0.1 s move to the second replica the whole set gave no answer: from then on the
+        # backoff (0.2-0.4 s here), so at most 5 attempts in the first 0.8 s (0.1 s pauses: 8 or 9).
+        early = [t for _, t in attempts if t - attempts[0][1] < 0.8]
+        assert 3 <= len(early) <= 5, addresses
+        assert client.stats.reconnects == len(attempts) - 1 == client.stats.follows
+
+
+def test_a_lone_server_that_knows_no_primary_yet_is_asked_again_on_its_connection(served: tuple[Shard, str]) -> None:
+    _, address = served
+    with PSClient([address], LAYOUT, name="lone", config=ClientConfig(retry=FAST)) as client:
+        first = client.sessions[0]
+        used: list[ShardSession] = []
+
+        def call(session: ShardSession) -> str:
+            used.append(session)
+            if len(used) < 3:  # an election is running: no primary to name
+                raise refusal(grpc.StatusCode.UNAVAILABLE, Reason.NOT_PRIMARY, "electing", {PRIMARY_KEY: ""})
+            return session.address
+
+        started = time.monotonic()
+        assert client._call(0, call) == address
+        assert time.monotonic() - started >= 2 * FOLLOW_PAUSE_S
+        assert used == [first, first, first] and client.sessions[0] is first
+        assert (client.stats.follows, client.stats.reconnects, client.stats.retries) == (0, 0, 2)

@@ -81,6 +81,15 @@ test('options', () => {
   assert.throws(() => parseArgs(['--server', 'a:1', '--bogus', '1']), /unknown option/);
 });
 
+test('a --server entry is one shard: its address, or its replicas joined by |', () => {
+  const options = parseArgs(['--server', 'a:1|b:1| c:1 ', '--server', 'd:1']);
+  assert.deepEqual(options.replicas, [['a:1', 'b:1', 'c:1'], ['d:1']]);
+  assert.throws(() => parseArgs(['--server', 'a:1|']), /--server "a:1\|" has an empty address; give HOST:PORT, or a shard's replicas/);
+  assert.throws(() => parseArgs(['--server', 'a:1||b:1']), /has an empty address/);
+  assert.throws(() => parseArgs(['--server', 'a:1|b:1', '--server', 'b:1']), /--server b:1 listed more than once/);
+  assert.throws(() => parseArgs(['--server', 'a:1|a:1']), /a:1 listed more than once/);
+});
+
 test('8-bit blocks encode as psproto.blocks does', () => {
   // Python: psproto.blocks.encode(torch.tensor([...])) gives these values and float32 scales.
   const cases = [
