@@ -469,3 +469,21 @@ def test_an_etcd_already_running_instead_of_the_components(tmp_path: Path) -> No
     assert values_of(args, "--etcd") == ["http://etcd-0.infra:2379", "http://etcd-1.infra:2379"]
     assert values_of(args, "--job") == ["team-a"]
     assert values_of(args, "--advertise") == ["psserver-b-0.psserver-b:50051"]
+
+
+def test_tls_composes_with_replication_on_every_set_of_servers(tmp_path: Path) -> None:
+    overlay = tmp_path / "replicated-tls"
+    overlay.mkdir()
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(K8S / REPLICATED, overlay)],
+        "components": [os.path.relpath(K8S / "components" / "tls", overlay)],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    servers = [s for s in objects(overlay, "StatefulSet") if s["metadata"]["name"] != "etcd"]
+    assert len(servers) == 2
+    for statefulset in servers:
+        server = container(statefulset["spec"]["template"]["spec"], "psserver")
+        assert "grpc" not in server["readinessProbe"] and "exec" in server["readinessProbe"]
+        assert "--tls-cert" in {e["name"]: e.get("value", "") for e in server["env"]}["HETPS_TLS_ARGS"]
