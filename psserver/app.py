@@ -31,9 +31,13 @@ from psserver.core import checkpoint
 from psserver.core.shard import Shard, ShardConfig, StateError
 from psserver.metrics import DEFAULT_METRICS_PORT, DEFAULT_WORKER_SERIES, MetricsServer, ShardMetrics, serve_metrics
 from psserver.ready import ReadyInfo, write_ready_file
+from psserver.replication.config import ReplicationConfig
+from psserver.replication.coordinator import Coordinator, EtcdError
+from psserver.replication.node import NodeHooks, NodeParts, ReplicaNode
+from psserver.replication.standby import add_replica_service
 from psserver.rpc.latency import LatencyInterceptor
 from psserver.rpc.security import AuthInterceptor, ServerTls
-from psserver.rpc.server import RunningServer, ServerLimits, start_server
+from psserver.rpc.server import ReplicaServing, RunningServer, ServerLimits, start_server
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -144,6 +148,8 @@ class ServerConfig:
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     # Written (atomically) once the server accepts RPCs; removed when it drains.
     ready_file: Path | None = None
+    # None: a lone server. Set (``--etcd URL``): one replica of the shard's replica set.
+    replication: ReplicationConfig | None = None
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, f"port {self.port} is not 0..65535")
@@ -151,6 +157,11 @@ class ServerConfig:
         _require(self.drain_seconds >= 0, f"drain_seconds must be >= 0, got {self.drain_seconds}")
         _require(
             self.log_level in LOG_LEVELS, f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}"
+        )
+        _require(
+            self.replication is None or self.security.tls is None,
+            "replication with TLS is not supported yet: serve a replicated shard (--etcd) on a private network, "
+            "without --tls-cert",
         )
         problem = chunk_bytes_problem(self.shard.chunk_bytes, self.transport.max_message_bytes)
         _require(problem is None, f"shard.chunk_bytes: {problem} (transport.max_message_bytes)")
@@ -182,6 +193,18 @@ class _Reaper:
         self._thread.join(timeout=10)
 
 
+def _restore(shard: Shard, directory: Path, metrics: ShardMetrics | None) -> None:
+    """Restore the newest intact checkpoint in ``directory`` (none: the shard starts empty)."""
+    try:
+        restored = checkpoint.restore(shard, directory, metrics)
+    except (checkpoint.CheckpointError, StateError) as error:
+        raise CheckpointRestoreError(str(error)) from None
+    if restored is not None:
+        _LOGGER.info(
+            "restored checkpoint %s: clock %d, %d worker(s)", restored, shard.clock, len(shard.worker_snapshot())
+        )
+
+
 class ServerApp:
     """One shard served over gRPC, with its metrics endpoint, checkpointer, reaper and ready file."""
 
@@ -207,6 +230,25 @@ class ServerApp:
         self._reaper: _Reaper | None = None
         self._drained = False
         self._stopped = False
+        # Set when this replica stepped down as primary: ``psserver serve`` then ends (its restart
+        # comes back as a backup).
+        self.deposed = threading.Event()
+        self.replica: ReplicaNode | None = None
+        if config.replication is not None:
+            self.replica = ReplicaNode(
+                Coordinator(config.replication, config.shard.shard_index),
+                NodeParts(shard, self._restore_for_replica, self._on_deposed, self._call_metadata()),
+            )
+
+    def _restore_for_replica(self, shard: Shard) -> None:
+        if self.config.checkpoints is not None:
+            _restore(shard, self.config.checkpoints.directory, self.metrics)
+
+    def _on_deposed(self, why: str) -> None:
+        self.deposed.set()
+
+    def _call_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.auth_token}"),) if self.auth_token is not None else ()
 
     @classmethod
     def build(cls, config: ServerConfig) -> ServerApp:
@@ -247,17 +289,9 @@ class ServerApp:
         checkpointer = None
         if config.checkpoints is not None:
             every = config.checkpoints
-            try:
-                restored = checkpoint.restore(shard, every.directory, metrics)
-            except (checkpoint.CheckpointError, StateError) as error:
-                raise CheckpointRestoreError(str(error)) from None
-            if restored is not None:
-                _LOGGER.info(
-                    "restored checkpoint %s: clock %d, %d worker(s)",
-                    restored,
-                    shard.clock,
-                    len(shard.worker_snapshot()),
-                )
+            if config.replication is None:
+                # A replica restores one only when it becomes primary with nothing newer (node.py).
+                _restore(shard, every.directory, metrics)
             checkpointer = checkpoint.Checkpointer(
                 shard, every.directory, every.keep, every.every_updates, every.every_seconds, observer=metrics
             )
@@ -286,6 +320,7 @@ class ServerApp:
                 tls=config.security.tls,
                 limits=config.transport,
                 checkpointer=self.checkpointer,
+                replication=self._replica_serving(),
             )
         except (OSError, RuntimeError) as error:
             self._close_metrics()
@@ -293,6 +328,8 @@ class ServerApp:
             raise BindError(f"cannot listen on {config.host}:{config.port}: {error}") from None
         if self.checkpointer is not None:
             self.checkpointer.start()
+        if self.replica is not None:
+            self._start_replica()
         limits = config.shard
         # Often enough that a push is ended within a quarter of its shortest limit past it.
         shortest = min(limits.lease_seconds, limits.receive_idle_seconds, limits.transfer_pace.grace_s or math.inf)
@@ -300,6 +337,26 @@ class ServerApp:
         if config.ready_file is not None:
             write_ready_file(config.ready_file, self.ready_info)
         return self
+
+    def _replica_serving(self) -> ReplicaServing | None:
+        if self.replica is None:
+            return None
+        return ReplicaServing(NodeHooks(self.replica), add_replica_service(self.replica.standby))
+
+    def _start_replica(self) -> None:
+        assert self.replica is not None and self.config.replication is not None
+        address = self.config.replication.advertise or self.address
+        coordinator = self.replica.coordinator
+        coordinator.place(ReplicaNode.unique_name(address), address)
+        try:
+            coordinator.grant()
+        except EtcdError as error:
+            self.drain(0)
+            raise BindError(f"cannot reach etcd at {', '.join(self.config.replication.etcd)}: {error}") from None
+        self.replica.start()
+        _LOGGER.info(
+            "replica %s of shard %d; etcd %s", coordinator.name, self.config.shard.shard_index, coordinator.prefix
+        )
 
     def _interceptors(self) -> list[LatencyInterceptor | AuthInterceptor]:
         # In order, the first outermost: latency sees the token check's refusals.
@@ -367,7 +424,10 @@ class ServerApp:
         self.drain()
         if self._reaper is not None:
             self._reaper.stop()
-        if self.checkpointer is not None and self._running is not None:
+        serving_shard = self.replica is None or self.replica.serving()
+        if self.replica is not None:
+            self.replica.stop()
+        if self.checkpointer is not None and self._running is not None and serving_shard:
             # Every push has finished or was cancelled: the last checkpoint holds all acknowledged ones.
             self.checkpointer.stop()
             try:

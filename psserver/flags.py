@@ -75,3 +75,20 @@ def parse_receive_window(text: str) -> int | None:
             param_hint="--receive-window",
         )
     return size
+
+
+METRICS_OFF = "off"
+
+
+class MetricsPort(click.ParamType):  # type: ignore[type-arg]  # generic only in click's newest stubs
+    """``--metrics-port``: a port 0..65535 (0 picks a free one), or ``off`` for no endpoint."""
+
+    name = "PORT|off"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        text = str(value).strip().lower()
+        if text == METRICS_OFF:
+            return METRICS_OFF
+        if text.isdigit() and 0 <= int(text) <= 65535:
+            return int(text)
+        self.fail(f"{value!r} is neither a port (0..65535) nor 'off'", param, ctx)

@@ -29,7 +29,7 @@ class ReadyInfo:
     num_shards: int
     rule: str
     clock: int
-    # None when the server serves no Prometheus metrics (--no-metrics).
+    # None when the server serves no Prometheus metrics (--metrics-port off).
     metrics_port: int | None
     format: int = READY_FORMAT
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 from click.core import ParameterSource
@@ -39,7 +40,7 @@ from psserver.app import (
 )
 from psserver.core.consistency import ConsistencyModel
 from psserver.core.rules import RULES, RuleOptionError, RuleSpec
-from psserver.flags import parse_checkpoint_every, parse_rule_options
+from psserver.flags import METRICS_OFF, MetricsPort, parse_checkpoint_every, parse_rule_options
 from psserver.metrics import DEFAULT_METRICS_PORT
 from psserver.rpc.server import ServerLimits
 from psserver.sharding import shard_index_from_hostname as shard_index_from_ordinal
@@ -89,9 +90,10 @@ def _flag_table(ctx: click.Context, flags: Mapping[str, Any], file_rule: Mapping
         "shard": _shard_keys(given, file_rule),
         "security": _security_keys(given),
         "checkpoints": _checkpoint_keys(given),
+        "replication": _replication_keys(given),
     }
     table.update({section: keys for section, keys in sections.items() if keys})
-    if given.get("no_metrics"):
+    if given.get("metrics_port") == METRICS_OFF:
         table["metrics"] = False
     elif "metrics_port" in given:
         table["metrics"] = {"port": given["metrics_port"]}
@@ -105,6 +107,8 @@ _FLAG_OF_KEY = {
     "security.tls.client_ca": "--tls-client-ca",
     "shard.shard_index": "--shard-index",
     "shard.num_shards": "--num-shards",
+    "replication.etcd": "--etcd",
+    "replication.job": "--etcd",
 }
 
 
@@ -150,6 +154,21 @@ def _security_keys(given: Mapping[str, Any]) -> dict[str, Any]:
     return security
 
 
+def _replication_keys(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``[replication]`` of the flags: etcd's endpoints, the job, the advertised address."""
+    if not given.get("etcd"):
+        return {}
+    endpoints, jobs = [], set()
+    for url in given["etcd"]:
+        parts = urlsplit(url)
+        endpoints.append(f"{parts.scheme}://{parts.netloc}")
+        jobs.add(parts.path.strip("/"))
+    if len(jobs) > 1:
+        raise click.BadParameter(f"the endpoints name different jobs: {', '.join(sorted(jobs))}", param_hint="--etcd")
+    (job,) = jobs
+    return {"etcd": endpoints, **({"job": job} if job else {})}
+
+
 def _checkpoint_keys(given: Mapping[str, Any]) -> dict[str, Any]:
     """``[checkpoints]`` of the flags: where, and how often."""
     checkpoints: dict[str, Any] = {}
@@ -164,8 +183,9 @@ SECTIONS = {
     "Model & rule": ("rule_name", "lr", "rule_opts", "consistency", "ssp_bound"),
     "Cluster": ("host", "port", "shard_index", "num_shards", "shard_index_from_hostname"),
     "Checkpoints": ("checkpoint_dir", "checkpoint_every"),
+    "Replication": ("etcd",),
     "Security": ("tls_cert", "tls_key", "tls_client_ca", "auth_token_file"),
-    "Observability": ("metrics_port", "no_metrics", "ready_file"),
+    "Observability": ("metrics_port", "ready_file"),
     "Configuration": ("config_file",),
 }
 _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
@@ -217,6 +237,14 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     help="updates (500), seconds (30s), or both (500,30s) between checkpoints",
 )
 @click.option(
+    "--etcd",
+    multiple=True,
+    metavar="URL",
+    help="serve this shard as one replica of a replica set whose primary etcd elects: http://HOST:PORT/JOB "
+    "(JOB names the training job, default hetps; repeatable: each endpoint of the etcd cluster); replicas "
+    "reach each other at --host:--port (docs/operations.md, Replicated shards)",
+)
+@click.option(
     "--tls-cert", type=_FILE, default=None, help="PEM certificate chain of this server (turns TLS on; needs --tls-key)"
 )
 @click.option("--tls-key", type=_FILE, default=None, help="PEM private key of --tls-cert")
@@ -235,10 +263,10 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
 @click.option(
     "--metrics-port",
     default=None,
-    type=click.IntRange(0, 65535),
-    help=f"Prometheus scrape port on --host [default: {DEFAULT_METRICS_PORT} + shard index]; 0 picks a free port",
+    type=MetricsPort(),
+    help=f"Prometheus scrape port on --host [default: {DEFAULT_METRICS_PORT} + shard index]; 0 picks a free port, "
+    "off serves none",
 )
-@click.option("--no-metrics", is_flag=True, help="serve no Prometheus metrics")
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -287,12 +315,15 @@ def _ordinal(ctx: click.Context, table: Mapping[str, Any]) -> int:
         raise click.BadParameter(str(error), param_hint="--shard-index-from-hostname") from None
 
 
+# The exit status of a primary replica that stepped down (its lease ran out, another took over).
+EXIT_DEPOSED = 75
 # How often the main thread wakes to run pending signal handlers while it serves.
 _SIGNAL_POLL_S = 0.5
 
 
 def run(config: ServerConfig) -> None:
-    """Build and start the server, serve until SIGTERM or SIGINT, drain, stop and end the process (exit 0)."""
+    """Build and start the server, serve until SIGTERM or SIGINT, drain, stop and end the process (exit 0;
+    ``EXIT_DEPOSED`` when a primary replica stepped down)."""
     try:
         # Entering the app starts it; leaving it (however) drains, checkpoints and stops it.
         with stop_requested_by_signals() as stop, ServerApp.build(config) as app:
@@ -300,8 +331,9 @@ def run(config: ServerConfig) -> None:
             sys.stdout.flush()
             # Waking now and then lets the main thread run a signal handler whose signal the kernel
             # delivered to another thread (gRPC's): an untimed wait would never see it.
-            while not stop.wait(_SIGNAL_POLL_S):
+            while not stop.wait(_SIGNAL_POLL_S) and not app.deposed.is_set():
                 pass
+            deposed = app.deposed.is_set()
     except ServerConfigError as error:
         raise click.UsageError(str(error)) from None
     except SecurityFilesError as error:
@@ -309,7 +341,7 @@ def run(config: ServerConfig) -> None:
     except CheckpointRestoreError as error:
         raise click.BadParameter(str(error), param_hint="--checkpoint-dir") from None
     except MetricsBindError as error:
-        raise click.ClickException(f"{error} (choose --metrics-port, or --no-metrics)") from None
+        raise click.ClickException(f"{error} (choose another --metrics-port, or --metrics-port off)") from None
     except BindError as error:
         raise click.ClickException(str(error)) from None
     # Every RPC has finished or been cancelled by now. Skipping interpreter teardown avoids a
@@ -318,7 +350,8 @@ def run(config: ServerConfig) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    # A replica that stepped down ends with EX_TEMPFAIL: restarted, it comes back as a backup.
+    os._exit(EXIT_DEPOSED if deposed else 0)
 
 
 @contextmanager

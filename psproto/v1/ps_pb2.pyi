@@ -1016,6 +1016,7 @@ class StatusResponse(_message.Message):
     APPLIED_PUSHES_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
     UPTIME_SECONDS_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
     clock: _builtins.int
     shard_index: _builtins.int
     num_shards: _builtins.int
@@ -1032,6 +1033,10 @@ class StatusResponse(_message.Message):
     def rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Requests refused, by reason ("unknown_worker", "nan_or_inf", ...)."""
 
+    @_builtins.property
+    def replica(self) -> Global___ReplicaStatus:
+        """Set when the shard is served by a replica set (psserver serve --etcd): this replica's standing."""
+
     def __init__(
         self,
         *,
@@ -1046,14 +1051,107 @@ class StatusResponse(_message.Message):
         applied_pushes: _builtins.int = ...,
         rejected: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         uptime_seconds: _builtins.float = ...,
+        replica: Global___ReplicaStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["replica", b"replica", "rule", b"rule"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_pushes", b"applied_pushes", "clock", b"clock", "initialized", b"initialized", "layout_hash", b"layout_hash", "num_shards", b"num_shards", "rejected", b"rejected", "rule", b"rule", "shard_index", b"shard_index", "shard_length", b"shard_length", "uptime_seconds", b"uptime_seconds", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_pushes", b"applied_pushes", "clock", b"clock", "initialized", b"initialized", "layout_hash", b"layout_hash", "num_shards", b"num_shards", "rejected", b"rejected", "replica", b"replica", "rule", b"rule", "shard_index", b"shard_index", "shard_length", b"shard_length", "uptime_seconds", b"uptime_seconds", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015
+
+@_typing.final
+class ReplicaStatus(_message.Message):
+    """One replica of a replicated shard, as it sees itself and (on the primary) its backups."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    PRIMARY_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    IN_SYNC_FIELD_NUMBER: _builtins.int
+    BACKUPS_FIELD_NUMBER: _builtins.int
+    FAILOVERS_FIELD_NUMBER: _builtins.int
+    DIGEST_MISMATCHES_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    """"primary", "backup" or "candidate" (not yet placed: before its first election)."""
+    epoch: _builtins.int
+    """The primary's epoch this replica knows; a new primary takes the next one."""
+    name: _builtins.str
+    """The replica's name (unique per process), the address it serves at, the primary's address."""
+    address: _builtins.str
+    primary: _builtins.str
+    version: _builtins.int
+    """Primary: the version of its state (one more at every change); backup: the version it holds."""
+    in_sync: _builtins.bool
+    failovers: _builtins.int
+    digest_mismatches: _builtins.int
+    @_builtins.property
+    def backups(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackupStatus]:
+        """Primary only: each backup's standing."""
+
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        name: _builtins.str = ...,
+        address: _builtins.str = ...,
+        primary: _builtins.str = ...,
+        version: _builtins.int = ...,
+        in_sync: _builtins.bool = ...,
+        backups: _abc.Iterable[Global___BackupStatus] | None = ...,
+        failovers: _builtins.int = ...,
+        digest_mismatches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backups", b"backups", "digest_mismatches", b"digest_mismatches", "epoch", b"epoch", "failovers", b"failovers", "in_sync", b"in_sync", "name", b"name", "primary", b"primary", "role", b"role", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaStatus: _TypeAlias = ReplicaStatus  # noqa: Y015
+
+@_typing.final
+class BackupStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    IN_SYNC_FIELD_NUMBER: _builtins.int
+    LAG_VERSIONS_FIELD_NUMBER: _builtins.int
+    LAG_BYTES_FIELD_NUMBER: _builtins.int
+    LAG_SECONDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    address: _builtins.str
+    in_sync: _builtins.bool
+    lag_versions: _builtins.int
+    """How far behind the primary it is: versions (pushes and other changes), bytes not yet
+    acknowledged, and seconds since the oldest change it has not acknowledged.
+    """
+    lag_bytes: _builtins.int
+    lag_seconds: _builtins.float
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        address: _builtins.str = ...,
+        in_sync: _builtins.bool = ...,
+        lag_versions: _builtins.int = ...,
+        lag_bytes: _builtins.int = ...,
+        lag_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "lag_seconds", b"lag_seconds", "lag_versions", b"lag_versions", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupStatus: _TypeAlias = BackupStatus  # noqa: Y015
 
 @_typing.final
 class CheckpointRequest(_message.Message):
@@ -1093,3 +1191,95 @@ class CheckpointResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckpointResponse: _TypeAlias = CheckpointResponse  # noqa: Y015
+
+@_typing.final
+class ReplicateHeader(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    CLOCK_FIELD_NUMBER: _builtins.int
+    PRIMARY_FIELD_NUMBER: _builtins.int
+    PRIMARY_ADDRESS_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    version: _builtins.int
+    """The primary's state version this state is at, and its shard clock."""
+    clock: _builtins.int
+    primary: _builtins.str
+    """The sender's name and address."""
+    primary_address: _builtins.str
+    total_bytes: _builtins.int
+    digest: _builtins.str
+    """When set, a digest of the state's bytes (hex SHA-256) the backup checks once it holds them."""
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        version: _builtins.int = ...,
+        clock: _builtins.int = ...,
+        primary: _builtins.str = ...,
+        primary_address: _builtins.str = ...,
+        total_bytes: _builtins.int = ...,
+        digest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clock", b"clock", "digest", b"digest", "epoch", b"epoch", "primary", b"primary", "primary_address", b"primary_address", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicateHeader: _TypeAlias = ReplicateHeader  # noqa: Y015
+
+@_typing.final
+class ReplicateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def header(self) -> Global___ReplicateHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ReplicateHeader | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "data", b"data", "header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "data", b"data", "header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["header", "data"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___ReplicateRequest: _TypeAlias = ReplicateRequest  # noqa: Y015
+
+@_typing.final
+class ReplicateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    DIGEST_CHECKED_FIELD_NUMBER: _builtins.int
+    DIGEST_MATCHES_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The version the backup now holds."""
+    digest_checked: _builtins.bool
+    """Whether a digest was sent, and whether the backup's matched it."""
+    digest_matches: _builtins.bool
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        digest_checked: _builtins.bool = ...,
+        digest_matches: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest_checked", b"digest_checked", "digest_matches", b"digest_matches", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicateResponse: _TypeAlias = ReplicateResponse  # noqa: Y015

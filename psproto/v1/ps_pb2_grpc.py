@@ -536,3 +536,86 @@ class ParameterServer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ShardReplicaStub:
+    """Between the replicas of one shard (never a worker): the primary sends its whole state after
+    each change it has not sent yet, and each backup holds the newest it received. Every message
+    carries the sender's epoch; a backup refuses one older than it knows with STALE_EPOCH.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Replicate = channel.stream_unary(
+                '/psproto.v1.ShardReplica/Replicate',
+                request_serializer=psproto_dot_v1_dot_ps__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=psproto_dot_v1_dot_ps__pb2.ReplicateResponse.FromString,
+                _registered_method=True)
+
+
+class ShardReplicaServicer:
+    """Between the replicas of one shard (never a worker): the primary sends its whole state after
+    each change it has not sent yet, and each backup holds the newest it received. Every message
+    carries the sender's epoch; a backup refuses one older than it knows with STALE_EPOCH.
+    """
+
+    def Replicate(self, request_iterator, context):
+        """One state: a ReplicateHeader, then the state's bytes in order. The reply comes once the
+        backup holds it (in memory).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ShardReplicaServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Replicate': grpc.stream_unary_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=psproto_dot_v1_dot_ps__pb2.ReplicateRequest.FromString,
+                    response_serializer=psproto_dot_v1_dot_ps__pb2.ReplicateResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'psproto.v1.ShardReplica', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('psproto.v1.ShardReplica', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ShardReplica:
+    """Between the replicas of one shard (never a worker): the primary sends its whole state after
+    each change it has not sent yet, and each backup holds the newest it received. Every message
+    carries the sender's epoch; a backup refuses one older than it knows with STALE_EPOCH.
+    """
+
+    @staticmethod
+    def Replicate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/psproto.v1.ShardReplica/Replicate',
+            psproto_dot_v1_dot_ps__pb2.ReplicateRequest.SerializeToString,
+            psproto_dot_v1_dot_ps__pb2.ReplicateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

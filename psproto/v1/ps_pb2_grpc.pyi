@@ -175,3 +175,49 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ShardReplicaStub:
+    """Between the replicas of one shard (never a worker): the primary sends its whole state after
+    each change it has not sent yet, and each backup holds the newest it received. Every message
+    carries the sender's epoch; a backup refuses one older than it knows with STALE_EPOCH.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ShardReplicaAsyncStub: ...
+    Replicate: _grpc.StreamUnaryMultiCallable[_ps_pb2.ReplicateRequest, _ps_pb2.ReplicateResponse]
+    """One state: a ReplicateHeader, then the state's bytes in order. The reply comes once the
+    backup holds it (in memory).
+    """
+
+@_typing.type_check_only
+class ShardReplicaAsyncStub(ShardReplicaStub):
+    """Between the replicas of one shard (never a worker): the primary sends its whole state after
+    each change it has not sent yet, and each backup holds the newest it received. Every message
+    carries the sender's epoch; a backup refuses one older than it knows with STALE_EPOCH.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Replicate: _aio.StreamUnaryMultiCallable[_ps_pb2.ReplicateRequest, _ps_pb2.ReplicateResponse]  # type: ignore[assignment]
+    """One state: a ReplicateHeader, then the state's bytes in order. The reply comes once the
+    backup holds it (in memory).
+    """
+
+class ShardReplicaServicer(metaclass=_abc_1.ABCMeta):
+    """Between the replicas of one shard (never a worker): the primary sends its whole state after
+    each change it has not sent yet, and each backup holds the newest it received. Every message
+    carries the sender's epoch; a backup refuses one older than it knows with STALE_EPOCH.
+    """
+
+    @_abc_1.abstractmethod
+    def Replicate(
+        self,
+        request_iterator: _MaybeAsyncIterator[_ps_pb2.ReplicateRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.ReplicateResponse, _abc.Awaitable[_ps_pb2.ReplicateResponse]]:
+        """One state: a ReplicateHeader, then the state's bytes in order. The reply comes once the
+        backup holds it (in memory).
+        """
+
+def add_ShardReplicaServicer_to_server(servicer: ShardReplicaServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -33,6 +33,7 @@ from psproto.v1 import ps_pb2
 from psserver.core.checkpoint import Checkpointer
 from psserver.core.shard import Shard
 from psserver.rpc.awaiting import StepRunner
+from psserver.rpc.replication_hooks import UNREPLICATED, Replication
 from psserver.rpc.security import ServerTls
 from psserver.rpc.servicer import ParameterServerServicer, add_to_server
 from psserver.rpc.status_codes import refusal, refuse
@@ -126,10 +127,13 @@ class DrainInterceptor(AioInterceptor):
 
     Health and reflection are never refused, so probes see NOT_SERVING while the server drains."""
 
-    def __init__(self) -> None:
+    def __init__(self, admission: Callable[[str], grpc.Status | None] = lambda _method: None) -> None:
+        """``admission``: a refusal of a method on this server beside draining (a replica that is
+        not its shard's primary), or None."""
         self._lock = threading.Condition()
         self._in_flight = 0
         self.draining = False
+        self._admission = admission
         self._gated = WrappedHandlers(self._gated_handler)
 
     def start(self) -> None:
@@ -182,6 +186,7 @@ class DrainInterceptor(AioInterceptor):
 
         def unary(behaviour: Callable[[Any, Any], Coroutine[Any, Any, Any]]) -> Any:
             async def admit(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                await self._refuse_elsewhere(method, context)
                 if not self._admitted():
                     await refuse(context, refused)
                 try:
@@ -193,6 +198,7 @@ class DrainInterceptor(AioInterceptor):
 
         def streaming(behaviour: Callable[[Any, Any], AsyncIterator[Any]]) -> Any:
             async def admit(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+                await self._refuse_elsewhere(method, context)
                 if not self._admitted():
                     await refuse(context, refused)
                 try:
@@ -204,6 +210,11 @@ class DrainInterceptor(AioInterceptor):
             return admit
 
         return rewrapped(handler, unary, streaming)
+
+    async def _refuse_elsewhere(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        refused = self._admission(method)
+        if refused is not None:
+            await refuse(context, refused)
 
 
 class _LoopThread:
@@ -229,6 +240,14 @@ class _LoopThread:
 # per core keep the cores busy whatever the number of workers (the asyncio default's size).
 WORK_THREADS = min(32, (os.cpu_count() or 1) + 4)
 RPC_THREAD_PREFIX = "psserver-rpc"
+
+
+@dataclass(frozen=True)
+class ReplicaServing:
+    """A replica's part of the server: its hooks, and the service the other replicas call."""
+
+    hooks: Replication
+    add_services: Callable[[grpc.aio.Server], None]
 
 
 @dataclass
@@ -277,6 +296,7 @@ def start_server(
     tls: ServerTls | None = None,
     limits: ServerLimits | None = None,
     checkpointer: Checkpointer | None = None,
+    replication: ReplicaServing | None = None,
 ) -> RunningServer:
     """Start serving ``shard`` on ``address`` (``host:port``; port 0 picks a free one).
 
@@ -290,7 +310,8 @@ def start_server(
     pool = futures.ThreadPoolExecutor(max_workers=WORK_THREADS, thread_name_prefix=RPC_THREAD_PREFIX)
     runner = StepRunner(loop.loop, pool)
     # Innermost, so the other interceptors (latency) see its refusals while draining.
-    drain = DrainInterceptor()
+    hooks = replication.hooks if replication is not None else UNREPLICATED
+    drain = DrainInterceptor(hooks.admission)
 
     async def serve() -> tuple[grpc.aio.Server, int, Any]:
         server = grpc.aio.server(
@@ -298,7 +319,9 @@ def start_server(
             interceptors=[*interceptors, drain],
             maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
         )
-        add_to_server(ParameterServerServicer(shard, runner, checkpointer, limits.max_message_bytes), server)
+        add_to_server(ParameterServerServicer(shard, runner, checkpointer, limits.max_message_bytes, hooks), server)
+        if replication is not None:
+            replication.add_services(server)
         health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

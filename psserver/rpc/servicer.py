@@ -44,6 +44,7 @@ from psserver.core.waiting import Steps
 from psserver.core.workers import PushOutcome
 from psserver.rpc.awaiting import ClientGone, StepRunner
 from psserver.rpc.pull_encoding import PULL_RESPONSE, PUSH_PULL_PARAMS
+from psserver.rpc.replication_hooks import UNREPLICATED, Replication
 from psserver.rpc.status_codes import refusal, refuse
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -326,17 +327,22 @@ class ParameterServerServicer:
         runner: StepRunner,
         checkpointer: Checkpointer | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        replication: Replication = UNREPLICATED,
     ) -> None:
         """``runner`` runs the shard's calls and waits; ``max_message_bytes``: the largest message the
-        server sends (a PushPullUnary reply must fit)."""
+        server sends (a PushPullUnary reply must fit); ``replication``: what a change waits for before
+        it is acknowledged (every in-sync backup holding it)."""
         self.shard = shard
         self.runner = runner
         self.checkpointer = checkpointer
         self.max_message_bytes = max_message_bytes
+        self.replication = replication
 
     @_translate_errors
     async def Join(self, request: ps_pb2.JoinRequest, context: Context) -> ps_pb2.JoinResponse:
-        return await self.runner.call(self._join, request)
+        reply = await self.runner.call(self._join, request)
+        await self.replication.settled()
+        return reply
 
     def _join(self, request: ps_pb2.JoinRequest) -> ps_pb2.JoinResponse:
         try:
@@ -388,6 +394,7 @@ class ParameterServerServicer:
         finally:
             watched.close()
         applied, clock = await call(self.shard.finish_upload, assembler)
+        await self.replication.settled(changed=applied)
         return ps_pb2.InitResponse(applied=applied, clock=clock)
 
     def _decode_chunk(self, assembler: codec.Assembler, chunk: codec.ChunkLike) -> None:
@@ -470,6 +477,7 @@ class ParameterServerServicer:
     @_translate_errors
     async def Push(self, request_iterator: AsyncIterator[PushMessage], context: Context) -> ps_pb2.PushResponse:
         _, outcome = await self._push(request_iterator, context, then_pull=False)
+        await self.replication.settled()
         return _push_response(outcome)
 
     @_translate_errors
@@ -477,12 +485,14 @@ class ParameterServerServicer:
         """Push in one message: the request's header and chunks are the Push stream's messages."""
         call = _Call.current()
         outcome = await self.runner.run(self._unary_push_steps(request, False, call), call.gone)
+        await self.replication.settled()
         return _push_response(outcome)
 
     @_translate_stream_errors
     async def PushPull(self, request_iterator: AsyncIterator[PushMessage], context: Context) -> AsyncIterator[bytes]:
         """Yields serialised PushPullResponse messages: the acknowledgement, then the parameters."""
         header, outcome = await self._push(request_iterator, context, then_pull=True)
+        await self.replication.settled()
         result = await self._pull(context, header.worker_id, header.pull_dtype or codec.FLOAT32, PUSH_PULL_PARAMS)
         ack = ps_pb2.PushPullResponse(ack=_push_response(outcome)).SerializeToString()
         watched = await self.runner.call(self.shard.watch_stream, header.worker_id, "PushPull", _Call.current().cancel)
@@ -496,6 +506,7 @@ class ParameterServerServicer:
         self._refuse_unary_reply_past_limit(request)
         call = _Call.current()
         reply = await self.runner.run(self._push_pull_unary_steps(request, call), call.gone)
+        await self.replication.settled()
         _send_shard_clock(context, self.shard)
         return reply
 
@@ -561,6 +572,7 @@ class ParameterServerServicer:
             applied_pushes=status.applied_pushes,
             rejected=status.rejected,
             uptime_seconds=status.uptime_seconds,
+            replica=self.replication.status(),
         )
 
     @_translate_errors

@@ -52,7 +52,7 @@ MAY_BE_EMPTY = {
 class Server:
     process: subprocess.Popen[str]
     address: str
-    metrics_port: int | None  # None with --no-metrics
+    metrics_port: int | None  # None with --metrics-port off
 
 
 @contextmanager
@@ -243,8 +243,8 @@ def test_prometheus_sees_per_worker_staleness_that_agrees_with_status(tmp_path: 
         )
 
 
-def test_no_metrics_turns_the_endpoint_off(tmp_path: Path) -> None:
-    with psserver(tmp_path, "--no-metrics") as server, grpc.insecure_channel(server.address) as channel:
+def test_metrics_port_off_turns_the_endpoint_off(tmp_path: Path) -> None:
+    with psserver(tmp_path, "--metrics-port", "off") as server, grpc.insecure_channel(server.address) as channel:
         assert server.metrics_port is None
         reply = ps_pb2_grpc.ParameterServerStub(channel).Status(ps_pb2.StatusRequest(), timeout=10)
         assert reply.clock == 0  # serving, without metrics

@@ -27,7 +27,7 @@ def test_checkpoint_every_takes_updates_seconds_or_both() -> None:
 
 
 def _serve(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, ["serve", "--port", "0", "--no-metrics", *args])
+    result = CliRunner().invoke(main, ["serve", "--port", "0", "--metrics-port", "off", *args])
     return result.exit_code, result.output
 
 

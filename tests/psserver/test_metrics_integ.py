@@ -41,7 +41,7 @@ def test_serve_refuses_a_metrics_port_in_use_with_a_clear_message() -> None:
         )
     assert result.exit_code == 1, result.output
     assert f"cannot serve metrics on 127.0.0.1:{port}" in result.output
-    assert "--no-metrics" in result.output
+    assert "--metrics-port off" in result.output
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus package) is not installed")

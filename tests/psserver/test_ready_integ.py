@@ -61,7 +61,7 @@ def test_a_serving_server_says_where_it_listens_and_removes_the_file_when_it_dra
 
 def test_a_server_without_metrics_writes_none_for_the_metrics_port(tmp_path: Path) -> None:
     ready_file = tmp_path / "ready.json"
-    with serving(ready_file, "--no-metrics") as process:
+    with serving(ready_file, "--metrics-port", "off") as process:
         assert wait_for_ready_file(ready_file, process).metrics_port is None
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
@@ -81,7 +81,7 @@ def test_a_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     reader = threading.Thread(target=read_until_done)
     reader.start()
     try:
-        with serving(ready_file, "--no-metrics") as process:
+        with serving(ready_file, "--metrics-port", "off") as process:
             info = wait_for_ready_file(ready_file, process)
             for _ in range(20):
                 seen.append(ready_file.read_text())

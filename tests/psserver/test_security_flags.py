@@ -39,7 +39,7 @@ def test_serve_refuses_security_flags_that_cannot_work(
 ) -> None:
     empty = tmp_path / "empty"
     empty.write_text("\n")
-    result = CliRunner().invoke(psserver_main, ["serve", "--port", "0", "--no-metrics", *flags(pki, empty)])
+    result = CliRunner().invoke(psserver_main, ["serve", "--port", "0", "--metrics-port", "off", *flags(pki, empty)])
     assert result.exit_code == 2, result.output
     assert hint in result.output
 

@@ -1,0 +1,364 @@
+"""The primary's side of replication: its state sent to every backup, and acknowledgements held
+until every in-sync backup holds the state they are part of.
+
+Every change of the shard (a push or BSP round applied, a worker joined or gone, an Init) is one
+more *version*. A backup's link sends the newest state whenever the backup holds an older version
+than the shard's: one state covers every change since the last it acknowledged, so under many
+workers one transfer carries many pushes. A push is acknowledged to its worker (``settled``) once
+every in-sync backup holds a version at least as new as the shard's when the push was applied,
+and only while this replica's lease is valid.
+
+A backup that fails or does not answer within its timeout leaves the in-sync set, and the set is
+written to etcd *before* anything is acknowledged without it; one that holds the newest version
+again is written back in. Every state carries the epoch; a backup that knows a newer one answers
+STALE_EPOCH, and this primary steps down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from psproto.errors import Reason, reason_of
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from psserver.core.errors import ErrorKind, ShardError
+from psserver.core.observer import NullObserver
+from psserver.core.shard import Shard
+from psserver.core.workers import WorkerRecord
+from psserver.replication import state_wire
+from psserver.replication.config import ReplicationConfig
+from psserver.replication.coordinator import Coordinator, EtcdError, PrimaryRecord
+
+_LOGGER = logging.getLogger(__name__)
+# A state's transfer may take its timeout plus its bytes at this rate (a large shard is not a slow backup).
+MIN_TRANSFER_BYTES_PER_S = 100e6
+RETRY_PAUSE_S = 0.2
+
+
+class StateVersions(NullObserver):
+    """Counts the shard's changes; its events come under the shard's lock, so a version read
+    before a state is captured is never newer than that state."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._lock = threading.Lock()  # Init's change comes outside the shard's lock
+        self._times: collections.deque[tuple[int, float]] = collections.deque()
+        self.on_change: Callable[[], None] = lambda: None
+
+    def changed(self) -> None:
+        with self._lock:
+            self.version += 1
+            self._times.append((self.version, time.monotonic()))
+        self.on_change()
+
+    def changed_at(self, version: int) -> float | None:
+        """When version ``version`` was made (None once forgotten or not made yet)."""
+        for made, at in self._times:
+            if made >= version:
+                return at
+        return None
+
+    def forget_before(self, version: int) -> None:
+        while self._times and self._times[0][0] < version:
+            self._times.popleft()
+
+    def worker_joined(self, worker: WorkerRecord) -> None:
+        self.changed()
+
+    def worker_left(self, worker: WorkerRecord, evicted: bool) -> None:
+        self.changed()
+
+    def update_committed(self, clock: int, capture_state: Callable[[], dict[str, Any]]) -> None:
+        self.changed()
+
+
+@dataclass(frozen=True)
+class SentState:
+    version: int
+    encoded: state_wire.EncodedState
+    digest: str  # "" when this one carries none
+
+
+@dataclass
+class BackupView:
+    name: str
+    address: str
+    in_sync: bool
+    lag_versions: int
+    lag_bytes: int
+    lag_seconds: float
+
+
+class _Link:
+    """One backup: a thread that sends it the newest state whenever it holds an older one."""
+
+    def __init__(self, owner: Replicator, name: str, address: str) -> None:
+        self.owner, self.name, self.address = owner, name, address
+        self.acked = -1  # the version it holds (-1: none yet)
+        self.in_sync = False
+        self.stopped = False
+        self._channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)])
+        self._stub = ps_pb2_grpc.ShardReplicaStub(self._channel)
+        self._thread = threading.Thread(target=self._run, name=f"replicate-{name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.owner.wake()
+        self._channel.close()
+
+    def _run(self) -> None:
+        while not self.stopped:
+            sent = self.owner.newest_after(self.acked, lambda: self.stopped)
+            if sent is None:
+                return
+            try:
+                reply = self._send(sent)
+            except grpc.RpcError as error:
+                if self.stopped:
+                    return
+                if reason_of(error) is Reason.STALE_EPOCH:
+                    self.owner.fenced(f"backup {self.name} knows a newer epoch: {error.details()}")
+                    return
+                self.owner.failed(self, f"{error.code().name}: {error.details()}")
+                time.sleep(RETRY_PAUSE_S)
+                continue
+            self.owner.acknowledged(self, sent, reply)
+
+    def _send(self, sent: SentState) -> ps_pb2.ReplicateResponse:
+        owner = self.owner
+        header = ps_pb2.ReplicateHeader(
+            epoch=owner.record.epoch,
+            version=sent.version,
+            clock=sent.encoded.clock,
+            primary=owner.record.name,
+            primary_address=owner.record.address,
+            total_bytes=sent.encoded.total_bytes,
+            digest=sent.digest,
+        )
+        timeout = owner.config.ack_timeout_seconds + sent.encoded.total_bytes / MIN_TRANSFER_BYTES_PER_S
+        reply: ps_pb2.ReplicateResponse = self._stub.Replicate(
+            _messages(header, sent.encoded, owner.chunk_bytes), timeout=timeout, metadata=owner.metadata
+        )
+        return reply
+
+
+def _messages(header: ps_pb2.ReplicateHeader, encoded: state_wire.EncodedState, chunk: int) -> Iterator[Any]:
+    yield ps_pb2.ReplicateRequest(header=header)
+    for part in encoded.parts:
+        for start in range(0, part.nbytes, chunk):
+            yield ps_pb2.ReplicateRequest(data=bytes(part[start : start + chunk]))
+
+
+class Replicator:
+    """The primary's backups, and the acknowledgements that wait for them."""
+
+    def __init__(
+        self,
+        shard: Shard,
+        coordinator: Coordinator,
+        record: PrimaryRecord,
+        on_fenced: Callable[[str], None],
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self.shard, self.coordinator, self.record = shard, coordinator, record
+        self.config: ReplicationConfig = coordinator.config
+        self.chunk_bytes = shard.config.chunk_bytes
+        self.metadata = metadata
+        self._on_fenced = on_fenced
+        self.versions = StateVersions()
+        self._cond = threading.Condition()
+        self.versions.on_change = self.wake
+        self._unsubscribe = shard.subscribe(self.versions)
+        self._links: dict[str, _Link] = {}
+        self._sent: SentState | None = None
+        self._capture = threading.Lock()
+        self._digested = 0
+        self.digest_mismatches = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._closed = False
+
+    # -- the links -------------------------------------------------------------------------------
+
+    def follow_replicas(self, replicas: Mapping[str, str]) -> None:
+        """Keep one link per live replica other than this one (the registrations in etcd)."""
+        others = {name: address for name, address in replicas.items() if name != self.record.name}
+        with self._cond:
+            if self._closed:
+                return
+            gone = [link for name, link in self._links.items() if others.get(name) != link.address]
+            for link in gone:
+                del self._links[link.name]
+            for name, address in others.items():
+                if name not in self._links:
+                    _LOGGER.info("backup %s at %s: sending it the state", name, address)
+                    self._links[name] = _Link(self, name, address)
+        for link in gone:
+            link.stop()
+            if link.in_sync:
+                self._shrink(link, "its registration in etcd is gone")
+
+    def close(self, reason: str) -> None:
+        """Stop every link and end every waiting acknowledgement with NOT_PRIMARY."""
+        with self._cond:
+            self._closed = True
+            links = list(self._links.values())
+            self._links.clear()
+            self._cond.notify_all()
+        for link in links:
+            link.stop()
+        self._unsubscribe()
+        _LOGGER.warning("replication stopped: %s", reason)
+        self._notify_loop()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def newest_after(self, version: int, stopped: Callable[[], bool]) -> SentState | None:
+        """The newest state once the shard is past ``version`` (captured once per version for
+        every link); None once stopped."""
+        with self._cond:
+            while not stopped() and not self._closed and self.versions.version <= version:
+                self._cond.wait(1.0)
+            if stopped() or self._closed:
+                return None
+        with self._capture:
+            sent = self._sent
+            if sent is None or sent.version <= version:
+                current = self.versions.version  # read before the capture: the state is at least this new
+                encoded = state_wire.encode(self.shard.state_dict())
+                digest = ""
+                if current - self._digested >= self.config.digest_every:
+                    digest, self._digested = encoded.digest(), current
+                sent = self._sent = SentState(current, encoded, digest)
+            return sent
+
+    # -- what the links report -------------------------------------------------------------------
+
+    def acknowledged(self, link: _Link, sent: SentState, reply: ps_pb2.ReplicateResponse) -> None:
+        if reply.digest_checked and not reply.digest_matches:
+            self.digest_mismatches += 1
+            _LOGGER.error("backup %s holds version %d with another digest", link.name, sent.version)
+        with self._cond:
+            link.acked = max(link.acked, sent.version)
+            caught_up = link.acked >= self.versions.version and not link.in_sync
+            self.versions.forget_before(min((lk.acked for lk in self._links.values()), default=link.acked) + 1)
+        if caught_up:
+            self._grow(link)
+        self._notify_loop()
+
+    def failed(self, link: _Link, why: str) -> None:
+        if link.in_sync:
+            self._shrink(link, why)
+        else:
+            _LOGGER.debug("backup %s: %s", link.name, why)
+
+    def fenced(self, why: str) -> None:
+        self._on_fenced(why)
+
+    def _in_sync_names(self) -> list[str]:
+        return [self.record.name] + [name for name, link in self._links.items() if link.in_sync]
+
+    def _grow(self, link: _Link) -> None:
+        with self._cond:
+            names = [*self._in_sync_names(), link.name]
+        if self._write_in_sync(names):
+            link.in_sync = True
+            _LOGGER.info("backup %s is in sync (version %d)", link.name, link.acked)
+
+    def _shrink(self, link: _Link, why: str) -> None:
+        """Take ``link`` out of the in-sync set, in etcd first: until that is written nothing is
+        acknowledged without it (the waits go on)."""
+        while not self._closed:
+            with self._cond:
+                names = [name for name in self._in_sync_names() if name != link.name]
+            if self._write_in_sync(names):
+                link.in_sync = False
+                _LOGGER.warning("backup %s left the in-sync set: %s", link.name, why)
+                self._notify_loop()
+                return
+            time.sleep(RETRY_PAUSE_S)
+
+    def _write_in_sync(self, names: list[str]) -> bool:
+        try:
+            if self.coordinator.set_in_sync(self.record, names):
+                return True
+        except EtcdError as error:
+            _LOGGER.warning("cannot write the in-sync set to etcd: %s", error)
+            return False
+        self.fenced("the primary key in etcd is no longer this replica's")
+        return False
+
+    # -- acknowledgements, on the server's event loop ----------------------------------------------
+
+    def _covered(self, target: int) -> bool:
+        with self._cond:
+            return all(link.acked >= target for link in self._links.values() if link.in_sync)
+
+    async def settled(self) -> None:
+        """Return once every in-sync backup holds the shard's current version and this replica
+        may still acknowledge; else raise NOT_PRIMARY."""
+        target = self.versions.version
+        if not self._covered(target) and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._loop = loop
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((target, future))
+            self._wake_waiters()  # an acknowledgement may have come in meanwhile
+            await future
+        if self._closed or not self.coordinator.lease_valid():
+            raise ShardError(
+                ErrorKind.NOT_PRIMARY,
+                "this replica is no longer the shard's primary (its lease ran out); send the call to the new one",
+                metadata={"primary": "", "epoch": ""},
+            )
+
+    def _notify_loop(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._wake_waiters)
+
+    def _wake_waiters(self) -> None:
+        keep = []
+        for target, future in self._waiters:
+            if future.done():
+                continue
+            if self._closed or self._covered(target):
+                future.set_result(None)
+            else:
+                keep.append((target, future))
+        self._waiters = keep
+
+    # -- what status and metrics show ------------------------------------------------------------
+
+    def backups(self) -> list[BackupView]:
+        now = time.monotonic()
+        sent = self._sent
+        size = sent.encoded.total_bytes if sent is not None else 0
+        with self._cond:
+            current = self.versions.version
+            views = []
+            for link in self._links.values():
+                behind = max(0, current - max(link.acked, 0))
+                made = self.versions.changed_at(link.acked + 1) if behind else None
+                views.append(
+                    BackupView(
+                        link.name,
+                        link.address,
+                        link.in_sync,
+                        behind,
+                        size if behind else 0,
+                        now - made if made is not None else 0.0,
+                    )
+                )
+        return views

@@ -1,0 +1,226 @@
+"""A shard's replicas and their primary, as keys in etcd (its v3 JSON gateway, through etcd3gw).
+
+Under ``/hetps/<job>/shard/<index>/``:
+
+- ``primary``: the primary's name, address and epoch, bound to the primary's lease: it vanishes
+  when the primary stops renewing it (dead, paused, cut off from etcd).
+- ``epoch``: the last epoch taken; a new primary takes the next one in the same transaction that
+  creates ``primary``, so two primaries never share an epoch.
+- ``in_sync``: the replicas that hold every acknowledged push. The primary rewrites it (only while
+  ``primary`` is still its own) before it acknowledges anything without a backup that fell behind,
+  and after a backup caught up. Only a replica named in it may become primary, unless every one of
+  them is gone (then the shard is restored from a checkpoint: nothing newer survives anywhere).
+- ``replicas/<name>``: each live replica's address, bound to its own lease.
+
+Each process holds one lease of ``lease_seconds``, renewed every quarter of it. ``valid_until``
+is when the lease may have run out at etcd for all this process knows (the last renewal's send
+time plus the lease, less a margin): a primary acknowledges nothing past it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import etcd3gw
+from etcd3gw import exceptions as etcd_errors
+from etcd3gw.client import Etcd3Client
+from etcd3gw.lease import Lease
+from etcd3gw.utils import _encode
+
+from psserver.replication.config import ReplicationConfig
+
+_LOGGER = logging.getLogger(__name__)
+# What the replica trusts less than etcd's own clock: scheduling and clock-rate differences.
+LEASE_MARGIN_S = 0.25
+# A request to etcd that takes longer than this is a failure (a partition must be noticed in time).
+REQUEST_TIMEOUT_S = 0.5
+
+EtcdError = etcd_errors.Etcd3Exception
+
+
+@dataclass(frozen=True)
+class PrimaryRecord:
+    name: str
+    address: str
+    epoch: int
+
+    def value(self) -> str:
+        return json.dumps({"name": self.name, "address": self.address, "epoch": self.epoch}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """What etcd holds about one shard, read at one revision."""
+
+    primary: PrimaryRecord | None = None
+    epoch: int = 0
+    epoch_revision: int = 0
+    in_sync: tuple[str, ...] | None = None  # None: never written (a new shard)
+    in_sync_revision: int = 0
+    replicas: dict[str, str] = field(default_factory=dict)  # name -> address
+
+    def may_take_over(self, name: str) -> bool:
+        """Whether replica ``name`` may become primary now: nobody is, and it is in sync, or the
+        shard is new, or every replica that was in sync is gone."""
+        if self.primary is not None:
+            return False
+        if self.in_sync is None or name in self.in_sync:
+            return True
+        return not any(member in self.replicas for member in self.in_sync)
+
+
+class Coordinator:
+    """One replica's view of etcd: its lease, its registration, the election, the in-sync set."""
+
+    def __init__(self, config: ReplicationConfig, shard_index: int, name: str = "", address: str = "") -> None:
+        """``name`` and ``address`` may come later (``place``), once the server knows its port."""
+        self.config = config
+        self.name = name
+        self.address = address
+        self.prefix = f"/hetps/{config.job}/shard/{shard_index}/"
+        self._clients = [_client(url) for url in config.etcd]
+        self._lease: Lease | None = None
+        self._lock = threading.Lock()
+        self.valid_until = 0.0
+
+    def place(self, name: str, address: str) -> None:
+        self.name, self.address = name, address
+
+    # -- requests, on the first endpoint that answers ------------------------------------------
+
+    def _call(self, request: Any) -> Any:
+        last: Exception | None = None
+        for index, client in enumerate(self._clients):
+            try:
+                result = request(client)
+            except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError) as error:
+                last = error
+                continue
+            if index:  # this one answers: ask it first from now on
+                self._clients.insert(0, self._clients.pop(index))
+            return result
+        assert last is not None
+        raise last
+
+    # -- the lease -------------------------------------------------------------------------------
+
+    def grant(self) -> None:
+        """A new lease for this process (after the last one was lost), and the registration under it."""
+        sent = time.monotonic()
+        lease = self._call(lambda c: c.lease(ttl=self.config.lease_seconds))
+        with self._lock:
+            self._lease = lease
+            self.valid_until = sent + self.config.lease_seconds - LEASE_MARGIN_S
+        self._call(lambda c: c.put(self.prefix + "replicas/" + self.name, self.address, lease=lease))
+
+    def renew(self) -> bool:
+        """Renew the lease; False when etcd says it is gone (it expired). Raises EtcdError when etcd
+        could not be asked."""
+        lease = self._lease
+        if lease is None:
+            return False
+        sent = time.monotonic()
+        ttl = self._call(lambda c: Lease(lease.id, c).refresh())
+        if ttl <= 0:
+            return False
+        with self._lock:
+            self.valid_until = max(self.valid_until, sent + min(ttl, self.config.lease_seconds) - LEASE_MARGIN_S)
+        return True
+
+    def lease_valid(self) -> bool:
+        return time.monotonic() < self.valid_until
+
+    def revoke(self) -> None:
+        """Give the lease back (on a clean stop): the primary key and the registration go at once."""
+        lease, self._lease = self._lease, None
+        self.valid_until = 0.0
+        if lease is not None:
+            try:
+                self._call(lambda c: Lease(lease.id, c).revoke())
+            except EtcdError as error:
+                _LOGGER.warning("could not revoke the etcd lease (it expires by itself): %s", error)
+
+    # -- the shard's keys ------------------------------------------------------------------------
+
+    def read(self) -> ShardKeys:
+        found = self._call(lambda c: c.get_prefix(self.prefix))
+        primary: PrimaryRecord | None = None
+        epoch = epoch_revision = in_sync_revision = 0
+        in_sync: tuple[str, ...] | None = None
+        replicas: dict[str, str] = {}
+        for value, meta in found:
+            key = meta["key"].decode()[len(self.prefix) :]
+            text = value.decode()
+            if key == "primary":
+                record = json.loads(text)
+                primary = PrimaryRecord(str(record["name"]), str(record["address"]), int(record["epoch"]))
+            elif key == "epoch":
+                epoch, epoch_revision = int(text), int(meta["mod_revision"])
+            elif key == "in_sync":
+                in_sync, in_sync_revision = tuple(json.loads(text)["names"]), int(meta["mod_revision"])
+            elif key.startswith("replicas/"):
+                replicas[key.removeprefix("replicas/")] = text
+        return ShardKeys(primary, epoch, epoch_revision, in_sync, in_sync_revision, replicas)
+
+    def campaign(self, keys: ShardKeys) -> PrimaryRecord | None:
+        """Become primary at the next epoch, if ``keys`` are still what etcd holds; the record, or None."""
+        lease = self._lease
+        if lease is None or not self.lease_valid():
+            return None
+        record = PrimaryRecord(self.name, self.address, keys.epoch + 1)
+        compare = [
+            _compare(self.prefix + "primary", "CREATE", create_revision=0),
+            _compare(self.prefix + "epoch", "MOD", mod_revision=keys.epoch_revision),
+            _compare(self.prefix + "in_sync", "MOD", mod_revision=keys.in_sync_revision),
+        ]
+        success = [
+            _put(self.prefix + "primary", record.value(), lease.id),
+            _put(self.prefix + "epoch", str(record.epoch)),
+            _put(self.prefix + "in_sync", _in_sync_value(record.epoch, [self.name])),
+        ]
+        result = self._call(lambda c: c.transaction({"compare": compare, "success": success, "failure": []}))
+        return record if result.get("succeeded") else None
+
+    def set_in_sync(self, record: PrimaryRecord, names: list[str]) -> bool:
+        """Write the in-sync set, only while ``record`` is still the primary; whether it was written."""
+        compare = [_compare(self.prefix + "primary", "VALUE", value=_encode(record.value()))]
+        success = [_put(self.prefix + "in_sync", _in_sync_value(record.epoch, names))]
+        result = self._call(lambda c: c.transaction({"compare": compare, "success": success, "failure": []}))
+        return bool(result.get("succeeded"))
+
+    def resign(self, record: PrimaryRecord) -> None:
+        """Delete the primary key if it is still ``record`` (a clean stop: the backups need not wait
+        for the lease)."""
+        compare = [_compare(self.prefix + "primary", "VALUE", value=_encode(record.value()))]
+        success = [{"request_delete_range": {"key": _encode(self.prefix + "primary")}}]
+        try:
+            self._call(lambda c: c.transaction({"compare": compare, "success": success, "failure": []}))
+        except EtcdError as error:
+            _LOGGER.warning("could not resign in etcd (the lease runs out instead): %s", error)
+
+
+def _client(url: str) -> Etcd3Client:
+    parts = urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None  # ReplicationConfig checked it
+    return etcd3gw.client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=REQUEST_TIMEOUT_S)
+
+
+def _compare(key: str, target: str, **condition: Any) -> dict[str, Any]:
+    return {"key": _encode(key), "result": "EQUAL", "target": target, **condition}
+
+
+def _put(key: str, value: str, lease: int | None = None) -> dict[str, Any]:
+    put: dict[str, Any] = {"key": _encode(key), "value": _encode(value)}
+    if lease is not None:
+        put["lease"] = lease
+    return {"request_put": put}
+
+
+def _in_sync_value(epoch: int, names: list[str]) -> str:
+    return json.dumps({"epoch": epoch, "names": sorted(names)})
