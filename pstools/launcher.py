@@ -30,7 +30,7 @@ from psproto.v1 import ps_pb2
 from psserver.ready import ReadyFileError, wait_for_ready_file
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
-from pstools.etcd import EtcdError, LocalEtcd, free_ports
+from pstools.etcd import EtcdError, LocalEtcd
 from pstools.warm_start import Program, WarmProcess, start_program
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
@@ -270,7 +270,8 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
 def start_shards(config: ClusterConfig, servers: list[WarmProcess], etcd_url: str | None) -> list[str]:
     """Start every shard's servers (appended to ``servers`` as they start, so a failure stops those
     already up); returns each shard's address for the workers: ``HOST:PORT``, or with replicas the
-    replica set ``HOST:PORT|HOST:PORT`` (the workers find its primary)."""
+    replica set ``HOST:PORT|HOST:PORT`` (the workers find its primary). A replica is told etcd and
+    the cluster's job (``--etcd URL/JOB``) and advertises the loopback address it bound."""
     addresses = []
     for index in range(config.shards):
         shard = merged(config.server_config, {"shard": {"shard_index": index, "num_shards": config.shards}})
@@ -278,7 +279,7 @@ def start_shards(config: ClusterConfig, servers: list[WarmProcess], etcd_url: st
         for replica in range(config.replicas):
             args, table, log_name = list(config.server_args), shard, None
             if etcd_url is not None:
-                args += replica_flags(etcd_url, cluster_job(config.log_dir), free_ports(1)[0])
+                args += ["--etcd", f"{etcd_url}/{cluster_job(config.log_dir)}"]
                 table = _own_checkpoints(shard, replica)
                 log_name = f"server-{index}-{replica}.log"
             process, address = start_server(
@@ -288,12 +289,6 @@ def start_shards(config: ClusterConfig, servers: list[WarmProcess], etcd_url: st
             replicas.append(address)
         addresses.append("|".join(replicas))
     return addresses
-
-
-def replica_flags(etcd_url: str, job: str, port: int) -> list[str]:
-    """A replica's ``psserver serve`` flags: the coordinator, its key prefix, and the port it binds
-    and advertises (chosen now: the others and the workers must know it before it is up)."""
-    return ["--etcd", etcd_url, "--job", job, "--port", str(port), "--advertise", f"127.0.0.1:{port}"]
 
 
 def cluster_job(log_dir: Path) -> str:
