@@ -15,18 +15,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Debian's prometheus (with promtool) and tmux, for the observability tests, and Fashion-MNIST's
-# IDX files (dataset-fashion-mnist, in /usr/share/datasets/fashion-mnist) for the fashion tasks'
-# tests; installed once. Without root or apt-get they are skipped with a message, and so are the
-# tests that need them.
+# Debian's prometheus (with promtool) and tmux, for the observability tests, etcd (etcd-server), the
+# coordinator of replicated shards, and Fashion-MNIST's IDX files (dataset-fashion-mnist, in
+# /usr/share/datasets/fashion-mnist) for the fashion tasks' tests; installed once. Without root or
+# apt-get they are skipped with a message, and so are the tests that need them.
 FASHION_DIR := /usr/share/datasets/fashion-mnist
 test-tools:
 	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v tmux >/dev/null \
-		&& [ -f $(FASHION_DIR)/train-images-idx3-ubyte.gz ]; then :; \
+		&& command -v etcd >/dev/null && [ -f $(FASHION_DIR)/train-images-idx3-ubyte.gz ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus tmux dataset-fashion-mnist >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus tmux etcd-server \
+			dataset-fashion-mnist >/dev/null; \
 	else \
-		echo "prometheus, promtool, tmux or Fashion-MNIST ($(FASHION_DIR)) is missing and cannot be installed"; \
+		echo "prometheus, promtool, tmux, etcd or Fashion-MNIST ($(FASHION_DIR)) is missing and cannot be installed"; \
 		echo "here (needs root and apt-get): the tests that need them will be skipped"; \
 	fi
 

@@ -66,7 +66,7 @@ CLUSTER_FLAG_KEYS: dict[str, tuple[str, ...]] = {
 }
 CLUSTER_SECTIONS = {
     "Workers": ("workers", "slowdowns", "device", "wire_dtype", "push_dtype"),
-    "Model & rule": ("rule", "lr", "rule_opts", "consistency", "shards"),
+    "Model & rule": ("rule", "lr", "rule_opts", "consistency", "shards", "replicas"),
     "Task & data": ("task", "data_dir", "updates"),
     "Output & configuration": ("log_dir", "config_file"),
     "Where it runs": ("ray_address",),
@@ -130,6 +130,14 @@ def cluster_tables(table: Mapping[str, Any]) -> tuple[ClusterSettings, dict[str,
 )
 @click.option("--shards", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option(
+    "--replicas",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="servers per shard; from 2 on each shard is a replica set (a primary and backups that take over "
+    "when it dies) elected in an etcd the cluster starts (Debian's etcd-server)",
+)
+@click.option(
     "--consistency",
     default="async",
     show_default=True,
@@ -178,6 +186,8 @@ def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> No
         raise click.UsageError(f"{where}{error}") from None
     if ray_table is not None and flags["ray_address"] is None:
         raise click.UsageError(f"{where}a [ray] table says where a job on Ray runs: give --ray ADDRESS too")
+    if flags["replicas"] > 1 and flags["ray_address"] is not None:
+        raise click.UsageError("--replicas is for the local cluster: on Ray, Ray restarts a shard that dies")
     config = ClusterConfig(
         flags["workers"],
         speeds,
@@ -187,6 +197,7 @@ def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> No
         flags["task"],
         flags["updates"],
         flags["shards"],
+        flags["replicas"],
         flags["wire_dtype"],
         flags["log_dir"],
         flags["device"],
@@ -204,7 +215,8 @@ def cluster(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> No
     console = Console()
     console.print(
         f"hetps local cluster: rule [bold]{config.rule}[/] ({flags['consistency']}), {config.workers} workers "
-        f"(slowdowns {flags['slowdowns']}), {config.shards} shard(s), {config.until_clock} updates, "
+        f"(slowdowns {flags['slowdowns']}), {config.shards} shard(s)"
+        f"{f' of {config.replicas} replicas' if config.replicas > 1 else ''}, {config.until_clock} updates, "
         f"logs in {config.log_dir}"
     )
     try:

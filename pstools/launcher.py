@@ -1,15 +1,19 @@
-"""A local cluster: one psserver process per shard and N psworker processes of chosen speeds.
+"""A local cluster: psserver processes (one per shard, or a replica set of them) and N psworker processes of
+chosen speeds.
 
-Everything talks over real gRPC on 127.0.0.1. When the workers are done the launcher reads
-each shard's Status, pulls the final parameters as an observer, evaluates them on the
-task's test set, stops the servers with SIGTERM and reports (by the task's metric: test
-accuracy, or validation loss and perplexity).
+With ``replicas`` R >= 2 every shard is a replica set of R servers (one primary, the rest backups)
+that a local etcd (:mod:`pstools.etcd`, in the log folder) elects among, and each worker is given
+every shard's set as ``HOST:PORT|HOST:PORT``. Everything talks over real gRPC on 127.0.0.1.
+When the workers are done the launcher reads each shard's Status, pulls the final parameters as
+an observer, evaluates them on the task's test set, stops the servers with SIGTERM (then etcd)
+and reports (by the task's metric: test accuracy, or validation loss and perplexity).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import time
@@ -26,6 +30,7 @@ from psproto.v1 import ps_pb2
 from psserver.ready import ReadyFileError, wait_for_ready_file
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
+from pstools.etcd import EtcdError, LocalEtcd
 from pstools.warm_start import Program, WarmProcess, start_program
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
@@ -48,6 +53,8 @@ class ClusterConfig:
     task: str = "digits"
     until_clock: int = 1500
     shards: int = 1
+    # Servers per shard: 1 is a lone server; from 2 on a replica set elected in a local etcd.
+    replicas: int = 1
     wire_dtype: str = "fp32"
     log_dir: Path = Path("runs/latest")
     device: str = "auto"
@@ -236,18 +243,11 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
     servers: list[WarmProcess] = []
     workers: list[WarmProcess] = []
     try:
-        addresses = []
-        for index in range(config.shards):
-            process, address = start_server(
-                config.log_dir,
-                config.rule,
-                config.lr,
-                config.rule_opts,
-                config.server_args,
-                config=merged(config.server_config, {"shard": {"shard_index": index, "num_shards": config.shards}}),
-            )
-            servers.append(process)
-            addresses.append(address)
+        etcd = LocalEtcd(config.log_dir / "etcd") if config.replicas > 1 else None
+    except EtcdError as error:
+        raise ClusterError(f"--replicas {config.replicas} needs etcd: {error}") from None
+    try:
+        addresses = start_shards(config, servers, etcd.url if etcd else None)
         for rank in range(config.workers):
             command = ["train", "--config", str(_worker_config_file(config, rank, addresses, shard_data))]
             workers.append(start_program("pstools", command, config.log_dir / f"worker-{rank}.log"))
@@ -259,10 +259,50 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
                 process.kill()
                 process.wait()
         codes = [stop_process(process) for process in servers]
+        if etcd is not None:
+            etcd.stop()
     if any(code != 0 for code in codes):
         raise ClusterError(f"a server exited with {codes} after SIGTERM; see {config.log_dir}")
     (config.log_dir / "report.json").write_text(json.dumps(_as_json(report), indent=2))
     return report
+
+
+def start_shards(config: ClusterConfig, servers: list[WarmProcess], etcd_url: str | None) -> list[str]:
+    """Start every shard's servers (appended to ``servers`` as they start, so a failure stops those
+    already up); returns each shard's address for the workers: ``HOST:PORT``, or with replicas the
+    replica set ``HOST:PORT|HOST:PORT`` (the workers find its primary). A replica is told etcd and
+    the cluster's job (``--etcd URL/JOB``) and advertises the loopback address it bound."""
+    addresses = []
+    for index in range(config.shards):
+        shard = merged(config.server_config, {"shard": {"shard_index": index, "num_shards": config.shards}})
+        replicas = []
+        for replica in range(config.replicas):
+            args, table, log_name = list(config.server_args), shard, None
+            if etcd_url is not None:
+                args += ["--etcd", f"{etcd_url}/{cluster_job(config.log_dir)}"]
+                table = _own_checkpoints(shard, replica)
+                log_name = f"server-{index}-{replica}.log"
+            process, address = start_server(
+                config.log_dir, config.rule, config.lr, config.rule_opts, args, log_name, config=table
+            )
+            servers.append(process)
+            replicas.append(address)
+        addresses.append("|".join(replicas))
+    return addresses
+
+
+def cluster_job(log_dir: Path) -> str:
+    """The etcd job of a local cluster: its log folder's name, in letters, digits, ``.``, ``_``, ``-``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", log_dir.resolve().name).strip("-.") or "hetps"
+
+
+def _own_checkpoints(table: dict[str, Any], replica: int) -> dict[str, Any]:
+    """A replica's server table: its checkpoints, if any, in a folder of its own (``replica-R``), so
+    two replicas of a shard never write or prune each other's files."""
+    checkpoints = table.get("checkpoints")
+    if not isinstance(checkpoints, Mapping) or "directory" not in checkpoints:
+        return table
+    return merged(table, {"checkpoints": {"directory": str(Path(checkpoints["directory"]) / f"replica-{replica}")}})
 
 
 def _worker_config_file(config: ClusterConfig, rank: int, servers: list[str], shard_data: bool) -> Path:

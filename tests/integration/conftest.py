@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from pscli.config_file import merged
 from psproto.v1 import ps_pb2_grpc
+from pstools.etcd import LocalEtcd
 from pstools.launcher import start_server, stop_process
 
 StartServer = Callable[..., str]
@@ -52,3 +54,14 @@ def stub_for() -> Iterator[Callable[[str], ps_pb2_grpc.ParameterServerStub]]:
     yield make
     for channel in channels:
         channel.close()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[LocalEtcd]:
+    """A single-member etcd on free loopback ports (``etcd.url``), stopped after the test; replicated
+    shards' tests take it, and are skipped with a message where Debian's etcd is missing (as
+    Prometheus's are; `make test` installs both where it can)."""
+    if shutil.which("etcd") is None:
+        pytest.skip("Debian's etcd is not installed; make test installs it (apt-get install etcd-server)")
+    with LocalEtcd(tmp_path / "etcd") as server:
+        yield server

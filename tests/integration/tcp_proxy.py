@@ -1,5 +1,6 @@
-"""A TCP proxy for tests that can go silent (it stops forwarding without closing either side) or
-flaky (it drops connections and delays data at random).
+"""A TCP proxy for tests that can go silent (it stops forwarding without closing either side), cut
+a process off (it drops every connection and takes no new one) or be flaky (it drops connections
+and delays data at random).
 
 ``black_hole()`` makes every connection, old and new, a link that delivers nothing: both
 sockets stay open, nothing is read from either (so nothing is acknowledged beyond the kernel's
@@ -7,6 +8,12 @@ buffers), no FIN or RST is sent, as when a host died or the network partitioned.
 connections are still accepted (the kernel completes TCP handshakes on a listening socket) but
 carry nothing. ``restore()`` lets every connection carry bytes again, those held back included,
 in order, so a connection an endpoint still trusts resumes where it stopped.
+
+``cut()`` drops every open connection (both sides reset, as a failed link or a firewall does)
+and, until ``restore()``, refuses new ones (accepted and reset at once: the dialler gets a reset,
+not a connection) or, with ``new="black_hole"``, holds them open carrying nothing, so the dialler
+waits on its own timeout. A replica behind it is cut off from etcd: its lease keep-alives fail
+while etcd and everyone else carry on.
 
 With a ``seed`` the proxy is flaky: each connection is dropped (both sides closed) after a random
 life of 0.3 to 2.5 s, and about one forwarded read in twenty is delayed by up to 50 ms.
@@ -17,9 +24,11 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
+import struct
 import threading
 import time
 from types import TracebackType
+from typing import Literal
 
 # How often a blocked pump looks whether the proxy was closed.
 _POLL_S = 0.1
@@ -47,11 +56,17 @@ class TcpProxy:
         self.address = f"127.0.0.1:{self.port}"
         self.connections = 0
         self.silenced_at: float | None = None
+        # How new connections are met while cut (None: not cut), and how many were.
+        self._cut: Literal["refuse", "black_hole"] | None = None
+        self.refused = 0
         self._forwarding = threading.Event()
         self._forwarding.set()
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
+        self._links: list[_Link] = []
+        # Connections accepted while cut with new="black_hole": held open, carrying nothing.
+        self._held: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._start(self._accept)
 
@@ -61,8 +76,25 @@ class TcpProxy:
         self.silenced_at = time.monotonic()
         return self.silenced_at
 
+    def cut(self, new: Literal["refuse", "black_hole"] = "refuse") -> float:
+        """Reset every open connection and meet new ones with ``new`` until :meth:`restore`;
+        returns when (monotonic)."""
+        with self._lock:
+            self._cut = new
+            links = [link for link in self._links if not link.dropped.is_set()]
+        for link in links:
+            self._drop(link)
+        self.silenced_at = time.monotonic()
+        return self.silenced_at
+
     def restore(self) -> None:
-        """Forward again, old connections and new ones alike."""
+        """Forward again, old connections and new ones alike; after a cut, take new connections
+        again (those held open while cut are reset: their dialler reconnects)."""
+        with self._lock:
+            self._cut = None
+            held, self._held = self._held, []
+        for sock in held:
+            _reset(sock)
         self._forwarding.set()
 
     def close(self) -> None:
@@ -72,7 +104,7 @@ class TcpProxy:
         with contextlib.suppress(OSError):
             self.listener.close()
         with self._lock:
-            sockets, self._sockets = self._sockets, []
+            sockets, self._sockets = self._sockets + self._held, []
             threads = list(self._threads)
         for sock in sockets:
             with contextlib.suppress(OSError):
@@ -95,11 +127,12 @@ class TcpProxy:
             self._threads.append(thread)
         thread.start()
 
-    def _wait_forwarding(self) -> bool:
-        """Block while black-holed; False once the proxy is closed."""
+    def _wait_forwarding(self, link: _Link) -> bool:
+        """Block while black-holed; False once the proxy is closed or the link dropped."""
         while not self._forwarding.wait(_POLL_S):
-            pass
-        return not self._closed.is_set()
+            if link.dropped.is_set():
+                return False
+        return not self._closed.is_set() and not link.dropped.is_set()
 
     def _accept(self) -> None:
         self.listener.settimeout(_POLL_S)
@@ -110,6 +143,16 @@ class TcpProxy:
                 continue
             except OSError:
                 return
+            with self._lock:
+                cut = self._cut
+                if cut is not None:
+                    self.refused += 1
+                if cut == "black_hole":
+                    self._held.append(client)
+            if cut == "refuse":
+                _reset(client)
+            if cut is not None:
+                continue
             try:
                 server = socket.create_connection(self.upstream, timeout=5.0)
             except OSError:
@@ -127,20 +170,20 @@ class TcpProxy:
                 link = _Link(
                     (client, server), time.monotonic() + life, random.Random(flaky.random()) if flaky else None
                 )
+                self._links.append(link)
             self._start(self._pump, client, server, link)
             self._start(self._pump, server, client, link)
 
     def _drop(self, link: _Link) -> None:
-        """Close both sides of a flaky proxy's connection (counted once)."""
+        """Reset both sides of a connection (a flaky proxy's at the end of its life, or every one
+        at a cut; counted once)."""
         with self._lock:
             if link.dropped.is_set():
                 return
             link.dropped.set()
             self.drops += 1
         for sock in link.sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+            _reset(sock)
 
     def _pump(self, source: socket.socket, sink: socket.socket, link: _Link) -> None:
         source.settimeout(_POLL_S)
@@ -149,19 +192,27 @@ class TcpProxy:
                 self._drop(link)
                 return
             # Black-holed: read nothing, so the sender's bytes pile up unacknowledged by the peer.
-            if not self._wait_forwarding():
+            if not self._wait_forwarding(link):
                 return
             data = _receive(source)
             if data is None:
                 continue
             # Whatever came in just before the black hole (bytes or an end of stream) waits for it to lift.
-            if not self._wait_forwarding():
+            if not self._wait_forwarding(link):
                 return
             if not data or not _forward(sink, data, link):
                 break
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a reset (linger 0), waking a thread blocked reading it."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.shutdown(socket.SHUT_RD)
+    sock.close()
 
 
 def _receive(source: socket.socket) -> bytes | None:

