@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -300,24 +301,26 @@ def test_checkpoint_age_only_once_a_checkpoint_exists(metrics: ShardMetrics, tim
     assert value(metrics, "hetps_clock") == 500
 
 
-def primary_view(**changes: object) -> ReplicaView:
+PRIMARY = ReplicaView(
+    role=Role.PRIMARY,
+    epoch=3,
+    name="10.0.0.1:50051/aaaa",
+    address="10.0.0.1:50051",
+    primary="10.0.0.1:50051",
+    version=120,
+    in_sync=True,
+    failovers=1,
+    digest_mismatches=2,
+    backups=[
+        BackupView("10.0.0.2:50051/bbbb", "10.0.0.2:50051", True, 0, 0, 0.0),
+        BackupView("10.0.0.3:50051/cccc", "10.0.0.3:50051", False, 7, 4096, 1.5),
+    ],
+)
+
+
+def primary_view() -> ReplicaView:
     """A primary at epoch 3 with one backup in sync and one behind."""
-    fields: dict[str, object] = {
-        "role": Role.PRIMARY,
-        "epoch": 3,
-        "name": "10.0.0.1:50051/aaaa",
-        "address": "10.0.0.1:50051",
-        "primary": "10.0.0.1:50051",
-        "version": 120,
-        "in_sync": True,
-        "failovers": 1,
-        "digest_mismatches": 2,
-        "backups": [
-            BackupView("10.0.0.2:50051/bbbb", "10.0.0.2:50051", True, 0, 0, 0.0),
-            BackupView("10.0.0.3:50051/cccc", "10.0.0.3:50051", False, 7, 4096, 1.5),
-        ],
-    }
-    return ReplicaView(**{**fields, **changes})  # type: ignore[arg-type]
+    return PRIMARY
 
 
 def replica_names(registry: CollectorRegistry) -> set[str]:
@@ -354,9 +357,9 @@ def test_replica_metrics_are_read_at_each_scrape(metrics: ShardMetrics) -> None:
     """A backup has no backups' series; once promoted, its role and epoch change in the next scrape."""
     views = iter(
         [
-            primary_view(name="", role=Role.CANDIDATE, epoch=0, backups=[]),  # not registered in etcd yet
-            primary_view(role=Role.BACKUP, epoch=2, failovers=0, backups=[]),
-            primary_view(),
+            replace(PRIMARY, name="", role=Role.CANDIDATE, epoch=0, backups=[]),  # not registered in etcd yet
+            replace(PRIMARY, role=Role.BACKUP, epoch=2, failovers=0, backups=[]),
+            PRIMARY,
         ]
     )
     metrics.watch_replica(lambda: next(views))

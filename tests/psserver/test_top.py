@@ -94,9 +94,7 @@ def test_the_view_shows_speed_staleness_penalty_and_spread() -> None:
 
 def replica_status(role: str, address: str, **standing: object) -> ps_pb2.StatusResponse:
     reply = status(40, {})
-    reply.replica.CopyFrom(
-        ps_pb2.ReplicaStatus(role=role, name=f"{address}/ab12cd34", address=address, **standing)  # type: ignore[arg-type]
-    )
+    reply.replica.CopyFrom(ps_pb2.ReplicaStatus(role=role, name=f"{address}/ab12cd34", address=address, **standing))
     return reply
 
 
