@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -44,7 +44,9 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from psserver.core.workers import PushOutcome, WorkerRecord
-from psserver.replication.node import ReplicaView, Role
+
+if TYPE_CHECKING:  # the replication package brings etcd's client, which a lone server never needs
+    from psserver.replication.node import ReplicaView
 
 # `psserver serve` listens for scrapes on DEFAULT_METRICS_PORT + shard index unless told otherwise.
 DEFAULT_METRICS_PORT = 9400
@@ -672,7 +674,7 @@ class _ReplicaCollector(Collector):
             "1 for the role this replica holds (candidate, backup, primary, deposed), 0 for the others",
             labels=["shard", "replica", "role"],
         )
-        for each in Role:
+        for each in type(view.role):
             role.add_metric([*labels, each.value], float(view.role is each))
         families: list[Metric] = [
             role,
