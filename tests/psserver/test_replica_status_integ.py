@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,15 +22,10 @@ from psserver.ready import read_ready_file
 from pstools.launcher import WarmProcess, start_server, stop_process
 from tests.integration.probes import status, wait_for
 from tests.integration.test_checkpoint_integ import _join_and_init, _push
+from tests.integration.test_prometheus_integ import free_port
 
 pytestmark = pytest.mark.integration
 ETCD = shutil.which("etcd")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -39,7 +33,7 @@ def etcd(tmp_path: Path) -> Iterator[str]:
     """http://127.0.0.1:PORT of an etcd of its own, stopped after the test."""
     if ETCD is None:
         pytest.skip("etcd is not installed (apt-get install etcd-server)")
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     url = f"http://127.0.0.1:{client}"
     command = [ETCD, "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls", url]
     command += ["--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}"]
