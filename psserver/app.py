@@ -237,14 +237,23 @@ class ServerApp:
         if config.replication is not None:
             self.replica = ReplicaNode(
                 Coordinator(config.replication, config.shard.shard_index),
-                NodeParts(shard, self._restore_for_replica, self._on_deposed, self._call_metadata()),
+                NodeParts(
+                    shard, self._restore_for_replica, self._checkpoint_clock, self._on_deposed, self._call_metadata()
+                ),
             )
             if metrics is not None:
                 metrics.watch_replica(self.replica.view)
 
     def _restore_for_replica(self, shard: Shard) -> None:
         if self.config.checkpoints is not None:
-            _restore(shard, self.config.checkpoints.directory, self.metrics)
+            try:
+                _restore(shard, self.config.checkpoints.directory, self.metrics)
+            except CheckpointRestoreError as error:
+                raise StateError(str(error)) from None
+
+    def _checkpoint_clock(self) -> int | None:
+        found = checkpoint.list_checkpoints(self.config.checkpoints.directory) if self.config.checkpoints else []
+        return found[-1][1] if found else None
 
     def _on_deposed(self, why: str) -> None:
         self.deposed.set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -377,8 +378,10 @@ class Replicator:
 
     def _notify_loop(self) -> None:
         loop = self._loop
-        if loop is not None:
-            loop.call_soon_threadsafe(self._wake_waiters)
+        # Closed (the server stopped): nothing waits any more.
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(self._wake_waiters)
 
     def _wake_waiters(self) -> None:
         keep = []

@@ -69,7 +69,10 @@ class NodeParts:
     holds its state, the metadata its calls to other replicas carry, what ends the process."""
 
     shard: Shard
+    # Restores the newest checkpoint into the shard (none: it stays empty); StateError when unusable.
     restore_checkpoint: Callable[[Shard], None]
+    # The newest checkpoint's clock (None: none).
+    checkpoint_clock: Callable[[], int | None]
     on_deposed: Callable[[str], None]
     metadata: tuple[tuple[str, str], ...] = ()
 
@@ -192,17 +195,23 @@ class ReplicaNode:
     def _promote(self, record: PrimaryRecord, keys: ShardKeys) -> None:
         held = self.standby.take()
         shard = self.parts.shard
+        unclean = keys.in_sync is not None and self.coordinator.name not in keys.in_sync
+        if unclean:
+            # What only the lost replicas held is gone; the newer of what is left is taken.
+            newest = self.parts.checkpoint_clock()
+            if held is not None and newest is not None and newest > held.clock:
+                held = None
+            _LOGGER.error(
+                "every replica in sync (%s) is gone: this one starts from %s; acknowledged pushes after it are lost",
+                ", ".join(keys.in_sync or ()),
+                f"the state it held (clock {held.clock})" if held else f"its newest checkpoint (clock {newest})",
+            )
         try:
             if held is not None:
                 shard.load_state_dict(held.state)
             else:
-                if keys.in_sync is not None:
-                    _LOGGER.error(
-                        "every replica in sync (%s) is gone: this one starts from its newest checkpoint",
-                        ", ".join(keys.in_sync),
-                    )
                 self.parts.restore_checkpoint(shard)
-        except (StateError, OSError) as error:
+        except StateError as error:
             _LOGGER.error("cannot take over the shard: %s", error)
             self.coordinator.resign(record)
             self._depose(f"its state could not be installed: {error}")
@@ -212,6 +221,8 @@ class ReplicaNode:
         self.in_sync = True
         self.failovers += 1 if record.epoch > 1 else 0
         self.replicator = Replicator(shard, self.coordinator, record, self._step_down, self.parts.metadata)
+        # Versions go on from the last this replica held, so a backup's and its primary's compare.
+        self.replicator.versions.version = held.version if held is not None else 0
         self.role = Role.PRIMARY
         _LOGGER.warning(
             "primary of shard %s at epoch %d (clock %d, from %s)",

@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from pstools.etcd import LocalEtcd
 
 from pstasks.tasks import load_task
+from pstools.etcd import LocalEtcd
 from pstools.launcher import start_server
 from pstools.warm_start import Program
 from psworker.client import ClientConfig
@@ -106,9 +106,11 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
-def start_worker(servers: str, name: str, log: Path, until_clock: int, seed: int = 0) -> WarmTrain:
-    """A digits worker given the replica set, paced (0.1 s a step) so the failovers fall mid-run."""
-    settings = {"train": {"step_seconds": 0.1, "client": {"retry": {"give_up_seconds": 120}}}}
+def start_worker(
+    servers: str, name: str, log: Path, until_clock: int, seed: int = 0, step_seconds: float = 0.1
+) -> WarmTrain:
+    """A digits worker given the replica set, paced (``step_seconds`` a step) so the failovers fall mid-run."""
+    settings = {"train": {"step_seconds": step_seconds, "client": {"retry": {"give_up_seconds": 120}}}}
     command = train_command(servers, name, until_clock, seed=seed, log=log, settings=settings)
     return WarmTrain(command, log.with_suffix(".out"))
 
@@ -145,7 +147,7 @@ def test_five_primaries_killed_at_random_lose_and_double_nothing(
     """kill -9 of the primary five times while three workers train; each time the killed replica is
     started again and caught up before the next kill."""
     replicas.in_sync(2)
-    until = 1200
+    until = 850
     workers = [
         start_worker(replicas.servers, f"w{i}", replicas.tmp_path / f"w{i}.jsonl", until, seed=i) for i in range(3)
     ]
@@ -153,7 +155,7 @@ def test_five_primaries_killed_at_random_lose_and_double_nothing(
     rng = random.Random(5)
     kills = []
     for kill in range(5):
-        threshold = 100 + 200 * kill + rng.randrange(50)
+        threshold = 100 + 150 * kill + rng.randrange(50)
         primary = replicas.in_sync(2)
         address, at_least = replicas.addresses[primary], threshold
         wait_for(lambda: status(address).clock >= at_least, 120, f"clock {at_least}")  # noqa: B023
@@ -227,7 +229,7 @@ def test_a_paused_and_a_cut_off_primary_acknowledge_nothing_after_their_lease(
     it acknowledges nothing once its lease may have run out, another takes over, it exits 75. A
     worker trains through both; every push it was acknowledged is applied once."""
     replicas.in_sync(2)
-    worker = start_worker(replicas.servers, "w0", replicas.tmp_path / "w0.jsonl", 900)
+    worker = start_worker(replicas.servers, "w0", replicas.tmp_path / "w0.jsonl", 400, step_seconds=0.05)
     processes.append(worker)
 
     paused = replicas.in_sync(2)

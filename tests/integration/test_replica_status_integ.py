@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import shutil
 import signal
-import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,40 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.cli import main
 from psserver.ready import read_ready_file
+from pstools.etcd import LocalEtcd
 from pstools.launcher import WarmProcess, start_server, stop_process
 from tests.integration.probes import status, wait_for
 from tests.integration.test_checkpoint_integ import _join_and_init, _push
-from tests.integration.test_prometheus_integ import free_port
 
 pytestmark = pytest.mark.integration
-ETCD = shutil.which("etcd")
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[str]:
-    """http://127.0.0.1:PORT of an etcd of its own, stopped after the test."""
-    if ETCD is None:
-        pytest.skip("etcd is not installed (apt-get install etcd-server)")
-    client, peer = free_port(), free_port()
-    url = f"http://127.0.0.1:{client}"
-    command = [ETCD, "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls", url]
-    command += ["--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}"]
-    with (tmp_path / "etcd.log").open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: _answers(url), 20, "etcd to answer")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
-            return reply.status == 200
-    except OSError:
-        return False
 
 
 class Replica:
@@ -77,12 +47,12 @@ class Replica:
 
 
 @pytest.fixture
-def replicas(tmp_path: Path, etcd: str) -> Iterator[list[Replica]]:
+def replicas(tmp_path: Path, etcd: LocalEtcd) -> Iterator[list[Replica]]:
     """Two replicas of shard 0, started at once; stopped after the test (SIGTERM: exit 0)."""
 
     def start(name: str) -> Replica:
         process, address = start_server(
-            tmp_path, "asgd", 0.5, (), extra_args=("--etcd", f"{etcd}/observe"), log_name=f"{name}.log"
+            tmp_path, "asgd", 0.5, (), extra_args=("--etcd", f"{etcd.url}/observe"), log_name=f"{name}.log"
         )
         ready = read_ready_file(tmp_path / f"{name}.ready.json")
         assert ready.metrics_port is not None
