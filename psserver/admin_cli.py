@@ -19,7 +19,7 @@ from rich.table import Table
 from psproto import security
 from psproto.security import bearer_metadata
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from psserver.top import run_top
+from psserver.top import ShardView, backups_table, human_size, run_top
 
 if TYPE_CHECKING:
     from psserver.core.checkpoint import FileReport
@@ -110,7 +110,7 @@ def status(
     tls_key: Path | None,
     auth_token_file: Path | None,
 ) -> None:
-    """Show a running shard's clock, rule and workers."""
+    """Show a running shard's clock, rule and workers; a replica's standing, and a primary's backups."""
     reply: ps_pb2.StatusResponse = _ask_shard(
         server,
         (tls_ca, tls_cert, tls_key, auth_token_file),
@@ -121,6 +121,18 @@ def status(
         f"shard {reply.shard_index}/{reply.num_shards}  clock {reply.clock}  rule {reply.rule.name}  "
         f"applied {reply.applied_pushes}  rejected {dict(reply.rejected)}"
     )
+    if reply.HasField("replica"):
+        r = reply.replica
+        console.print(
+            f"replica {r.name}  {r.role}  epoch {r.epoch}  primary {r.primary or 'none'}  "
+            f"in sync {'yes' if r.in_sync else 'no'}  version {r.version}  failovers {r.failovers}  "
+            f"digest mismatches {r.digest_mismatches}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        backups = backups_table([ShardView(server, reply)], console.width)
+        if backups is not None:
+            console.print(backups)
     table = Table("worker", "name", "pushes", "pulls", "staleness mean", "max", "seen (s ago)")
     for w in reply.workers:
         table.add_row(
@@ -154,15 +166,6 @@ def checkpoint_command(
         lambda stub, metadata: stub.Checkpoint(ps_pb2.CheckpointRequest(), timeout=timeout, metadata=metadata),
     )
     click.echo(f"{reply.path} clock={reply.clock}")
-
-
-def _size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024:
-            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
 
 
 def _age(seconds: float) -> str:
@@ -240,7 +243,9 @@ def _print_checkpoints(
                 "ok": "[green]ok[/]",
                 "unverified": "[yellow]unverified[/] (no checksum: written before checksums)",
             }.get(verdict.status, f"[red]damaged[/]: {verdict.problem}")
-            table.add_row(report.path.name, str(report.clock), _size(report.size), _age(now - report.modified), state)
+            table.add_row(
+                report.path.name, str(report.clock), human_size(report.size), _age(now - report.modified), state
+            )
         console.print(table)
         if reports[-1].verdict.status == "damaged":
             then = f"restores {restores.path.name} (clock {restores.clock})" if restores else "is refused"

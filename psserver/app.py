@@ -239,6 +239,8 @@ class ServerApp:
                 Coordinator(config.replication, config.shard.shard_index),
                 NodeParts(shard, self._restore_for_replica, self._on_deposed, self._call_metadata()),
             )
+            if metrics is not None:
+                metrics.watch_replica(self.replica.view)
 
     def _restore_for_replica(self, shard: Shard) -> None:
         if self.config.checkpoints is not None:

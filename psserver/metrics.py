@@ -12,7 +12,9 @@ worker's series are removed when it leaves, is evicted or gives its place up. Ob
 only pull: they get pull and byte series, never push series.
 
 The shard calls the observer methods with its lock held; each takes this object's lock, looks
-up one dictionary entry and increments a few counters. docs/observability.md lists every metric.
+up one dictionary entry and increments a few counters. A replica of a replicated shard adds its
+standing (``watch_replica``), read from the replica at each scrape. docs/observability.md lists
+every metric.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -37,11 +39,14 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from psserver.core.workers import PushOutcome, WorkerRecord
+
+if TYPE_CHECKING:  # the replication package brings etcd's client, which a lone server never needs
+    from psserver.replication.node import ReplicaView
 
 # `psserver serve` listens for scrapes on DEFAULT_METRICS_PORT + shard index unless told otherwise.
 DEFAULT_METRICS_PORT = 9400
@@ -457,6 +462,11 @@ class ShardMetrics:
         self._clock_value = clock
         self._clock.set(clock)
 
+    def watch_replica(self, view: Callable[[], ReplicaView]) -> None:
+        """Export this replica's standing, and on the primary its backups', as ``view`` returns it
+        at each scrape (a lone server never calls this, and exports none of it)."""
+        self.registry.register(_ReplicaCollector(self.shard, view))
+
     def worker_names(self) -> set[str]:
         """Names that have series of their own now."""
         with self._lock:
@@ -630,6 +640,92 @@ class _CheckpointCollector(Collector):
         )
         age.add_metric([shard], max(0.0, self._metrics._now() - written))
         return [last, age]
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+
+class _ReplicaCollector(Collector):
+    """A replica's standing and its backups' lag, read from the replica when scraped: nothing polls."""
+
+    def __init__(self, shard: str, view: Callable[[], ReplicaView]) -> None:
+        self._shard = shard
+        self._view = view
+
+    def collect(self) -> Iterable[Metric]:
+        view = self._view()
+        if not view.name:
+            return []  # not registered in etcd yet: it has no name to be labelled by
+        labels = [self._shard, view.name]
+
+        def gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, text, labels=["shard", "replica"])
+            family.add_metric(labels, value)
+            return family
+
+        def counter(name: str, text: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, text, labels=["shard", "replica"])
+            family.add_metric(labels, value)
+            return family
+
+        # A series per role, 1 for the one it holds: a change of role changes values, not series.
+        role = GaugeMetricFamily(
+            "hetps_replica_role",
+            "1 for the role this replica holds (candidate, backup, primary, deposed), 0 for the others",
+            labels=["shard", "replica", "role"],
+        )
+        for each in type(view.role):
+            role.add_metric([*labels, each.value], float(view.role is each))
+        families: list[Metric] = [
+            role,
+            gauge("hetps_replica_epoch", "The newest primary's epoch this replica knows", view.epoch),
+            gauge(
+                "hetps_replica_in_sync",
+                "1 while this replica holds every acknowledged change (named in etcd's in-sync set)",
+                float(view.in_sync),
+            ),
+            gauge(
+                "hetps_replica_version",
+                "Primary: its state's version (one more at every change); backup: the version it holds",
+                view.version,
+            ),
+            counter(
+                "hetps_replica_failovers",
+                "Times this process became primary in place of another (promotions past epoch 1)",
+                view.failovers,
+            ),
+            counter(
+                "hetps_replica_digest_mismatches",
+                "States whose digest a backup found different from the primary's (each one logged)",
+                view.digest_mismatches,
+            ),
+        ]
+        if view.backups:
+            backup = ("shard", "backup")
+            in_sync = GaugeMetricFamily(
+                "hetps_backup_in_sync", "On the primary: 1 while the backup is in the in-sync set", labels=backup
+            )
+            versions = GaugeMetricFamily(
+                "hetps_backup_lag_versions", "On the primary: changes the backup has not acknowledged", labels=backup
+            )
+            sizes = GaugeMetricFamily(
+                "hetps_backup_lag_bytes",
+                "On the primary: bytes of the newest state while the backup has not acknowledged it",
+                labels=backup,
+            )
+            seconds = GaugeMetricFamily(
+                "hetps_backup_lag_seconds",
+                "On the primary: seconds since the oldest change the backup has not acknowledged",
+                labels=backup,
+            )
+            for b in view.backups:
+                where = [self._shard, b.name]
+                in_sync.add_metric(where, float(b.in_sync))
+                versions.add_metric(where, b.lag_versions)
+                sizes.add_metric(where, b.lag_bytes)
+                seconds.add_metric(where, b.lag_seconds)
+            families += [in_sync, versions, sizes, seconds]
+        return families
 
     def describe(self) -> Iterable[Metric]:
         return []

@@ -4,8 +4,9 @@ One row per worker and shard: its speed (from its heartbeats), how many pushes i
 stale they are, what the rule did to them (gap, applied scale) and, where the rule assigns them, the
 local steps ``H`` of its next window. Above it, one row per
 shard: clock, clock rate, workers and rejected requests by reason. Rates are the change
-between two refreshes. A shard that does not answer shows its error and is asked again at
-the next refresh; Ctrl-C quits.
+between two refreshes. A replicated shard's replicas (each one given with ``--server``) also
+show their standing, and its primary each backup's lag. A shard that does not answer shows its
+error and is asked again at the next refresh; Ctrl-C quits.
 """
 
 from __future__ import annotations
@@ -113,6 +114,15 @@ def _seconds(value: float | None) -> str:
     return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
 def _uptime(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
@@ -120,7 +130,7 @@ def _uptime(seconds: float) -> str:
 
 
 # Columns a narrow terminal leaves out, so that the ones the view is for stay readable.
-_OPTIONAL_COLUMNS = {"address", "uptime", "device", "step", "pulls", "seen"}
+_OPTIONAL_COLUMNS = {"address", "uptime", "device", "step", "pulls", "seen", "failovers", "digest mismatches"}
 _WIDE_COLUMNS = 110
 
 
@@ -128,7 +138,7 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, str | Te
     shown = [c for c in columns if width >= _WIDE_COLUMNS or c not in _OPTIONAL_COLUMNS]
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
     for column in shown:
-        left = column in {"worker", "device", "address", "rule", "rejected"}
+        left = column in {"worker", "device", "address", "rule", "rejected", "replica", "role", "primary", "backup"}
         table.add_column(column, justify="left" if left else "right", no_wrap=column != "rejected")
     for row in rows:
         table.add_row(*(row.get(column, "") for column in shown))
@@ -190,6 +200,72 @@ def _worker_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
     return rows
 
 
+_ROLE_STYLES = {"primary": "bold green", "candidate": "yellow", "deposed": "bold red"}
+
+
+def _yes_no(value: bool) -> Text:
+    return Text("yes") if value else Text("no", style="bold red")
+
+
+def _replica_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
+    rows: list[dict[str, str | Text]] = []
+    for view in views:
+        if view.status is None or not view.status.HasField("replica"):
+            continue
+        replica = view.status.replica
+        rows.append(
+            {
+                "shard": str(view.status.shard_index),
+                "replica": replica.address or view.address,
+                "role": Text(replica.role, style=_ROLE_STYLES.get(replica.role, "")),
+                "epoch": str(replica.epoch),
+                "primary": replica.primary or Text("none", style="bold red"),
+                "in sync": _yes_no(replica.in_sync),
+                "version": str(replica.version),
+                "failovers": str(replica.failovers),
+                "digest mismatches": Text(str(replica.digest_mismatches), style="bold red")
+                if replica.digest_mismatches
+                else "0",
+            }
+        )
+    return rows
+
+
+def _backup_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
+    rows: list[dict[str, str | Text]] = []
+    for view in views:
+        if view.status is None:
+            continue
+        replica = view.status.replica
+        for b in sorted(replica.backups, key=lambda b: b.address):
+            rows.append(
+                {
+                    "shard": str(view.status.shard_index),
+                    "backup": b.address,
+                    "primary": replica.address or view.address,
+                    "in sync": _yes_no(b.in_sync),
+                    "behind": str(b.lag_versions),
+                    "lag bytes": human_size(b.lag_bytes),
+                    "lag": _seconds(b.lag_seconds),
+                }
+            )
+    return rows
+
+
+def replicas_table(views: Sequence[ShardView], width: int = _WIDE_COLUMNS) -> Table | None:
+    """Each replica's standing, for the replicated shards among ``views`` (None: only lone servers)."""
+    rows = _replica_rows(views)
+    columns = ("shard", "replica", "role", "epoch", "primary", "in sync", "version", "failovers", "digest mismatches")
+    return _table("replicas", columns, rows, width) if rows else None
+
+
+def backups_table(views: Sequence[ShardView], width: int = _WIDE_COLUMNS) -> Table | None:
+    """Each backup as its primary among ``views`` sees it (None: no primary with backups)."""
+    rows = _backup_rows(views)
+    columns = ("shard", "backup", "primary", "in sync", "behind", "lag bytes", "lag")
+    return _table("backups (as their primary sees them)", columns, rows, width) if rows else None
+
+
 def _spread(views: Sequence[ShardView]) -> Text:
     """How heterogeneous the cluster is: the fastest worker's speed over the slowest's."""
     speeds: dict[str, float] = {}
@@ -233,6 +309,7 @@ def render(views: Sequence[ShardView], interval_s: float, width: int = _WIDE_COL
     return Group(
         heading,
         _table("shards", shard_columns, _shard_rows(views), width),
+        *(table for table in (replicas_table(views, width), backups_table(views, width)) if table is not None),
         _spread(views),
         _table("workers", worker_columns, _worker_rows(views), width),
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from psserver.metrics import ShardMetrics
+from tests.psserver.test_metrics import primary_view
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -71,6 +72,7 @@ def exported_sample_names() -> set[str]:
     """Every sample name a server's registry can export, from each family's type."""
     metrics = ShardMetrics(process_metrics=True)
     metrics.checkpoint_written()  # checkpoint metrics exist only once a checkpoint does
+    metrics.watch_replica(primary_view)  # replica metrics exist only on a replica, backups' on its primary
     suffixes = {
         "counter": ("_total",),
         "histogram": ("_bucket", "_count", "_sum"),
@@ -110,6 +112,14 @@ def test_the_dashboard_covers_what_the_issue_asks_for() -> None:
         "hetps_rejected_requests_total",
         "hetps_rpc_duration_seconds_bucket",
         "hetps_apply_duration_seconds_bucket",
+        "hetps_replica_role",
+        "hetps_replica_epoch",
+        "hetps_replica_failovers_total",
+        "hetps_replica_digest_mismatches_total",
+        "hetps_backup_in_sync",
+        "hetps_backup_lag_versions",
+        "hetps_backup_lag_seconds",
+        "hetps_backup_lag_bytes",
     ):
         assert metric in exprs, metric
     ids = [panel["id"] for panel in panels(load_dashboard())]

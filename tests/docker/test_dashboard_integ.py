@@ -17,6 +17,7 @@ from psserver.metrics import ShardMetrics, serve_metrics
 from tests.docker.test_dashboard import DOCKER, as_promql, load_dashboard, queries
 from tests.integration.probes import wait_for
 from tests.integration.test_prometheus_integ import needs_prometheus, prometheus, query
+from tests.psserver.test_metrics import primary_view
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -97,11 +98,12 @@ class _Cluster(threading.Thread):
 
 @needs_prometheus
 def test_the_dashboard_reads_at_512_workers(tmp_path: Path) -> None:
-    """Against a real Prometheus: every panel shows data, at most 32 workers have series of their own,
-    and the rest show as one "other workers" line."""
+    """Against a real Prometheus: every panel shows data (replication's too), at most 32 workers have
+    series of their own, and the rest show as one "other workers" line."""
     start = time.time()
     metrics = ShardMetrics(0, {"rule": "gap-aware"}, wall_clock=lambda: start + 60 * (time.time() - start))
     metrics.checkpoint_written()
+    metrics.watch_replica(primary_view)  # the shard is a primary with two backups: the replication panels' data
     workers = [WorkerRecord(i, f"worker-{i:03d}", "cpu", False) for i in range(512)]
     for worker in workers:
         metrics.worker_joined(worker)

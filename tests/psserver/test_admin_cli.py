@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 
+from psserver import admin_cli
 from psserver.cli import main
 from psserver.core.checkpoint import write_checkpoint
 from psserver.core.rules import RuleSpec
 from psserver.core.shard import Shard, ShardConfig
+from tests.psserver.test_top import primary_and_backup, status
 
 
 def _state(clock: int) -> dict[str, object]:
@@ -104,3 +107,26 @@ def test_a_missing_folder_or_a_file_exits_2(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     code, output = _run(str(tmp_path / "file"))
     assert code == 2 and "is a file" in output
+
+
+def _status(reply: object, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(admin_cli, "_ask_shard", lambda server, security, call: reply)
+    result = CliRunner().invoke(main, ["status", "--server", "10.0.0.1:50051"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_status_of_a_primary_shows_its_standing_and_its_backups_lag(monkeypatch: pytest.MonkeyPatch) -> None:
+    output = _status(primary_and_backup()[0].status, monkeypatch)
+    assert "shard 0/1  clock 40  rule sa" in output
+    assert (
+        "replica 10.0.0.1:50051/ab12cd34  primary  epoch 3  primary 10.0.0.1:50051  in sync yes  version 120  "
+        "failovers 1  digest mismatches 0"
+    ) in output
+    behind = next(line for line in output.splitlines() if line.split()[1:2] == ["10.0.0.3:50051"])
+    assert behind.split() == ["0", "10.0.0.3:50051", "10.0.0.1:50051", "no", "7", "3.0", "MiB", "2.50", "s"]
+
+
+def test_status_of_a_lone_server_shows_no_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    output = _status(status(7, {"w": 3}), monkeypatch)
+    assert "shard 0/1  clock 7" in output and "replica" not in output and "backup" not in output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ from psserver.metrics import (
     STALENESS_BUCKETS,
     ShardMetrics,
 )
+from psserver.replication.backups import BackupView
+from psserver.replication.node import ReplicaView, Role
 
 LAYOUT = Layout.from_named_shapes([("w", (2, 3)), ("b", (2,))])
 GRADIENT = int(PayloadKind.GRADIENT)
@@ -298,9 +301,82 @@ def test_checkpoint_age_only_once_a_checkpoint_exists(metrics: ShardMetrics, tim
     assert value(metrics, "hetps_clock") == 500
 
 
+PRIMARY = ReplicaView(
+    role=Role.PRIMARY,
+    epoch=3,
+    name="10.0.0.1:50051/aaaa",
+    address="10.0.0.1:50051",
+    primary="10.0.0.1:50051",
+    version=120,
+    in_sync=True,
+    failovers=1,
+    digest_mismatches=2,
+    backups=[
+        BackupView("10.0.0.2:50051/bbbb", "10.0.0.2:50051", True, 0, 0, 0.0),
+        BackupView("10.0.0.3:50051/cccc", "10.0.0.3:50051", False, 7, 4096, 1.5),
+    ],
+)
+
+
+def primary_view() -> ReplicaView:
+    """A primary at epoch 3 with one backup in sync and one behind."""
+    return PRIMARY
+
+
+def replica_names(registry: CollectorRegistry) -> set[str]:
+    return {
+        family.name
+        for family in registry.collect()
+        if family.name.startswith(("hetps_replica", "hetps_backup")) and family.samples
+    }
+
+
+def test_a_lone_server_exports_no_replica_metrics(metrics: ShardMetrics) -> None:
+    assert replica_names(metrics.registry) == set()
+
+
+def test_a_primary_exports_its_standing_and_each_backups_lag(metrics: ShardMetrics) -> None:
+    metrics.watch_replica(primary_view)
+    me = {"replica": "10.0.0.1:50051/aaaa"}
+    roles = {role.value: value(metrics, "hetps_replica_role", **me, role=role.value) for role in Role}
+    assert roles == {"candidate": 0, "backup": 0, "primary": 1, "deposed": 0}
+    assert value(metrics, "hetps_replica_epoch", **me) == 3
+    assert value(metrics, "hetps_replica_in_sync", **me) == 1
+    assert value(metrics, "hetps_replica_version", **me) == 120
+    assert value(metrics, "hetps_replica_failovers_total", **me) == 1
+    assert value(metrics, "hetps_replica_digest_mismatches_total", **me) == 2
+    behind = {"backup": "10.0.0.3:50051/cccc"}
+    assert value(metrics, "hetps_backup_in_sync", backup="10.0.0.2:50051/bbbb") == 1
+    assert value(metrics, "hetps_backup_in_sync", **behind) == 0
+    assert value(metrics, "hetps_backup_lag_versions", **behind) == 7
+    assert value(metrics, "hetps_backup_lag_bytes", **behind) == 4096
+    assert value(metrics, "hetps_backup_lag_seconds", **behind) == 1.5
+
+
+def test_replica_metrics_are_read_at_each_scrape(metrics: ShardMetrics) -> None:
+    """A backup has no backups' series; once promoted, its role and epoch change in the next scrape."""
+    views = iter(
+        [
+            replace(PRIMARY, name="", role=Role.CANDIDATE, epoch=0, backups=[]),  # not registered in etcd yet
+            replace(PRIMARY, role=Role.BACKUP, epoch=2, failovers=0, backups=[]),
+            PRIMARY,
+        ]
+    )
+    metrics.watch_replica(lambda: next(views))
+    assert replica_names(metrics.registry) == set()
+    backup = generate_latest(metrics.registry).decode()
+    assert 'hetps_replica_role{replica="10.0.0.1:50051/aaaa",role="backup",shard="3"} 1.0' in backup
+    assert "hetps_replica_epoch" in backup and "hetps_backup_" not in backup
+    primary = generate_latest(metrics.registry).decode()
+    assert 'hetps_replica_role{replica="10.0.0.1:50051/aaaa",role="primary",shard="3"} 1.0' in primary
+    assert 'hetps_replica_epoch{replica="10.0.0.1:50051/aaaa",shard="3"} 3.0' in primary
+    assert 'hetps_backup_lag_versions{backup="10.0.0.3:50051/cccc",shard="3"} 7.0' in primary
+
+
 def test_the_docs_describe_every_metric_the_server_exports() -> None:
     metrics = ShardMetrics(process_metrics=True)
     metrics.checkpoint_written()
+    metrics.watch_replica(primary_view)
     exported = {family.name for family in metrics.registry.collect() if family.name.startswith("hetps_")}
     # The first cell of each row of the docs' metric tables.
     documented = set(re.findall(r"^\| `(hetps_[a-z_]+)` \|", DOCS.read_text(), flags=re.MULTILINE))

@@ -1,0 +1,232 @@
+"""What replication costs and how fast a shard fails over.
+
+    python -m benchmarks.replication [--quick] [--smoke] [--kills N] [--out benchmarks/results/replication.json]
+
+Needs Debian's etcd-server (``/usr/bin/etcd``); one etcd is started for the run.
+
+**Cost.** One worker in this process steps (push a fixed gradient, get the parameters back:
+``ParameterServerOptimizer.step``) against a lone server and against a replicated one (a primary
+and one backup, each its own process), interleaved round by round in a fresh order so both see the
+same load. Target: the replicated step at most 1.5x the lone one (the median of the rounds' ratios).
+
+**Failover.** A worker in this process steps without pause against a shard of three replicas (its
+``--server`` is the replica set); the primary is killed with SIGKILL at a random moment, ``--kills``
+times (5). The time from each kill to the first step acknowledged after it (by the new primary) is
+recorded; the killed replica is started again and the next kill waits until it is back in sync.
+Target: at most 3 s, median and worst. After the last, the acknowledged steps equal the pushes the
+primary has applied (exactly once across every failover).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+from torch import nn
+
+from benchmarks.harness.models import resnet18_shapes, tiny_shapes
+from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess
+from benchmarks.harness.report import prepare_output, run_header, write_results
+from benchmarks.harness.stats import summarize
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from pstools.etcd import LocalEtcd
+from psworker.optim import ParameterServerOptimizer
+
+COST_TARGET = 1.5
+FAILOVER_TARGET_S = 3.0
+IN_SYNC_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Run:
+    rounds: int
+    steps_per_round: int
+    kills: int
+    model: str
+
+
+def _status(address: str) -> ps_pb2.StatusResponse:
+    with grpc.insecure_channel(address) as channel:
+        reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
+            ps_pb2.StatusRequest(), timeout=5
+        )
+        return reply
+
+
+def _model(name: str) -> nn.Module:
+    shapes = resnet18_shapes() if name == "resnet18" else tiny_shapes()
+    torch.manual_seed(0)
+    return nn.ParameterList([nn.Parameter(torch.randn(shape) * 0.01) for _, shape in shapes])
+
+
+def _stepper(model: nn.Module, servers: str, name: str) -> tuple[ParameterServerOptimizer, Any]:
+    optimizer = ParameterServerOptimizer(model, servers, name=name)
+    gradients = [torch.randn_like(parameter) * 1e-3 for parameter in model.parameters()]
+
+    def step() -> float:
+        for parameter, gradient in zip(model.parameters(), gradients, strict=True):
+            parameter.grad = gradient.clone()
+        started = time.perf_counter()
+        optimizer.step()
+        return time.perf_counter() - started
+
+    return optimizer, step
+
+
+def _job(label: str, model: str, etcd: str | None) -> HetpsJob:
+    extra = ("--etcd", etcd) if etcd is not None else ()
+    return HetpsJob(label, model, "asgd", (), 0, 1, extra_args=extra)
+
+
+def _primary(servers: Sequence[ServerProcess]) -> ServerProcess:
+    deadline = time.monotonic() + IN_SYNC_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for server in servers:
+            if server.process.poll() is None and _status(server.address).replica.role == "primary":
+                return server
+        time.sleep(0.1)
+    raise RuntimeError("no replica became primary")
+
+
+def _wait_in_sync(primary: ServerProcess, backups: int) -> None:
+    deadline = time.monotonic() + IN_SYNC_TIMEOUT_S
+    while time.monotonic() < deadline:
+        replica = _status(primary.address).replica
+        if sum(backup.in_sync for backup in replica.backups) >= backups:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{primary.label}: {backups} backup(s) not in sync after {IN_SYNC_TIMEOUT_S} s")
+
+
+def cost(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
+    lone = fleet.start_hetps(_job("lone", run.model, None))
+    pair = fleet.start_all([_job(f"replica-{i}", run.model, f"{etcd}/cost") for i in range(2)])
+    primary = _primary(list(pair.values()))
+    _wait_in_sync(primary, 1)
+    systems = {
+        "lone": _stepper(_model(run.model), lone.address, "cost-lone"),
+        "one backup": _stepper(_model(run.model), primary.address, "cost-replicated"),
+    }
+    for _, step in systems.values():
+        for _ in range(5):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    ratios = []
+    for _ in range(run.rounds):
+        order = list(systems)
+        random.shuffle(order)
+        medians = {}
+        for name in order:
+            took = [systems[name][1]() for _ in range(run.steps_per_round)]
+            times[name] += took
+            medians[name] = statistics.median(took)
+        ratios.append(medians["one backup"] / medians["lone"])
+    for optimizer, _ in systems.values():
+        optimizer.close()
+    return {
+        "step_ms": {name: summarize([t * 1e3 for t in took]) for name, took in times.items()},
+        "ratio": summarize(ratios),
+        "target": {"at_most": COST_TARGET, "pass": statistics.median(ratios) <= COST_TARGET},
+    }
+
+
+def failover(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
+    jobs = [_job(f"failover-{i}", "tiny", f"{etcd}/failover") for i in range(3)]
+    replicas = list(fleet.start_all(jobs).values())
+    _wait_in_sync(_primary(replicas), 2)
+    servers = "|".join(server.address for server in replicas)
+    optimizer, step = _stepper(_model("tiny"), servers, "failover-worker")
+    acked: list[float] = []
+    stop = threading.Event()
+
+    def keep_stepping() -> None:
+        while not stop.is_set():
+            step()
+            acked.append(time.monotonic())
+
+    stepper = threading.Thread(target=keep_stepping, daemon=True)
+    stepper.start()
+    latencies = []
+    for _ in range(run.kills):
+        time.sleep(random.uniform(0.5, 1.5))
+        primary = _primary(replicas)
+        killed_at = time.monotonic()
+        primary.process.send_signal(signal.SIGKILL)
+        primary.process.wait()
+        while not any(at > killed_at for at in acked[-50:]):
+            if not stepper.is_alive():
+                raise RuntimeError("the worker stopped")
+            time.sleep(0.01)
+        latencies.append(next(at for at in acked if at > killed_at) - killed_at)
+        index = replicas.index(primary)
+        fleet.servers.remove(primary)
+        replicas[index] = fleet.start_hetps(jobs[index])
+        _wait_in_sync(_primary(replicas), 2)
+    stop.set()
+    stepper.join()
+    counts = optimizer.counts
+    optimizer.close()
+    final = _status(_primary(replicas).address)
+    summary = summarize(latencies)
+    return {
+        "kill_to_first_ack_s": latencies,
+        "summary": summary,
+        "acknowledged_steps": len(acked),
+        "applied_pushes": final.applied_pushes,
+        "clock": final.clock,
+        "failovers_seen": final.replica.epoch - 1,
+        "worker_counts": str(counts),
+        "exactly_once": final.applied_pushes >= len(acked),
+        "target": {
+            "at_most_s": FAILOVER_TARGET_S,
+            "pass": summary["median"] <= FAILOVER_TARGET_S and summary["max"] <= FAILOVER_TARGET_S,
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, two rounds, one kill (tests)")
+    parser.add_argument("--kills", type=int, default=None, help="primaries killed (default 5; 1 with --smoke)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/replication.json"))
+    args = parser.parse_args(argv)
+    if shutil.which("etcd") is None:
+        parser.error("etcd is not installed (Debian: apt-get install etcd-server)")
+    run = Run(
+        rounds=2 if args.smoke else 6 if args.quick else 12,
+        steps_per_round=3 if args.smoke else 5,
+        kills=args.kills if args.kills is not None else 1 if args.smoke else 5,
+        model="tiny" if args.smoke else "resnet18",
+    )
+    console, log_dir = prepare_output(args.out)
+    started = time.monotonic()
+    results: dict[str, Any] = {**run_header(None), "run": run.__dict__}
+    fleet = Fleet(log_dir)
+    with LocalEtcd(log_dir / "etcd") as etcd:
+        try:
+            results["cost"] = cost(run, fleet, etcd.url)
+            fleet.stop()
+            fleet = Fleet(log_dir)
+            results["failover"] = failover(run, fleet, etcd.url)
+        finally:
+            fleet.stop()
+    results["wall_seconds"] = time.monotonic() - started
+    console.print(results["cost"])
+    console.print(results["failover"])
+    write_results("replication", argv, results, args.out, console)
+
+
+if __name__ == "__main__":
+    main()
