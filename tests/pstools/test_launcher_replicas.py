@@ -88,8 +88,13 @@ def test_the_job_is_the_log_folders_name_in_safe_letters(tmp_path: Path, folder:
     assert cluster_job(tmp_path / "runs" / folder) == job
 
 
-def test_replicas_without_etcd_installed_say_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_without_etcd_replicas_name_its_package_and_a_rerun_starts_afresh(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(etcd.shutil, "which", lambda name: None)
+    # A previous run's etcd data: every run elects afresh.
+    (tmp_path / "etcd" / "member").mkdir(parents=True)
     with pytest.raises(ClusterError, match=r"--replicas 2 needs etcd: .*apt-get install etcd-server"):
         run_cluster(ClusterConfig(workers=1, slowdowns=(1.0,), replicas=2, log_dir=tmp_path))
     assert not (tmp_path / "server-0-0.log").exists(), "no server was started"
+    assert not (tmp_path / "etcd").exists()
