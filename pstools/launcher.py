@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -242,6 +243,9 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
     started = time.monotonic()
     servers: list[WarmProcess] = []
     workers: list[WarmProcess] = []
+    # A fresh etcd for every run: a previous run's keys in this folder (and its primaries' leases,
+    # which etcd renews when it restarts) would only delay the first election.
+    shutil.rmtree(config.log_dir / "etcd", ignore_errors=True)
     try:
         etcd = LocalEtcd(config.log_dir / "etcd") if config.replicas > 1 else None
     except EtcdError as error:

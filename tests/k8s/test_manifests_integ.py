@@ -20,6 +20,7 @@ import pytest
 import tomllib
 import yaml
 
+from pscli.config_file import merged
 from psserver.cli import main as psserver_main
 from psserver.serve_cli import server_config
 from pstasks.cli import main as psworker_main
@@ -100,8 +101,12 @@ def run_script(
     stand_in.parent.mkdir(exist_ok=True)
     stand_in.write_text(f"#!/bin/sh\n{stand_in_body}\n")
     stand_in.chmod(0o755)
-    path = f"{stand_in.parent}{os.pathsep}{os.environ['PATH']}"
-    result = subprocess.run(["/bin/sh", "-c", script], env={**env, "PATH": path}, capture_output=True, text=True)
+    # The image's python (the servers' script runs one) is this one, with this checkout's packages.
+    path = os.pathsep.join([str(stand_in.parent), str(Path(sys.executable).parent), os.environ["PATH"]])
+    python_path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        ["/bin/sh", "-c", script], env={**env, "PATH": path, "PYTHONPATH": python_path}, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 
@@ -162,8 +167,9 @@ def test_shards_statefulset_service_and_budget_agree(overlay: str) -> None:
     assert claims == ["checkpoints"] and mounts["checkpoints"] == "/var/lib/hetps/checkpoints"
     assert statefulset["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
-    # The server reads server.toml from the ConfigMap, mounted where --config says.
-    assert re.search(r"psserver serve --config /etc/hetps/config/server\.toml\b", script)
+    # The server reads server.toml from the ConfigMap, mounted where --config says (a replica: a
+    # copy with its own address, test_every_replica_is_told_the_etcd_the_job_and_its_own_name).
+    assert "config=/etc/hetps/config/server.toml" in script and 'psserver serve --config "$config"' in script
     assert mounts["config"] == "/etc/hetps/config"
     volumes = {volume["name"]: volume for volume in statefulset["spec"]["template"]["spec"]["volumes"]}
     assert volumes["config"]["configMap"]["name"] == "hetps-server-config"
@@ -377,28 +383,42 @@ def test_replicated_overlay_has_two_identical_sets_of_servers_each_with_its_own_
 
 
 @pytest.mark.parametrize("name", ["psserver", "psserver-b"])
-def test_every_replica_is_told_the_etcd_the_job_and_its_own_name(name: str, tmp_path: Path) -> None:
-    statefulset = one(REPLICATED, "StatefulSet", name)
+def run_server_script(
+    overlay: str | Path, statefulset: dict[str, Any], ordinal: int, tmp_path: Path
+) -> tuple[list[str], dict[str, Any]]:
+    """Pod ``ordinal``'s server script run with a stand-in psserver: its arguments, and the
+    configuration file it was given (server.toml of the ConfigMap, or the copy the script made)."""
     server = container(statefulset["spec"]["template"]["spec"], "psserver")
-    env = container_env(REPLICATED, server, _pod_fields(statefulset, 1))
-    args = run_script(server["args"][0], "psserver", env, tmp_path)
+    env = container_env(overlay, server, _pod_fields(statefulset, ordinal))
+    mounted = tmp_path / "server.toml"
+    mounted.write_text(one(overlay, "ConfigMap", "hetps-server-config")["data"]["server.toml"])
+    script = server["args"][0].replace("/etc/hetps/config/server.toml", str(mounted))
+    script = script.replace("/tmp/server.toml", str(tmp_path / "replica.toml"))
+    args = run_script(script, "psserver", env, tmp_path)
     assert args[0] == "serve"
+    assert not {arg for arg in args if arg.startswith("--")} - _known(psserver_main, "serve"), "flags serve has"
+    (config,) = values_of(args, "--config")
+    return args, tomllib.loads(Path(config).read_text())
+
+
+@pytest.mark.parametrize("name", ["psserver", "psserver-b"])
+def test_every_replica_is_told_the_etcd_the_job_and_its_own_name(name: str, tmp_path: Path) -> None:
+    args, table = run_server_script(REPLICATED, one(REPLICATED, "StatefulSet", name), 1, tmp_path)
     etcd_service = one(REPLICATED, "Service", "etcd")
-    assert values_of(args, "--etcd") == [f"http://etcd:{etcd_service['spec']['ports'][0]['port']}"]
-    assert values_of(args, "--job") == ["hetps"]
-    # The name other replicas and workers dial: this pod in its own set's headless Service.
-    assert values_of(args, "--advertise") == [f"{name}-1.{name}:50051"]
+    assert values_of(args, "--etcd") == [f"http://etcd:{etcd_service['spec']['ports'][0]['port']}/hetps"]
     assert "--shard-index-from-hostname" in args
-    known = _known(psserver_main, "serve")
-    assert not {arg for arg in args if arg.startswith("--")} - known, "flags psserver serve has"
+    # The name other replicas and workers dial: this pod in its own set's headless Service; the
+    # rest of the file is server.toml's, and psserver serve accepts it.
+    assert table["replication"] == {"advertise": f"{name}-1.{name}:50051"}
+    config = server_config(merged(table, {"replication": {"etcd": ["http://etcd:2379"]}}))
+    assert config.replication is not None and config.replication.advertise == f"{name}-1.{name}:50051"
+    assert config.shard.num_shards == table["shard"]["num_shards"]
 
 
 def test_a_lone_server_is_given_no_replication_flags(tmp_path: Path) -> None:
-    statefulset = one("overlays/demo", "StatefulSet", "psserver")
-    server = container(statefulset["spec"]["template"]["spec"], "psserver")
-    args = run_script(server["args"][0], "psserver", container_env("overlays/demo", server, {}), tmp_path)
-    assert args[0] == "serve" and "--config" in args
-    assert not {"--etcd", "--job", "--advertise"} & set(args)
+    args, table = run_server_script("overlays/demo", one("overlays/demo", "StatefulSet", "psserver"), 0, tmp_path)
+    assert values_of(args, "--config") == [str(tmp_path / "server.toml")], "the ConfigMap's file, as it is"
+    assert "--etcd" not in args and "replication" not in table
 
 
 def test_workers_start_once_any_replica_of_every_shard_answers(tmp_path: Path) -> None:
@@ -462,28 +482,6 @@ def test_an_etcd_already_running_instead_of_the_components(tmp_path: Path) -> No
     }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     assert [s["metadata"]["name"] for s in objects(overlay, "StatefulSet")] == ["psserver", "psserver-b"]
-    statefulset = one(overlay, "StatefulSet", "psserver-b")
-    server = container(statefulset["spec"]["template"]["spec"], "psserver")
-    env = container_env(overlay, server, _pod_fields(statefulset, 0))
-    args = run_script(server["args"][0], "psserver", env, tmp_path)
-    assert values_of(args, "--etcd") == ["http://etcd-0.infra:2379", "http://etcd-1.infra:2379"]
-    assert values_of(args, "--job") == ["team-a"]
-    assert values_of(args, "--advertise") == ["psserver-b-0.psserver-b:50051"]
-
-
-def test_tls_composes_with_replication_on_every_set_of_servers(tmp_path: Path) -> None:
-    overlay = tmp_path / "replicated-tls"
-    overlay.mkdir()
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [os.path.relpath(K8S / REPLICATED, overlay)],
-        "components": [os.path.relpath(K8S / "components" / "tls", overlay)],
-    }
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    servers = [s for s in objects(overlay, "StatefulSet") if s["metadata"]["name"] != "etcd"]
-    assert len(servers) == 2
-    for statefulset in servers:
-        server = container(statefulset["spec"]["template"]["spec"], "psserver")
-        assert "grpc" not in server["readinessProbe"] and "exec" in server["readinessProbe"]
-        assert "--tls-cert" in {e["name"]: e.get("value", "") for e in server["env"]}["HETPS_TLS_ARGS"]
+    args, table = run_server_script(overlay, one(overlay, "StatefulSet", "psserver-b"), 0, tmp_path)
+    assert values_of(args, "--etcd") == ["http://etcd-0.infra:2379/team-a", "http://etcd-1.infra:2379/team-a"]
+    assert table["replication"] == {"advertise": "psserver-b-0.psserver-b:50051"}

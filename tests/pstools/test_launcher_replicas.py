@@ -12,8 +12,8 @@ import click
 import pytest
 
 from psserver.serve_cli import serve
-from pstools import launcher
-from pstools.launcher import ClusterConfig, cluster_job, start_shards
+from pstools import etcd, launcher
+from pstools.launcher import ClusterConfig, ClusterError, cluster_job, run_cluster, start_shards
 
 ETCD = "http://127.0.0.1:2379"
 
@@ -86,3 +86,15 @@ def test_one_replica_starts_the_lone_servers_of_before(started: Started, tmp_pat
 @pytest.mark.parametrize(("folder", "job"), [("latest", "latest"), ("a b:c", "a-b-c"), (".x.", "x"), ("--", "hetps")])
 def test_the_job_is_the_log_folders_name_in_safe_letters(tmp_path: Path, folder: str, job: str) -> None:
     assert cluster_job(tmp_path / "runs" / folder) == job
+
+
+def test_without_etcd_replicas_name_its_package_and_a_rerun_starts_afresh(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(etcd.shutil, "which", lambda name: None)
+    # A previous run's etcd data: every run elects afresh.
+    (tmp_path / "etcd" / "member").mkdir(parents=True)
+    with pytest.raises(ClusterError, match=r"--replicas 2 needs etcd: .*apt-get install etcd-server"):
+        run_cluster(ClusterConfig(workers=1, slowdowns=(1.0,), replicas=2, log_dir=tmp_path))
+    assert not (tmp_path / "server-0-0.log").exists(), "no server was started"
+    assert not (tmp_path / "etcd").exists()

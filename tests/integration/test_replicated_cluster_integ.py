@@ -1,0 +1,65 @@
+"""``psworker cluster --replicas 2``: the launcher's own etcd, two servers per shard, workers given
+each shard's replica set; they train through the primaries while every backup stays in sync."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+import tomllib
+
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from pstools import launcher
+from pstools.launcher import ClusterConfig, run_cluster
+from psworker.task import Task
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("etcd") is None,
+    reason="Debian's etcd is not installed; make test installs it (apt-get install etcd-server)",
+)
+
+
+def _status(address: str) -> ps_pb2.StatusResponse:
+    with grpc.insecure_channel(address) as channel:
+        reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
+            ps_pb2.StatusRequest(), timeout=10
+        )
+        return reply
+
+
+def test_replicated_shards_train_through_their_primaries_with_backups_in_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standing: dict[str, list[ps_pb2.StatusResponse]] = {}
+    evaluate = launcher.evaluate_servers
+
+    def look_then_evaluate(task: Task, addresses: Sequence[str]) -> launcher.Evaluation:
+        # Once the workers are done, before the servers stop: every replica's own view of itself.
+        for shard in addresses:
+            standing[shard] = [_status(replica) for replica in shard.split("|")]
+        return evaluate(task, addresses)
+
+    monkeypatch.setattr(launcher, "evaluate_servers", look_then_evaluate)
+    log_dir = tmp_path / "replicated"
+    report = run_cluster(
+        ClusterConfig(workers=2, slowdowns=(1.0, 2.0), shards=2, replicas=2, until_clock=400, log_dir=log_dir)
+    )
+    assert report.clock >= 400 and report.test_accuracy >= 0.8, report
+
+    # Each worker was given every shard's two replicas, as the servers advertise themselves.
+    assert tomllib.loads((log_dir / "worker-0.toml").read_text())["train"]["servers"] == list(standing)
+    for shard, (first, second) in enumerate(standing.values()):
+        replicas = {status.replica.role: status for status in (first, second)}
+        assert set(replicas) == {"primary", "backup"}, [s.replica for s in (first, second)]
+        primary, backup = replicas["primary"], replicas["backup"]
+        assert primary.replica.address in {first.replica.address, second.replica.address}
+        assert backup.replica.primary == primary.replica.address
+        assert primary.replica.epoch == backup.replica.epoch >= 1
+        # acks=all: the backup holds every change the primary acknowledged.
+        assert backup.replica.in_sync and [b.in_sync for b in primary.replica.backups] == [True]
+        assert backup.replica.version == primary.replica.version >= 400
+        assert primary.replica.digest_mismatches == backup.replica.digest_mismatches == 0, shard
+    assert (log_dir / "etcd").is_dir(), "the cluster's etcd keeps its data in the cluster's folder"
