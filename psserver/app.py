@@ -31,6 +31,7 @@ from psserver.core import checkpoint
 from psserver.core.shard import Shard, ShardConfig, StateError
 from psserver.metrics import DEFAULT_METRICS_PORT, DEFAULT_WORKER_SERIES, MetricsServer, ShardMetrics, serve_metrics
 from psserver.ready import ReadyInfo, write_ready_file
+from psserver.replication.backups import REPLICATION_CHUNK_BYTES
 from psserver.replication.config import ReplicationConfig
 from psserver.replication.coordinator import Coordinator, EtcdError
 from psserver.replication.node import NodeHooks, NodeParts, ReplicaNode
@@ -162,6 +163,11 @@ class ServerConfig:
             self.replication is None or self.security.tls is None,
             "replication with TLS is not supported yet: serve a replicated shard (--etcd) on a private network, "
             "without --tls-cert",
+        )
+        _require(
+            self.replication is None or self.transport.max_message_bytes > REPLICATION_CHUNK_BYTES + 1024,
+            f"transport.max_message_bytes {self.transport.max_message_bytes}: a replica takes the state in messages "
+            f"of {REPLICATION_CHUNK_BYTES // 2**20} MiB; allow at least {REPLICATION_CHUNK_BYTES // 2**20 + 1} MiB",
         )
         problem = chunk_bytes_problem(self.shard.chunk_bytes, self.transport.max_message_bytes)
         _require(problem is None, f"shard.chunk_bytes: {problem} (transport.max_message_bytes)")

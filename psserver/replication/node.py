@@ -222,7 +222,7 @@ class ReplicaNode:
         self.failovers += 1 if record.epoch > 1 else 0
         self.replicator = Replicator(shard, self.coordinator, record, self._step_down, self.parts.metadata)
         # Versions go on from the last this replica held, so a backup's and its primary's compare.
-        self.replicator.versions.version = held.version if held is not None else 0
+        self.replicator.start_at(held.version if held is not None else 0)
         self.role = Role.PRIMARY
         _LOGGER.warning(
             "primary of shard %s at epoch %d (clock %d, from %s)",
