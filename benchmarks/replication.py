@@ -23,7 +23,6 @@ import argparse
 import random
 import shutil
 import signal
-import socket
 import statistics
 import threading
 import time
@@ -41,7 +40,7 @@ from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess
 from benchmarks.harness.report import prepare_output, run_header, write_results
 from benchmarks.harness.stats import summarize
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from pstools.etcd import LocalEtcd
+from pstools.etcd import LocalEtcd, free_ports
 from psworker.optim import ParameterServerOptimizer
 
 COST_TARGET = 1.5
@@ -90,14 +89,6 @@ def _job(label: str, model: str, etcd: str | None, port: int = 0) -> HetpsJob:
     so that a restart comes back where the worker's replica set says."""
     extra = ("--etcd", etcd) if etcd is not None else ()
     return HetpsJob(label, model, "asgd", (), 0, 1, extra_args=(*extra, "--port", str(port)))
-
-
-def _free_ports(count: int) -> list[int]:
-    held = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
-    ports = [sock.getsockname()[1] for sock in held]
-    for sock in held:
-        sock.close()
-    return ports
 
 
 def _primary(servers: Sequence[ServerProcess]) -> ServerProcess:
@@ -153,7 +144,7 @@ def cost(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
 
 
 def failover(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
-    jobs = [_job(f"failover-{i}", "tiny", f"{etcd}/failover", port) for i, port in enumerate(_free_ports(3))]
+    jobs = [_job(f"failover-{i}", "tiny", f"{etcd}/failover", port) for i, port in enumerate(free_ports(3))]
     replicas = list(fleet.start_all(jobs).values())
     first_epoch = _status(_primary(replicas).address).replica.epoch
     _wait_in_sync(_primary(replicas), 2)

@@ -33,7 +33,7 @@ class EtcdError(RuntimeError):
     """etcd is not installed, or did not start (the message says which and where its log is)."""
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """``count`` distinct ports free on 127.0.0.1 now (etcd cannot bind port 0 and say which it got)."""
     with contextlib.ExitStack() as stack:
         probes = [stack.enter_context(socket.create_server(("127.0.0.1", 0))) for _ in range(count)]
@@ -65,7 +65,7 @@ class LocalEtcd:
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(_START_ATTEMPTS):
-            client, peer = _free_ports(2)
+            client, peer = free_ports(2)
             self.url = f"http://127.0.0.1:{client}"
             self.process = self._start(found, client, peer)
             try:

@@ -14,6 +14,7 @@ from pscli.config_file import merged
 from psproto.v1 import ps_pb2_grpc
 from pstools.etcd import LocalEtcd
 from pstools.launcher import start_server, stop_process
+from pstools.warm_start import Program
 
 StartServer = Callable[..., str]
 
@@ -65,3 +66,14 @@ def etcd(tmp_path: Path) -> Iterator[LocalEtcd]:
         pytest.skip("Debian's etcd is not installed; make test installs it (apt-get install etcd-server)")
     with LocalEtcd(tmp_path / "etcd") as server:
         yield server
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Program]]:
+    """Processes a test started (servers, workers); any still running after it is killed."""
+    started: list[Program] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,16 +51,6 @@ def finish(process: WarmTrain, timeout: float = 180) -> dict[str, object]:
     assert process.returncode == 0, err[-3000:]
     summary: dict[str, object] = json.loads(out.strip().splitlines()[-1])
     return summary
-
-
-@pytest.fixture
-def processes() -> Iterator[list[Program]]:
-    started: list[Program] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 CHECKPOINT_EVERY = 100

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from pstasks.tasks import load_task
-from pstools.etcd import LocalEtcd
+from pstools.etcd import LocalEtcd, free_ports
 from pstools.launcher import start_server
 from pstools.warm_start import Program
 from psworker.client import ClientConfig
@@ -97,15 +96,6 @@ class ReplicaSet:
         return wait_for(ready, SYNC_TIMEOUT_S, f"{backups} backup(s) in sync")[0]
 
 
-def _free_ports(count: int) -> list[int]:
-    """Ports free now (held open together, so they differ); each replica binds its own for good."""
-    held = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
-    ports = [sock.getsockname()[1] for sock in held]
-    for sock in held:
-        sock.close()
-    return ports
-
-
 def start_worker(
     servers: str, name: str, log: Path, until_clock: int, seed: int = 0, step_seconds: float = 0.1
 ) -> WarmTrain:
@@ -116,20 +106,10 @@ def start_worker(
 
 
 @pytest.fixture
-def processes() -> Iterator[list[Program]]:
-    started: list[Program] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
-@pytest.fixture
 def replicas(tmp_path: Path, etcd: LocalEtcd) -> Iterator[ReplicaSet]:
     host, port = etcd.url.removeprefix("http://").rsplit(":", 1)
     proxies = [TcpProxy((host, int(port))) for _ in range(3)]
-    replica_set = ReplicaSet(tmp_path, etcd, "test", _free_ports(3), proxies)
+    replica_set = ReplicaSet(tmp_path, etcd, "test", free_ports(3), proxies)
     for index in range(3):
         replica_set.start(index)
     yield replica_set
