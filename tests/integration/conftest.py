@@ -15,6 +15,7 @@ from psproto.v1 import ps_pb2_grpc
 from pstools.etcd import LocalEtcd
 from pstools.launcher import start_server, stop_process
 from pstools.warm_start import Program
+from tests.integration.replica_sets import ReplicaSet, replica_set
 
 StartServer = Callable[..., str]
 
@@ -77,3 +78,9 @@ def processes() -> Iterator[list[Program]]:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, etcd: LocalEtcd) -> Iterator[ReplicaSet]:
+    """Three replicas of shard 0 behind their own etcd proxies (``replica_sets``)."""
+    yield from replica_set(tmp_path, etcd)

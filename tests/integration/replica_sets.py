@@ -1,0 +1,99 @@
+"""A shard's replica set of real processes for the integration tests: three ``psserver serve --etcd``
+replicas of shard 0 on fixed ports (a restart comes back at the same address), each reaching etcd
+through a proxy of its own, and what a test asks of them (the primary, backups in sync)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from pstools.etcd import LocalEtcd, free_ports
+from pstools.launcher import start_server
+from pstools.warm_start import Program
+from tests.integration.probes import status, wait_for
+from tests.integration.tcp_proxy import TcpProxy
+
+# A primary that stepped down exits with EX_TEMPFAIL (psserver.serve_cli.EXIT_DEPOSED).
+EXIT_DEPOSED = 75
+SYNC_TIMEOUT_S = 60.0
+
+
+@dataclass
+class ReplicaSet:
+    """Three replicas of shard 0, each on a fixed port (a restart comes back at the same address),
+    each reaching etcd through a proxy of its own (a test may cut one off)."""
+
+    tmp_path: Path
+    etcd: LocalEtcd
+    job: str
+    ports: list[int]
+    proxies: list[TcpProxy]
+    processes: list[Program | None] = field(default_factory=list)
+    starts: int = 0
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{port}" for port in self.ports]
+
+    @property
+    def servers(self) -> str:
+        return "|".join(self.addresses)
+
+    def start(self, index: int) -> None:
+        self.starts += 1
+        etcd_url = f"http://{self.proxies[index].address}/{self.job}"
+        extra = ["--port", str(self.ports[index]), "--etcd", etcd_url]
+        process, _ = start_server(
+            self.tmp_path, "asgd", 0.05, (), extra_args=extra, log_name=f"r{index}-{self.starts}.log"
+        )
+        while len(self.processes) <= index:
+            self.processes.append(None)
+        self.processes[index] = process
+
+    def role(self, index: int) -> str:
+        process = self.processes[index]
+        if process is None or process.poll() is not None:
+            return "gone"
+        try:
+            return status(self.addresses[index]).replica.role
+        except grpc.RpcError:
+            return "gone"
+
+    def primary(self, timeout_s: float = SYNC_TIMEOUT_S) -> int:
+        # A list, so that replica 0 counts as found.
+        found = wait_for(
+            lambda: [i for i in range(len(self.ports)) if self.role(i) == "primary"], timeout_s, "a primary"
+        )
+        return found[0]
+
+    def in_sync(self, backups: int) -> int:
+        """Wait until the primary has ``backups`` backups in sync; its index."""
+
+        def ready() -> list[int]:
+            index = self.primary()
+            try:
+                replica = status(self.addresses[index]).replica
+            except grpc.RpcError:
+                return []
+            return [index] if sum(b.in_sync for b in replica.backups) >= backups else []
+
+        return wait_for(ready, SYNC_TIMEOUT_S, f"{backups} backup(s) in sync")[0]
+
+
+def replica_set(tmp_path: Path, etcd: LocalEtcd) -> Iterator[ReplicaSet]:
+    """Three replicas started; every process and proxy stopped after the test."""
+    host, port = etcd.url.removeprefix("http://").rsplit(":", 1)
+    proxies = [TcpProxy((host, int(port))) for _ in range(3)]
+    replicas = ReplicaSet(tmp_path, etcd, "test", free_ports(3), proxies)
+    for index in range(3):
+        replicas.start(index)
+    yield replicas
+    for process in replicas.processes:
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+    for proxy in proxies:
+        proxy.close()
