@@ -4,6 +4,7 @@ each shard's replica set; they train through the primaries while every backup st
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +31,17 @@ def _status(address: str) -> ps_pb2.StatusResponse:
         return reply
 
 
+def _settled(replicas: Sequence[str]) -> list[ps_pb2.StatusResponse]:
+    """Every replica's Status once they hold one version: the workers' last changes (their Leave is
+    not waited for) may still be on their way to the backup."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = [_status(replica) for replica in replicas]
+        if len({status.replica.version for status in found}) == 1 or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def test_replicated_shards_train_through_their_primaries_with_backups_in_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -39,7 +51,7 @@ def test_replicated_shards_train_through_their_primaries_with_backups_in_sync(
     def look_then_evaluate(task: Task, addresses: Sequence[str]) -> launcher.Evaluation:
         # Once the workers are done, before the servers stop: every replica's own view of itself.
         for shard in addresses:
-            standing[shard] = [_status(replica) for replica in shard.split("|")]
+            standing[shard] = _settled(shard.split("|"))
         return evaluate(task, addresses)
 
     monkeypatch.setattr(launcher, "evaluate_servers", look_then_evaluate)
