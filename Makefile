@@ -51,8 +51,9 @@ demo: $(STAMP)
 
 # Everything CI runs: lint, types, then every test in TEST_WORKERS processes (pytest-xdist; a
 # module's tests stay together, so its fixtures start once). Most integration tests wait on
-# sockets, leases and their processes rather than compute: two at once halve the suite on 2 cores.
-TEST_WORKERS ?= 2
+# sockets, leases and their processes rather than compute (the failover tests wait out etcd leases):
+# three at once keep 2 cores busy while one of them waits.
+TEST_WORKERS ?= 3
 test: $(STAMP) test-tools deploy-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
