@@ -1200,7 +1200,6 @@ class ReplicateHeader(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     CLOCK_FIELD_NUMBER: _builtins.int
     PRIMARY_FIELD_NUMBER: _builtins.int
-    PRIMARY_ADDRESS_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
@@ -1208,8 +1207,7 @@ class ReplicateHeader(_message.Message):
     """The primary's state version this state is at, and its shard clock."""
     clock: _builtins.int
     primary: _builtins.str
-    """The sender's name and address."""
-    primary_address: _builtins.str
+    """The sender's name."""
     total_bytes: _builtins.int
     digest: _builtins.str
     """When set, a digest of the state's bytes (hex SHA-256) the backup checks once it holds them."""
@@ -1220,13 +1218,12 @@ class ReplicateHeader(_message.Message):
         version: _builtins.int = ...,
         clock: _builtins.int = ...,
         primary: _builtins.str = ...,
-        primary_address: _builtins.str = ...,
         total_bytes: _builtins.int = ...,
         digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clock", b"clock", "digest", b"digest", "epoch", b"epoch", "primary", b"primary", "primary_address", b"primary_address", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clock", b"clock", "digest", b"digest", "epoch", b"epoch", "primary", b"primary", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

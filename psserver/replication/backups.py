@@ -72,14 +72,13 @@ class StateVersions(NullObserver):
 
     def changed_at(self, version: int) -> float | None:
         """When version ``version`` was made (None once forgotten or not made yet)."""
-        for made, at in self._times:
-            if made >= version:
-                return at
-        return None
+        with self._lock:
+            return next((at for made, at in self._times if made >= version), None)
 
     def forget_before(self, version: int) -> None:
-        while self._times and self._times[0][0] < version:
-            self._times.popleft()
+        with self._lock:
+            while self._times and self._times[0][0] < version:
+                self._times.popleft()
 
     def worker_joined(self, worker: WorkerRecord) -> None:
         self.changed()
@@ -179,7 +178,6 @@ class _Link:
             version=sent.version,
             clock=sent.encoded.clock,
             primary=owner.record.name,
-            primary_address=owner.record.address,
             total_bytes=sent.encoded.total_bytes,
             digest=sent.digest,
         )
@@ -219,7 +217,7 @@ class Replicator:
         self._on_fenced = on_fenced
         self.versions = StateVersions()
         self._cond = threading.Condition()
-        self.versions.on_change = self.wake
+        self.versions.on_change = self._changed
         self._unsubscribe = shard.subscribe(self.versions)
         self._links: dict[str, _Link] = {}
         self._sent: SentState | None = None
@@ -266,6 +264,14 @@ class Replicator:
         self._unsubscribe()
         _LOGGER.warning("replication stopped: %s", reason)
         self._notify_loop()
+
+    def _changed(self) -> None:
+        """A new version: the links wake; the times of versions every backup holds are forgotten
+        (all of them when there is no backup), so they never pile up."""
+        with self._cond:
+            held_by_all = min((link.acked for link in self._links.values()), default=self.versions.version)
+            self._cond.notify_all()
+        self.versions.forget_before(held_by_all + 1)
 
     def wake(self) -> None:
         with self._cond:
@@ -320,7 +326,6 @@ class Replicator:
             if not link.in_sync and link.joining_from is None:
                 link.joining_from = self._acknowledged_up_to
             joins = link.joining_from is not None and link.acked >= link.joining_from
-            self.versions.forget_before(min((lk.acked for lk in self._links.values()), default=link.acked) + 1)
         if joins:
             self._grow(link)
         self._notify_loop()
