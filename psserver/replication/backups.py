@@ -46,10 +46,10 @@ _LOGGER = logging.getLogger(__name__)
 # A state's transfer may take its timeout plus its bytes at this rate (a large shard is not a slow backup).
 MIN_TRANSFER_BYTES_PER_S = 100e6
 RETRY_PAUSE_S = 0.2
-# The state travels in pieces this large: per message, gRPC's Python layer costs about as much as a
-# copy of a few MiB, so large pieces send a ResNet-18 shard's 45 MB in 66-103 ms against 89-121 ms
-# in 1 MiB pieces (``python -m benchmarks.replication``). A server takes messages of up to 64 MiB
-# (transport.max_message_bytes) and the backup is a server of the same build.
+# The state travels in pieces this large: gRPC's Python layer costs something per message, so a
+# ResNet-18 shard (45 MB) goes in three messages rather than 45 (the step with one backup is
+# ``python -m benchmarks.replication``'s cost section). A server takes messages of up to 64 MiB
+# (transport.max_message_bytes), and the backup is a server of the same build.
 REPLICATION_CHUNK_BYTES = 16 * 1024 * 1024
 REPLICATE_METHOD = f"/{REPLICA_SERVICE}/Replicate"
 
