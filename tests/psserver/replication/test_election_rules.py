@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -64,3 +66,19 @@ def test_serve_exits_2_on_replication_flags_that_cannot_work(flags: list[str], p
     result = CliRunner().invoke(main, ["serve", "--port", "0", "--metrics-port", "off", *flags], terminal_width=200)
     assert result.exit_code == 2, result.output
     assert problem in result.output
+
+
+def test_serve_exits_2_on_a_metrics_port_that_is_neither_a_port_nor_off() -> None:
+    for value in ("abc", "70000", "-1"):
+        result = CliRunner().invoke(main, ["serve", "--port", "0", "--metrics-port", value], terminal_width=200)
+        assert result.exit_code == 2, result.output
+        assert "neither a port (0..65535) nor 'off'" in result.output
+
+
+def test_a_replica_needs_messages_large_enough_for_the_state_it_sends(tmp_path: Path) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text("[transport]\nmax_message_bytes = 8388608\n")
+    flags = ["--config", str(config), "--etcd", "http://127.0.0.1:2379/job"]
+    result = CliRunner().invoke(main, ["serve", "--port", "0", "--metrics-port", "off", *flags], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert "a replica takes the state in messages of 16 MiB" in result.output
