@@ -169,7 +169,8 @@ def _positive(text: str) -> float:
 def _settings(args: argparse.Namespace) -> tuple[RaceSettings, list[str], list[str], list[int]]:
     if args.smoke:
         mixes, systems, seeds = ["1:2"], ["ddp", "asgd"], [0]
-        settings = RaceSettings("digits", args.data_dir, 0.01, 4.0, 0.5, 0.6)
+        # Steps of 30 ms: long enough that a busy host still paces the slower worker at half speed.
+        settings = RaceSettings("digits", args.data_dir, 0.03, 4.0, 0.5, 0.6)
     elif args.quick:
         mixes, systems, seeds = ["1:1:2:4"], ["ddp", "bsp", "asgd", "momentum", "gap-aware"], [0]
         settings = RaceSettings("fashion", args.data_dir, 0.05, 60.0, 2.0, 0.88)
