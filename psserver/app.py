@@ -25,13 +25,13 @@ from types import TracebackType
 import torch
 
 from psproto.codec import chunk_bytes_problem
-from psproto.security import SecurityConfigError, read_token_file
+from psproto.security import SecurityConfigError, bearer_metadata, read_token_file
 from psserver.allocator import AllocatorConfig
 from psserver.core import checkpoint
 from psserver.core.shard import Shard, ShardConfig, StateError
 from psserver.metrics import DEFAULT_METRICS_PORT, DEFAULT_WORKER_SERIES, MetricsServer, ShardMetrics, serve_metrics
 from psserver.ready import ReadyInfo, write_ready_file
-from psserver.replication.backups import REPLICATION_CHUNK_BYTES
+from psserver.replication.backups import REPLICATION_CHUNK_BYTES, PeerAccess
 from psserver.replication.config import ReplicationConfig
 from psserver.replication.coordinator import Coordinator, EtcdError
 from psserver.replication.node import NodeHooks, NodeParts, ReplicaNode
@@ -160,11 +160,6 @@ class ServerConfig:
             self.log_level in LOG_LEVELS, f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}"
         )
         _require(
-            self.replication is None or self.security.tls is None,
-            "replication with TLS is not supported yet: serve a replicated shard (--etcd) on a private network, "
-            "without --tls-cert",
-        )
-        _require(
             self.replication is None or self.transport.max_message_bytes > REPLICATION_CHUNK_BYTES + 1024,
             f"transport.max_message_bytes {self.transport.max_message_bytes}: a replica takes the state in messages "
             f"of {REPLICATION_CHUNK_BYTES // 2**20} MiB; allow at least {REPLICATION_CHUNK_BYTES // 2**20 + 1} MiB",
@@ -243,9 +238,7 @@ class ServerApp:
         if config.replication is not None:
             self.replica = ReplicaNode(
                 Coordinator(config.replication, config.shard.shard_index),
-                NodeParts(
-                    shard, self._restore_for_replica, self._checkpoint_clock, self._on_deposed, self._call_metadata()
-                ),
+                NodeParts(shard, self._restore_for_replica, self._checkpoint_clock, self._on_deposed, self._peers()),
             )
             if metrics is not None:
                 metrics.watch_replica(self.replica.view)
@@ -264,8 +257,11 @@ class ServerApp:
     def _on_deposed(self, why: str) -> None:
         self.deposed.set()
 
-    def _call_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.auth_token}"),) if self.auth_token is not None else ()
+    def _peers(self) -> PeerAccess:
+        """Calls to the other replicas carry what this server asks of its own callers."""
+        tls = self.config.security.tls
+        credentials = tls.peer_credentials() if tls is not None else None
+        return PeerAccess(credentials, bearer_metadata(self.auth_token))
 
     @classmethod
     def build(cls, config: ServerConfig) -> ServerApp:

@@ -119,6 +119,22 @@ class _Staging:
         return copy
 
 
+@dataclass(frozen=True)
+class PeerAccess:
+    """How a replica calls another: TLS credentials (None: plaintext) and the metadata each call carries
+    (the bearer token), both those the replica's own server asks of its callers."""
+
+    credentials: grpc.ChannelCredentials | None = None
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    def channel(self, address: str) -> grpc.Channel:
+        # A state goes in messages of REPLICATION_CHUNK_BYTES; the backup's server bounds what it takes.
+        options = [("grpc.max_send_message_length", -1)]
+        if self.credentials is None:
+            return grpc.insecure_channel(address, options=options)
+        return grpc.secure_channel(address, self.credentials, options=options)
+
+
 @dataclass
 class BackupView:
     name: str
@@ -141,7 +157,7 @@ class _Link:
         # one acknowledged, and is written into the in-sync set.
         self.joining_from: int | None = None
         self.stopped = False
-        self._channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)])
+        self._channel = owner.peers.channel(address)
         self._replicate = self._channel.stream_unary(
             REPLICATE_METHOD, request_serializer=None, response_deserializer=ps_pb2.ReplicateResponse.FromString
         )
@@ -184,7 +200,7 @@ class _Link:
         timeout = owner.config.ack_timeout_seconds + sent.encoded.total_bytes / MIN_TRANSFER_BYTES_PER_S
         try:
             reply: ps_pb2.ReplicateResponse = self._replicate(
-                _messages(header, sent.encoded, owner.chunk_bytes), timeout=timeout, metadata=owner.metadata
+                _messages(header, sent.encoded, owner.chunk_bytes), timeout=timeout, metadata=owner.peers.metadata
             )
         finally:
             owner.sent(sent)
@@ -208,12 +224,12 @@ class Replicator:
         coordinator: Coordinator,
         record: PrimaryRecord,
         on_fenced: Callable[[str], None],
-        metadata: tuple[tuple[str, str], ...] = (),
+        peers: PeerAccess | None = None,
     ) -> None:
         self.shard, self.coordinator, self.record = shard, coordinator, record
         self.config: ReplicationConfig = coordinator.config
         self.chunk_bytes = REPLICATION_CHUNK_BYTES
-        self.metadata = metadata
+        self.peers = peers or PeerAccess()
         self._on_fenced = on_fenced
         self.versions = StateVersions()
         self._cond = threading.Condition()

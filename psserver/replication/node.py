@@ -30,7 +30,7 @@ from psproto.reasons import EPOCH_KEY, PRIMARY_KEY
 from psproto.v1 import ps_pb2
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.shard import Shard, StateError
-from psserver.replication.backups import BackupView, Replicator
+from psserver.replication.backups import BackupView, PeerAccess, Replicator
 from psserver.replication.coordinator import Coordinator, EtcdError, PrimaryRecord, ShardKeys
 from psserver.replication.standby import Standby
 from psserver.rpc.status_codes import refusal
@@ -66,7 +66,7 @@ class ReplicaView:
 @dataclass(frozen=True)
 class NodeParts:
     """What a replica works with besides etcd: its shard, how to restore it when nothing else
-    holds its state, the metadata its calls to other replicas carry, what ends the process."""
+    holds its state, how it calls the other replicas, what ends the process."""
 
     shard: Shard
     # Restores the newest checkpoint into the shard (none: it stays empty); StateError when unusable.
@@ -74,7 +74,7 @@ class NodeParts:
     # The newest checkpoint's clock (None: none).
     checkpoint_clock: Callable[[], int | None]
     on_deposed: Callable[[str], None]
-    metadata: tuple[tuple[str, str], ...] = ()
+    peers: PeerAccess = field(default_factory=PeerAccess)
 
 
 class ReplicaNode:
@@ -220,7 +220,7 @@ class ReplicaNode:
         self.known_primary = record
         self.in_sync = True
         self.failovers += 1 if record.epoch > 1 else 0
-        self.replicator = Replicator(shard, self.coordinator, record, self._step_down, self.parts.metadata)
+        self.replicator = Replicator(shard, self.coordinator, record, self._step_down, self.parts.peers)
         # Versions go on from the last this replica held, so a backup's and its primary's compare.
         self.replicator.start_at(held.version if held is not None else 0)
         self.role = Role.PRIMARY

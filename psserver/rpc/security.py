@@ -48,6 +48,16 @@ class ServerTls:
         except (ValueError, RuntimeError) as error:
             raise SecurityConfigError(f"--tls-cert/--tls-key: {error}") from None
 
+    def peer_credentials(self) -> grpc.ChannelCredentials:
+        """A replica's credentials when it calls another replica of its shard: it presents its own
+        certificate (so mutual TLS holds between replicas too) and trusts ``client_ca``, the CA that
+        signs the replicas' certificates as well as the workers'; without one, the system's roots."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=read_pem(self.client_ca, "--tls-client-ca") if self.client_ca else None,
+            private_key=read_pem(self.key, "--tls-key", "PRIVATE KEY"),
+            certificate_chain=read_pem(self.cert, "--tls-cert"),
+        )
+
 
 class AuthInterceptor(AioInterceptor):
     """Refuses every RPC (health excepted) without ``authorization: Bearer <token>``."""

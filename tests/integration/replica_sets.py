@@ -4,12 +4,13 @@ through a proxy of its own, and what a test asks of them (the primary, backups i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
+from psproto.v1 import ps_pb2
 from pstools.etcd import LocalEtcd, free_ports
 from pstools.launcher import start_server
 from pstools.warm_start import Program
@@ -23,8 +24,9 @@ SYNC_TIMEOUT_S = 60.0
 
 @dataclass
 class ReplicaSet:
-    """Three replicas of shard 0, each on a fixed port (a restart comes back at the same address),
-    each reaching etcd through a proxy of its own (a test may cut one off)."""
+    """Replicas of shard 0, each on a fixed port (a restart comes back at the same address), each
+    reaching etcd through a proxy of its own (a test may cut one off); ``server_args`` are given to
+    every replica, and ``probe`` reads a replica's Status (with the credentials those ask for)."""
 
     tmp_path: Path
     etcd: LocalEtcd
@@ -33,6 +35,8 @@ class ReplicaSet:
     proxies: list[TcpProxy]
     processes: list[Program | None] = field(default_factory=list)
     starts: int = 0
+    server_args: Sequence[str] = ()
+    probe: Callable[[str], ps_pb2.StatusResponse] = status
 
     @property
     def addresses(self) -> list[str]:
@@ -45,7 +49,7 @@ class ReplicaSet:
     def start(self, index: int) -> None:
         self.starts += 1
         etcd_url = f"http://{self.proxies[index].address}/{self.job}"
-        extra = ["--port", str(self.ports[index]), "--etcd", etcd_url]
+        extra = ["--port", str(self.ports[index]), "--etcd", etcd_url, *self.server_args]
         process, _ = start_server(
             self.tmp_path, "asgd", 0.05, (), extra_args=extra, log_name=f"r{index}-{self.starts}.log"
         )
@@ -58,7 +62,7 @@ class ReplicaSet:
         if process is None or process.poll() is not None:
             return "gone"
         try:
-            return status(self.addresses[index]).replica.role
+            return self.probe(self.addresses[index]).replica.role
         except grpc.RpcError:
             return "gone"
 
@@ -75,7 +79,7 @@ class ReplicaSet:
         def ready() -> list[int]:
             index = self.primary()
             try:
-                replica = status(self.addresses[index]).replica
+                replica = self.probe(self.addresses[index]).replica
             except grpc.RpcError:
                 return []
             return [index] if sum(b.in_sync for b in replica.backups) >= backups else []
@@ -83,12 +87,18 @@ class ReplicaSet:
         return wait_for(ready, SYNC_TIMEOUT_S, f"{backups} backup(s) in sync")[0]
 
 
-def replica_set(tmp_path: Path, etcd: LocalEtcd) -> Iterator[ReplicaSet]:
-    """Three replicas started; every process and proxy stopped after the test."""
+def replica_set(
+    tmp_path: Path,
+    etcd: LocalEtcd,
+    count: int = 3,
+    server_args: Sequence[str] = (),
+    probe: Callable[[str], ps_pb2.StatusResponse] = status,
+) -> Iterator[ReplicaSet]:
+    """``count`` replicas started; every process and proxy stopped after the test."""
     host, port = etcd.url.removeprefix("http://").rsplit(":", 1)
-    proxies = [TcpProxy((host, int(port))) for _ in range(3)]
-    replicas = ReplicaSet(tmp_path, etcd, "test", free_ports(3), proxies)
-    for index in range(3):
+    proxies = [TcpProxy((host, int(port))) for _ in range(count)]
+    replicas = ReplicaSet(tmp_path, etcd, "test", free_ports(count), proxies, server_args=server_args, probe=probe)
+    for index in range(count):
         replicas.start(index)
     yield replicas
     for process in replicas.processes:

@@ -59,7 +59,6 @@ def test_settings_that_cannot_work_are_refused(settings: dict[str, object], prob
     [
         (["--etcd", "http://127.0.0.1:2379/a", "--etcd", "http://127.0.0.1:2380/b"], "different jobs"),
         (["--etcd", "127.0.0.1:2379"], "not http://HOST:PORT"),
-        (["--etcd", "http://h:2379/job", "--tls-cert", __file__, "--tls-key", __file__], "replication with TLS"),
     ],
 )
 def test_serve_exits_2_on_replication_flags_that_cannot_work(flags: list[str], problem: str) -> None:

@@ -1,0 +1,93 @@
+"""Replicated shards under mutual TLS and a bearer token, with real processes: two ``psserver serve
+--etcd`` replicas given the same certificate, CA and token files send each other the shard's state
+over TLS, a worker holding the CA, its own certificate and the token pushes through the primary,
+the primary is killed (SIGKILL), the backup takes over with every acknowledged push, and the killed
+replica, started again, takes the state from its successor over TLS."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from psproto.layout import Layout
+from psproto.security import ClientTls
+from psproto.v1 import ps_pb2, ps_pb2_grpc
+from pstools.etcd import LocalEtcd
+from psworker.client import ClientConfig, PSClient
+from tests.integration.replica_sets import ReplicaSet, replica_set
+from tests.pki import TOKEN, Pki
+
+pytestmark = pytest.mark.integration
+
+LAYOUT = Layout.from_named_shapes([("w", (8,))])
+LR = 0.05  # replica_sets' servers: ASGD at this rate
+PUSHES = 20
+
+
+def tls_probe(pki: Pki) -> Callable[[str], ps_pb2.StatusResponse]:
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=pki.ca1.read_bytes(),
+        private_key=pki.client[1].read_bytes(),
+        certificate_chain=pki.client[0].read_bytes(),
+    )
+
+    def probe(address: str) -> ps_pb2.StatusResponse:
+        with grpc.secure_channel(address, credentials) as channel:
+            reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
+                ps_pb2.StatusRequest(), timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)
+            )
+            return reply
+
+    return probe
+
+
+@pytest.fixture
+def secured_replicas(tmp_path: Path, etcd: LocalEtcd) -> Iterator[tuple[ReplicaSet, Pki]]:
+    pki = Pki(tmp_path / "pki")
+    cert, key = pki.server
+    flags = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(pki.ca1)]
+    flags += ["--auth-token-file", str(pki.token)]
+    for replicas in replica_set(tmp_path, etcd, count=2, server_args=flags, probe=tls_probe(pki)):
+        yield replicas, pki
+
+
+def push_ones(client: PSClient, times: int) -> None:
+    params = torch.empty(LAYOUT.total_length)
+    for _ in range(times):
+        client.pull(params)
+        client.push(torch.ones(LAYOUT.total_length))
+
+
+def test_replicas_under_mutual_tls_and_a_token_replicate_and_fail_over(
+    secured_replicas: tuple[ReplicaSet, Pki],
+) -> None:
+    replicas, pki = secured_replicas
+    first = replicas.in_sync(1)  # the backup took the state from the primary over TLS
+    config = ClientConfig(tls=ClientTls(pki.ca1, *pki.client), auth_token=TOKEN)
+    with PSClient(replicas.servers, LAYOUT, name="w", config=config) as client:
+        client.init(torch.zeros(LAYOUT.total_length))
+        push_ones(client, PUSHES)
+        process = replicas.processes[first]
+        assert process is not None
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        successor = replicas.primary()
+        assert successor != first
+        push_ones(client, PUSHES)  # the worker follows the replica set to the new primary
+        replicas.start(first)
+        assert replicas.in_sync(1) == successor  # the restarted replica caught up over TLS
+        params = torch.empty(LAYOUT.total_length)
+        client.pull(params)
+    final = replicas.probe(replicas.addresses[successor])
+    # Nothing acknowledged was lost or applied twice: ASGD applied each push of ones once.
+    assert final.applied_pushes == final.clock == 2 * PUSHES
+    assert torch.allclose(params, torch.full_like(params, -LR * 2 * PUSHES))
+    assert final.replica.epoch == 2 and final.replica.role == "primary"
+    # Both replicas hold the same version once the primary is idle.
+    versions = {replicas.probe(address).replica.version for address in replicas.addresses}
+    assert len(versions) == 1, versions
