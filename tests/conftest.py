@@ -16,6 +16,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,6 +27,7 @@ import torch
 from psproto import inline_ops
 
 INTEGRATION_SUFFIX = "_integ.py"
+TESTS_DIR = Path(__file__).parent
 
 # Tests run torch on one intra-op thread (``two_threads`` gives a test two): their tensors are small,
 # and where the cores are shared a second OpenMP thread spins waiting for one (a simulation test that
@@ -39,7 +41,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         elif item.get_closest_marker("integration") is not None:
             raise pytest.UsageError(f"{item.nodeid} is marked integration: name its file *{INTEGRATION_SUFFIX} instead")
-    items.sort(key=lambda item: item.get_closest_marker("integration") is not None)
+    items.sort(key=_order)
+
+
+# The integration modules that run longest (a minute or more on a 2-core host, where the suite keeps
+# both cores busy), handed to pytest-xdist's workers first: a run then ends with the many short
+# modules spread over every worker, not with one long module going on alone.
+LONGEST_FIRST = (
+    "integration/test_rules_cluster_integ.py",
+    "pstools/on_ray/test_ray_job_integ.py",
+    "benchmarks/test_throughput_smoke_integ.py",
+    "integration/test_node_worker_integ.py",
+    "integration/test_replication_integ.py",
+    "integration/test_faults_integ.py",
+)
+
+
+def _order(item: pytest.Item) -> tuple[bool, int]:
+    """Unit tests first, then the longest integration modules, then the rest (a stable sort keeps their order)."""
+    module = item.path.relative_to(TESTS_DIR).as_posix()
+    longest = LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+    return item.get_closest_marker("integration") is not None, longest
 
 
 class UnitTierError(Exception):
