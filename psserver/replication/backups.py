@@ -46,6 +46,11 @@ _LOGGER = logging.getLogger(__name__)
 # A state's transfer may take its timeout plus its bytes at this rate (a large shard is not a slow backup).
 MIN_TRANSFER_BYTES_PER_S = 100e6
 RETRY_PAUSE_S = 0.2
+# gRPC says only "Socket closed" when the other side refused this replica's certificate.
+TLS_HINT = (
+    " (with TLS, each replica must trust the CA of the others' certificates, --tls-client-ca, and each"
+    " certificate name the address its replica advertises)"
+)
 # The state travels in pieces this large: gRPC's Python layer costs something per message, so a
 # ResNet-18 shard (45 MB) goes in three messages rather than 45 (the step with one backup is
 # ``python -m benchmarks.replication``'s cost section). A server takes messages of up to 64 MiB
@@ -157,6 +162,8 @@ class _Link:
         # one acknowledged, and is written into the in-sync set.
         self.joining_from: int | None = None
         self.stopped = False
+        # Why its last transfer failed (None: it did not): a new reason is logged once, not every retry.
+        self.problem: str | None = None
         self._channel = owner.peers.channel(address)
         self._replicate = self._channel.stream_unary(
             REPLICATE_METHOD, request_serializer=None, response_deserializer=ps_pb2.ReplicateResponse.FromString
@@ -335,6 +342,7 @@ class Replicator:
         if reply.digest_checked and not reply.digest_matches:
             self.digest_mismatches += 1
             _LOGGER.error("backup %s holds version %d with another digest", link.name, sent.version)
+        link.problem = None
         with self._cond:
             link.acked = max(link.acked, sent.version)
             # Under continuous pushes a backup never holds the newest version when its answer comes:
@@ -353,7 +361,11 @@ class Replicator:
         with self._cond:
             link.joining_from = None
         self._notify_loop()
-        _LOGGER.debug("backup %s: %s", link.name, why)
+        if why != link.problem:
+            # A backup that never takes the state (a TLS or token mismatch, a firewall) says why.
+            hint = TLS_HINT if self.peers.credentials is not None else ""
+            _LOGGER.warning("backup %s at %s cannot take the state: %s%s", link.name, link.address, why, hint)
+        link.problem = why
 
     def fenced(self, why: str) -> None:
         self._on_fenced(why)

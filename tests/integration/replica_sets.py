@@ -37,6 +37,8 @@ class ReplicaSet:
     starts: int = 0
     server_args: Sequence[str] = ()
     probe: Callable[[str], ps_pb2.StatusResponse] = status
+    # Each replica's log, of its latest start.
+    logs: dict[int, Path] = field(default_factory=dict)
 
     @property
     def addresses(self) -> list[str]:
@@ -50,9 +52,8 @@ class ReplicaSet:
         self.starts += 1
         etcd_url = f"http://{self.proxies[index].address}/{self.job}"
         extra = ["--port", str(self.ports[index]), "--etcd", etcd_url, *self.server_args]
-        process, _ = start_server(
-            self.tmp_path, "asgd", 0.05, (), extra_args=extra, log_name=f"r{index}-{self.starts}.log"
-        )
+        self.logs[index] = self.tmp_path / f"r{index}-{self.starts}.log"
+        process, _ = start_server(self.tmp_path, "asgd", 0.05, (), extra_args=extra, log_name=self.logs[index].name)
         while len(self.processes) <= index:
             self.processes.append(None)
         self.processes[index] = process

@@ -2,10 +2,12 @@
 --etcd`` replicas given the same certificate, CA and token files send each other the shard's state
 over TLS, a worker holding the CA, its own certificate and the token pushes through the primary,
 the primary is killed (SIGKILL), the backup takes over with every acknowledged push, and the killed
-replica, started again, takes the state from its successor over TLS."""
+replica, started again, takes the state from its successor over TLS. A replica that trusts another
+CA never takes the state, and the primary says why."""
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from psproto.security import ClientTls
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from pstools.etcd import LocalEtcd
 from psworker.client import ClientConfig, PSClient
+from tests.integration.probes import wait_for
 from tests.integration.replica_sets import ReplicaSet, replica_set
 from tests.pki import TOKEN, Pki
 
@@ -46,13 +49,16 @@ def tls_probe(pki: Pki) -> Callable[[str], ps_pb2.StatusResponse]:
     return probe
 
 
+def server_flags(pki: Pki, client_ca: Path) -> list[str]:
+    cert, key = pki.server
+    flags = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(client_ca)]
+    return [*flags, "--auth-token-file", str(pki.token)]
+
+
 @pytest.fixture
 def secured_replicas(tmp_path: Path, etcd: LocalEtcd) -> Iterator[tuple[ReplicaSet, Pki]]:
     pki = Pki(tmp_path / "pki")
-    cert, key = pki.server
-    flags = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(pki.ca1)]
-    flags += ["--auth-token-file", str(pki.token)]
-    for replicas in replica_set(tmp_path, etcd, count=2, server_args=flags, probe=tls_probe(pki)):
+    for replicas in replica_set(tmp_path, etcd, count=2, server_args=server_flags(pki, pki.ca1), probe=tls_probe(pki)):
         yield replicas, pki
 
 
@@ -91,3 +97,21 @@ def test_replicas_under_mutual_tls_and_a_token_replicate_and_fail_over(
     # Both replicas hold the same version once the primary is idle.
     versions = {replicas.probe(address).replica.version for address in replicas.addresses}
     assert len(versions) == 1, versions
+
+    # Started again trusting another CA, the replica refuses its primary's certificate: it never
+    # takes the state, and the primary's log says which backup and why.
+    process = replicas.processes[first]
+    assert process is not None
+    process.kill()
+    process.wait()
+    replicas.server_args = server_flags(pki, pki.ca2)
+    replicas.start(first)
+    started = re.search(r"replica (\S+) of shard 0", replicas.logs[first].read_text())
+    assert started is not None
+    name = started.group(1)
+    warning = f"backup {name} at {replicas.addresses[first]} cannot take the state: UNAVAILABLE"
+    log = replicas.logs[successor]
+    wait_for(lambda: warning in log.read_text(), 30, "the primary's warning")
+    assert "each replica must trust the CA" in log.read_text()
+    backups = {b.name: b for b in replicas.probe(replicas.addresses[successor]).replica.backups}
+    assert not backups[name].in_sync, backups
