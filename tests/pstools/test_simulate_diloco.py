@@ -19,7 +19,7 @@ def test_simulate_runs_and_learns(rule: str, tmp_path: Path) -> None:
     settings = tmp_path / "sim.toml"
     settings.write_text("eval_every = 600\n")
     args = ["simulate", "--rule", rule, "--rule-opt", "window=10", "--workers", "2", "--speeds", "1:2"]
-    args += ["--task", "digits", "--steps", "600", "--config", str(settings), "--json", str(out)]
+    args += ["--task", "digits-mlp", "--steps", "600", "--config", str(settings), "--json", str(out)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
