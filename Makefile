@@ -1,5 +1,9 @@
 # Set-up is part of every target: a fresh machine needs only `make demo` or `make test`.
 PYTHON ?= python3
+# The project's modules are compiled once and the bytecode shared: a host may set
+# PYTHONDONTWRITEBYTECODE, and then each of the hundreds of Python processes a test run starts would
+# compile them again (a quarter of the CPU time of the benchmarks' and the refusals' tests).
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
