@@ -14,10 +14,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# A CPU build of torch when none is installed (a bare requirement would pull a CUDA build);
-	# GPU machines keep the torch they have. Modules are compiled when first imported (bytecode is
-	# written, above), not all at install: most of torch's and ray's are never imported.
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet --no-compile "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
+	# GPU machines keep the torch they have.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 # Debian's prometheus (with promtool) and tmux, for the observability tests, etcd (etcd-server), the
