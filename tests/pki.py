@@ -1,4 +1,5 @@
-"""Certificates for the TLS tests: two CAs, a server, a worker and an intruder, made in-process."""
+"""Certificates for the TLS tests: two CAs, a server, a worker and an intruder, made in-process; and
+the channel and Status call a test makes with them."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import datetime
 import ipaddress
 from pathlib import Path
 
+import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from psproto.v1 import ps_pb2, ps_pb2_grpc
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -69,3 +73,27 @@ class Pki:
         self.other = _write(root / "other", _certificate("intruder", keys["other"], signer2), keys["other"])
         self.token = root / "token"
         self.token.write_text(TOKEN + "\n")
+
+    def server_flags(self, client_ca: Path | None = None) -> list[str]:
+        """``psserver serve`` flags: the server's certificate, client certificates of ``client_ca``
+        (CA 1 by default) required, and the token."""
+        cert, key = self.server
+        flags = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(client_ca or self.ca1)]
+        return [*flags, "--auth-token-file", str(self.token)]
+
+    def channel(self, address: str, ca: Path | None = None, pair: tuple[Path, Path] | None = None) -> grpc.Channel:
+        """A TLS channel trusting ``ca`` (CA 1 by default), presenting ``pair`` (cert, key) when given."""
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=(ca or self.ca1).read_bytes(),
+            private_key=pair[1].read_bytes() if pair else None,
+            certificate_chain=pair[0].read_bytes() if pair else None,
+        )
+        return grpc.secure_channel(address, credentials)
+
+    def status(self, address: str) -> ps_pb2.StatusResponse:
+        """The server's Status as the trusted worker: its certificate and the token."""
+        with self.channel(address, pair=self.client) as channel:
+            reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
+                ps_pb2.StatusRequest(), timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)
+            )
+            return reply

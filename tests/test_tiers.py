@@ -124,3 +124,11 @@ def test_an_integration_mark_outside_an_integ_file_is_refused(pytester: pytest.P
     result = pytester.runpytest(*QUIET)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_x is marked integration: name its file *_integ.py instead"])
+
+
+def test_the_modules_started_first_exist() -> None:
+    # A renamed module would drop out of the order silently: the run would end with it going alone.
+    from tests.conftest import LONGEST_FIRST, TESTS_DIR
+
+    missing = [module for module in LONGEST_FIRST if not (TESTS_DIR / module).is_file()]
+    assert not missing, f"tests/conftest.py LONGEST_FIRST names modules that do not exist: {missing}"

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 import torch
 
 from psproto.layout import Layout
 from psproto.security import ClientTls
-from psproto.v1 import ps_pb2, ps_pb2_grpc
 from pstools.etcd import LocalEtcd
 from psworker.client import ClientConfig, PSClient
 from tests.integration.probes import wait_for
@@ -32,33 +30,10 @@ LR = 0.05  # replica_sets' servers: ASGD at this rate
 PUSHES = 20
 
 
-def tls_probe(pki: Pki) -> Callable[[str], ps_pb2.StatusResponse]:
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=pki.ca1.read_bytes(),
-        private_key=pki.client[1].read_bytes(),
-        certificate_chain=pki.client[0].read_bytes(),
-    )
-
-    def probe(address: str) -> ps_pb2.StatusResponse:
-        with grpc.secure_channel(address, credentials) as channel:
-            reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
-                ps_pb2.StatusRequest(), timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)
-            )
-            return reply
-
-    return probe
-
-
-def server_flags(pki: Pki, client_ca: Path) -> list[str]:
-    cert, key = pki.server
-    flags = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(client_ca)]
-    return [*flags, "--auth-token-file", str(pki.token)]
-
-
 @pytest.fixture
 def secured_replicas(tmp_path: Path, etcd: LocalEtcd) -> Iterator[tuple[ReplicaSet, Pki]]:
     pki = Pki(tmp_path / "pki")
-    for replicas in replica_set(tmp_path, etcd, count=2, server_args=server_flags(pki, pki.ca1), probe=tls_probe(pki)):
+    for replicas in replica_set(tmp_path, etcd, count=2, server_args=pki.server_flags(), probe=pki.status):
         yield replicas, pki
 
 
@@ -108,7 +83,7 @@ def test_replicas_under_mutual_tls_and_a_token_replicate_and_fail_over(
     assert process is not None
     process.kill()
     process.wait()
-    replicas.server_args = server_flags(pki, pki.ca2)
+    replicas.server_args = pki.server_flags(pki.ca2)
     replicas.start(first)
     started = re.search(r"replica (\S+) of shard 0", replicas.logs[first].read_text())
     assert started is not None

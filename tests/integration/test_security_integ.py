@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -26,28 +25,9 @@ LAYOUT = Layout.from_named_shapes([("w", (8,))])
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pki]]:
     root = tmp_path_factory.mktemp("security")
     pki = Pki(root / "pki")
-    args = [
-        "--tls-cert",
-        str(pki.server[0]),
-        "--tls-key",
-        str(pki.server[1]),
-        "--tls-client-ca",
-        str(pki.ca1),
-        "--auth-token-file",
-        str(pki.token),
-    ]
-    process, address = start_server(root, "asgd", 0.1, (), extra_args=args)
+    process, address = start_server(root, "asgd", 0.1, (), extra_args=pki.server_flags())
     yield address, pki
     assert stop_process(process) == 0
-
-
-def _channel(address: str, pki: Pki, ca: Path | None = None, pair: tuple[Path, Path] | None = None) -> grpc.Channel:
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=(ca or pki.ca1).read_bytes(),
-        private_key=pair[1].read_bytes() if pair else None,
-        certificate_chain=pair[0].read_bytes() if pair else None,
-    )
-    return grpc.secure_channel(address, credentials)
 
 
 def _join(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]) -> ps_pb2.JoinResponse:
@@ -56,27 +36,19 @@ def _join(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]) -> ps_pb
     return reply
 
 
-def _status(address: str, pki: Pki) -> ps_pb2.StatusResponse:
-    with _channel(address, pki, pair=pki.client) as channel:
-        reply: ps_pb2.StatusResponse = ps_pb2_grpc.ParameterServerStub(channel).Status(
-            ps_pb2.StatusRequest(), timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)
-        )
-        return reply
-
-
 def test_wrong_credentials_are_refused_and_change_nothing(secured: tuple[str, Pki]) -> None:
     address, pki = secured
-    before = _status(address, pki)
+    before = pki.status(address)
     good = (("authorization", f"Bearer {TOKEN}"),)
     refusals: list[tuple[str, grpc.StatusCode, Reason | None]] = []
     cases: list[tuple[str, grpc.Channel, tuple[tuple[str, str], ...]]] = [
-        ("no token", _channel(address, pki, pair=pki.client), ()),
-        ("wrong token", _channel(address, pki, pair=pki.client), (("authorization", "Bearer guess"),)),
-        ("not a bearer token", _channel(address, pki, pair=pki.client), (("authorization", TOKEN),)),
+        ("no token", pki.channel(address, pair=pki.client), ()),
+        ("wrong token", pki.channel(address, pair=pki.client), (("authorization", "Bearer guess"),)),
+        ("not a bearer token", pki.channel(address, pair=pki.client), (("authorization", TOKEN),)),
         ("plaintext", grpc.insecure_channel(address), good),
-        ("no client certificate", _channel(address, pki), good),
-        ("client certificate of another CA", _channel(address, pki, pair=pki.other), good),
-        ("server not trusted (other CA)", _channel(address, pki, ca=pki.ca2, pair=pki.client), good),
+        ("no client certificate", pki.channel(address), good),
+        ("client certificate of another CA", pki.channel(address, pair=pki.other), good),
+        ("server not trusted (other CA)", pki.channel(address, ca=pki.ca2, pair=pki.client), good),
     ]
     for label, channel, metadata in cases:
         with channel, pytest.raises(grpc.RpcError) as refused:
@@ -86,14 +58,14 @@ def test_wrong_credentials_are_refused_and_change_nothing(secured: tuple[str, Pk
     assert refusals[:3] == [(label, *unauthenticated) for label, _, _ in cases[:3]]
     # Handshake failures: the connection never carries an RPC, so no server gave a reason.
     assert all(code == grpc.StatusCode.UNAVAILABLE and reason is None for _, code, reason in refusals[3:]), refusals
-    after = _status(address, pki)
+    after = pki.status(address)
     assert (after.clock, len(after.workers), after.initialized) == (before.clock, 0, before.initialized)
     assert after.rejected["unauthenticated"] - before.rejected["unauthenticated"] == 3
 
 
 def test_the_right_credentials_train_and_health_needs_no_token(secured: tuple[str, Pki]) -> None:
     address, pki = secured
-    with _channel(address, pki, pair=pki.client) as channel:
+    with pki.channel(address, pair=pki.client) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
     tls = ClientTls(pki.ca1, *pki.client)
@@ -105,7 +77,7 @@ def test_the_right_credentials_train_and_health_needs_no_token(secured: tuple[st
         out = torch.empty(8)
         client.pull(out)
         assert torch.allclose(out, torch.full((8,), -0.1))
-    with _channel(address, pki, pair=pki.client) as channel, pytest.raises(grpc.RpcError) as refused:
+    with pki.channel(address, pair=pki.client) as channel, pytest.raises(grpc.RpcError) as refused:
         ps_pb2_grpc.ParameterServerStub(channel).Checkpoint(
             ps_pb2.CheckpointRequest(), timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)
         )
