@@ -48,9 +48,10 @@ def read_pem(path: Path, flag: str, marker: str = "CERTIFICATE") -> bytes:
 
 @dataclass(frozen=True)
 class ClientTls:
-    """What a client needs for TLS: the CA that signed the server, and for mTLS its own certificate and key."""
+    """What a client needs for TLS: the CA that signed the server (None: the system's roots), and for
+    mTLS its own certificate and key."""
 
-    ca: Path
+    ca: Path | None
     cert: Path | None = None
     key: Path | None = None
 
@@ -58,7 +59,7 @@ class ClientTls:
         if (self.cert is None) != (self.key is None):
             raise SecurityConfigError("--tls-cert and --tls-key go together: give both for mutual TLS, or neither")
         return grpc.ssl_channel_credentials(
-            root_certificates=read_pem(self.ca, "--tls-ca"),
+            root_certificates=read_pem(self.ca, "--tls-ca") if self.ca else None,
             private_key=read_pem(self.key, "--tls-key", "PRIVATE KEY") if self.key else None,
             certificate_chain=read_pem(self.cert, "--tls-cert") if self.cert else None,
         )

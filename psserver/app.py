@@ -260,8 +260,7 @@ class ServerApp:
     def _peers(self) -> PeerAccess:
         """Calls to the other replicas carry what this server asks of its own callers."""
         tls = self.config.security.tls
-        credentials = tls.peer_credentials() if tls is not None else None
-        return PeerAccess(credentials, bearer_metadata(self.auth_token))
+        return PeerAccess(tls.as_client() if tls is not None else None, bearer_metadata(self.auth_token))
 
     @classmethod
     def build(cls, config: ServerConfig) -> ServerApp:

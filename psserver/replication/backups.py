@@ -31,6 +31,7 @@ import torch
 
 from psproto import wire
 from psproto.errors import Reason, reason_of
+from psproto.security import ClientTls, open_channel
 from psproto.v1 import ps_pb2
 from psserver.core import shard_state
 from psserver.core.errors import ErrorKind, ShardError
@@ -126,18 +127,15 @@ class _Staging:
 
 @dataclass(frozen=True)
 class PeerAccess:
-    """How a replica calls another: TLS credentials (None: plaintext) and the metadata each call carries
-    (the bearer token), both those the replica's own server asks of its callers."""
+    """How a replica calls another: TLS (None: plaintext) and the metadata each call carries (the
+    bearer token), both those the replica's own server asks of its callers."""
 
-    credentials: grpc.ChannelCredentials | None = None
+    tls: ClientTls | None = None
     metadata: tuple[tuple[str, str], ...] = ()
 
     def channel(self, address: str) -> grpc.Channel:
         # A state goes in messages of REPLICATION_CHUNK_BYTES; the backup's server bounds what it takes.
-        options = [("grpc.max_send_message_length", -1)]
-        if self.credentials is None:
-            return grpc.insecure_channel(address, options=options)
-        return grpc.secure_channel(address, self.credentials, options=options)
+        return open_channel(address, self.tls, options=[("grpc.max_send_message_length", -1)])
 
 
 @dataclass
@@ -363,7 +361,7 @@ class Replicator:
         self._notify_loop()
         if why != link.problem:
             # A backup that never takes the state (a TLS or token mismatch, a firewall) says why.
-            hint = TLS_HINT if self.peers.credentials is not None else ""
+            hint = TLS_HINT if self.peers.tls is not None else ""
             _LOGGER.warning("backup %s at %s cannot take the state: %s%s", link.name, link.address, why, hint)
         link.problem = why
 

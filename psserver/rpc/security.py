@@ -18,7 +18,7 @@ import grpc
 
 # The client's side (TLS files, token file, metadata) is shared with the worker through psproto.
 from psproto.errors import Reason
-from psproto.security import AUTH_METADATA_KEY, SecurityConfigError, read_pem
+from psproto.security import AUTH_METADATA_KEY, ClientTls, SecurityConfigError, read_pem
 from psserver.rpc.status_codes import refusal, refuse
 from psserver.rpc.wrapped_handlers import AioInterceptor, Handler
 
@@ -48,15 +48,11 @@ class ServerTls:
         except (ValueError, RuntimeError) as error:
             raise SecurityConfigError(f"--tls-cert/--tls-key: {error}") from None
 
-    def peer_credentials(self) -> grpc.ChannelCredentials:
-        """A replica's credentials when it calls another replica of its shard: it presents its own
-        certificate (so mutual TLS holds between replicas too) and trusts ``client_ca``, the CA that
-        signs the replicas' certificates as well as the workers'; without one, the system's roots."""
-        return grpc.ssl_channel_credentials(
-            root_certificates=read_pem(self.client_ca, "--tls-client-ca") if self.client_ca else None,
-            private_key=read_pem(self.key, "--tls-key", "PRIVATE KEY"),
-            certificate_chain=read_pem(self.cert, "--tls-cert"),
-        )
+    def as_client(self) -> ClientTls:
+        """What a replica presents when it calls another replica of its shard: its own certificate (so
+        mutual TLS holds between replicas too), trusting ``client_ca``, the CA that signs the replicas'
+        certificates as well as the workers'; without one, the system's roots."""
+        return ClientTls(self.client_ca, self.cert, self.key)
 
 
 class AuthInterceptor(AioInterceptor):
