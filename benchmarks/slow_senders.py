@@ -37,7 +37,8 @@ from psproto import codec
 from psproto.errors import error_info
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 from psworker.client import ClientConfig, PSClient
 from psworker.deadlines import DeadlinePolicy
 

@@ -135,7 +135,8 @@ def cluster_tables(table: Mapping[str, Any]) -> tuple[ClusterSettings, dict[str,
     show_default=True,
     type=click.IntRange(min=1),
     help="servers per shard; from 2 on each shard is a replica set (a primary and backups that take over "
-    "when it dies) elected in an etcd the cluster starts (Debian's etcd-server)",
+    "when it dies) elected in an etcd the cluster starts (Debian's etcd-server); a replica that exits is "
+    "started again at its address and comes back as a backup",
 )
 @click.option(
     "--consistency",
@@ -252,9 +253,9 @@ def _print_report(console: Console, report: ClusterReport) -> None:
                 g.name, *map(str, (g.count, g.finished, g.lost, g.steps, g.pushes)), staleness, str(g.max_staleness)
             )
         console.print(groups)
-        console.print(
-            f"shard restarts: {report.shard_restarts}; metrics: {', '.join(report.metrics_targets) or 'none'}"
-        )
+        console.print(f"metrics: {', '.join(report.metrics_targets) or 'none'}")
+    if on_ray or report.shard_restarts:
+        console.print(f"shard restarts: {report.shard_restarts}")
     console.print(f"final {report.describe()} after {report.clock} updates in {report.wall_seconds:.1f} s")
     sys.stdout.flush()
 

@@ -12,10 +12,10 @@ and reports (by the task's metric: test accuracy, or validation loss and perplex
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -32,10 +32,13 @@ from psserver.ready import ReadyFileError, wait_for_ready_file
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
 from pstools.etcd import EtcdError, LocalEtcd
-from pstools.warm_start import Program, WarmProcess, start_program
+from pstools.server_set import Relaunch, Server, ServerSet
+from pstools.warm_start import WarmProcess, start_program
 from psworker.binding import ModelBinding
 from psworker.client import PSClient
 from psworker.task import Task, evaluate, metric_named, perplexity
+
+_LOGGER = logging.getLogger(__name__)
 
 SERVER_START_TIMEOUT_S = 60.0
 
@@ -151,8 +154,9 @@ class ClusterReport:
     higher_is_better: bool = True
     metric_value: float = math.nan
     perplexity: float | None = None
-    # On Ray (pstools.on_ray): each group of workers, the shards' restarts, the scrape targets.
+    # On Ray (pstools.on_ray): each group of workers, the scrape targets.
     groups: list[GroupReport] = field(default_factory=list)
+    # How often a shard's server was started again (by Ray, or a local cluster's replicas).
     shard_restarts: int = 0
     metrics_targets: list[str] = field(default_factory=list)
 
@@ -215,18 +219,6 @@ def start_server(
     return process, ready.address
 
 
-def stop_process(process: Program, timeout_s: float = 20.0) -> int:
-    """SIGTERM, wait, SIGKILL if it does not stop; returns the exit code."""
-    if process.poll() is not None:
-        return process.wait()
-    process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
-
-
 def run_cluster(config: ClusterConfig) -> ClusterReport:
     """Start the servers and workers, wait for the workers, evaluate, stop everything."""
     if len(config.slowdowns) != config.workers:
@@ -241,7 +233,7 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
     shard_data = (task.disjoint_shards if config.shard_data is None else config.shard_data) and config.workers > 1
     config.log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    servers: list[WarmProcess] = []
+    servers = ServerSet()
     workers: list[WarmProcess] = []
     # A fresh etcd for every run: a previous run's keys in this folder (and its primaries' leases,
     # which etcd renews when it restarts) would only delay the first election.
@@ -252,17 +244,19 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
         raise ClusterError(f"--replicas {config.replicas} needs etcd: {error}") from None
     try:
         addresses = start_shards(config, servers, etcd.url if etcd else None)
+        servers.watch()
         for rank in range(config.workers):
             command = ["train", "--config", str(_worker_config_file(config, rank, addresses, shard_data))]
             workers.append(start_program("pstools", command, config.log_dir / f"worker-{rank}.log"))
         _wait_for_workers(config, workers, started)
         report = _report(config, task, addresses, started)
+        report.shard_restarts = servers.restarts
     finally:
         for process in workers:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-        codes = [stop_process(process) for process in servers]
+        codes = servers.stop()
         if etcd is not None:
             etcd.stop()
     if any(code != 0 for code in codes):
@@ -271,28 +265,47 @@ def run_cluster(config: ClusterConfig) -> ClusterReport:
     return report
 
 
-def start_shards(config: ClusterConfig, servers: list[WarmProcess], etcd_url: str | None) -> list[str]:
-    """Start every shard's servers (appended to ``servers`` as they start, so a failure stops those
+def start_shards(config: ClusterConfig, servers: ServerSet, etcd_url: str | None) -> list[str]:
+    """Start every shard's servers (added to ``servers`` as they start, so a failure stops those
     already up); returns each shard's address for the workers: ``HOST:PORT``, or with replicas the
     replica set ``HOST:PORT|HOST:PORT`` (the workers find its primary). A replica is told etcd and
-    the cluster's job (``--etcd URL/JOB``) and advertises the loopback address it bound."""
+    the cluster's job (``--etcd URL/JOB``), advertises the loopback address it bound, and can be
+    started again there (``ServerSet.watch``)."""
     addresses = []
     for index in range(config.shards):
         shard = merged(config.server_config, {"shard": {"shard_index": index, "num_shards": config.shards}})
         replicas = []
         for replica in range(config.replicas):
-            args, table, log_name = list(config.server_args), shard, None
+            args, table, log_name = list(config.server_args), shard, f"server-{index}.log"
+            relaunch = None
             if etcd_url is not None:
                 args += ["--etcd", f"{etcd_url}/{cluster_job(config.log_dir)}"]
                 table = _own_checkpoints(shard, replica)
                 log_name = f"server-{index}-{replica}.log"
+                relaunch = _relaunch(config, args, table)
             process, address = start_server(
                 config.log_dir, config.rule, config.lr, config.rule_opts, args, log_name, config=table
             )
-            servers.append(process)
+            servers.add(Server(process, address, log_name, relaunch))
             replicas.append(address)
         addresses.append("|".join(replicas))
     return addresses
+
+
+def _relaunch(config: ClusterConfig, args: list[str], table: Mapping[str, Any]) -> Relaunch:
+    """How a replica started with ``args`` and ``table`` starts again (``ServerSet``)."""
+
+    def start_again(more_args: Sequence[str], log_name: str) -> WarmProcess | None:
+        try:
+            process, _ = start_server(
+                config.log_dir, config.rule, config.lr, config.rule_opts, [*args, *more_args], log_name, config=table
+            )
+        except ClusterError as error:
+            _LOGGER.error("%s", error)
+            return None
+        return process
+
+    return start_again
 
 
 def cluster_job(log_dir: Path) -> str:

@@ -117,3 +117,15 @@ def start_program(
     process.daemon = True
     process.start()
     return WarmProcess(process, [sys.executable, "-m", module, *argv])
+
+
+def stop_process(process: Program, timeout_s: float = 20.0) -> int:
+    """SIGTERM, wait, SIGKILL if it does not stop; returns the exit code."""
+    if process.poll() is not None:
+        return process.wait()
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()

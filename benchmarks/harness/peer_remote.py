@@ -39,7 +39,7 @@ from benchmarks.harness import torch_rpc_peer
 from benchmarks.harness.processes import REPO_ROOT, child_environment
 from benchmarks.harness.settings import LR
 from psserver.allocator import WORKER, apply_allocator
-from pstools.launcher import stop_process
+from pstools.warm_start import stop_process
 
 
 class RemotePeerError(RuntimeError):

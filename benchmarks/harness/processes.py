@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from benchmarks.harness.settings import LR, SERVER_CONFIG, TORCH_THREADS
 from pscli.config_file import dump_toml, merged
 from psserver.ready import ReadyInfo, wait_for_ready_file
-from pstools.launcher import stop_process
+from pstools.warm_start import stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_START_TIMEOUT_S = 180.0  # a busy 2-core host took over 60 s to start eight servers at once

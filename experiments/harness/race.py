@@ -21,7 +21,8 @@ import torch
 from experiments.harness.link import Link, emulated_link
 from experiments.harness.race_workers import DdpSettings, RaceWorker, ddp_rank, hetps_worker
 from experiments.harness.snapshots import ParameterRecorder, Score, Snapshot, score, wall_clock_since
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 from psworker.task import Task
 
 READY_TIMEOUT_S = 180.0

@@ -13,8 +13,8 @@ import pytest
 from pscli.config_file import merged
 from psproto.v1 import ps_pb2_grpc
 from pstools.etcd import LocalEtcd
-from pstools.launcher import start_server, stop_process
-from pstools.warm_start import Program
+from pstools.launcher import start_server
+from pstools.warm_start import Program, stop_process
 from tests.integration.replica_sets import ReplicaSet, replica_set
 
 StartServer = Callable[..., str]

@@ -18,7 +18,8 @@ from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.core.checkpoint import list_checkpoints, read_checkpoint
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 
 pytestmark = pytest.mark.integration
 LAYOUT = Layout.from_named_shapes([("w", (64,))])

@@ -16,8 +16,8 @@ import torch
 
 from psserver.core.checkpoint import list_checkpoints
 from pstasks.tasks import load_task
-from pstools.launcher import start_server, stop_process
-from pstools.warm_start import Program
+from pstools.launcher import start_server
+from pstools.warm_start import Program, stop_process
 from psworker.task import evaluate
 from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import TcpProxy

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 from psworker.client import PSClient
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from psproto.layout import Layout
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 from psworker.client import NO_RETRY, ClientConfig, PSClient
 
 pytestmark = pytest.mark.integration

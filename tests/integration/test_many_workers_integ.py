@@ -23,7 +23,8 @@ import torch
 from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 from tests.integration.probes import status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -26,7 +26,7 @@ import pytest
 
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.ready import wait_for_ready_file
-from pstools.launcher import stop_process
+from pstools.warm_start import stop_process
 from tests.docker.test_dashboard import as_promql, load_dashboard, queries
 from tests.integration.probes import wait_for
 

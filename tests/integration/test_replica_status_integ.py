@@ -18,7 +18,8 @@ from psproto.v1 import ps_pb2, ps_pb2_grpc
 from psserver.cli import main
 from psserver.ready import read_ready_file
 from pstools.etcd import LocalEtcd
-from pstools.launcher import WarmProcess, start_server, stop_process
+from pstools.launcher import WarmProcess, start_server
+from pstools.warm_start import stop_process
 from tests.integration.probes import status, wait_for
 from tests.integration.test_checkpoint_integ import _join_and_init, _push
 

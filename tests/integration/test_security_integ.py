@@ -13,7 +13,8 @@ from psproto.errors import Reason, reason_of
 from psproto.layout import Layout
 from psproto.security import ClientTls
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 from psworker.client import NO_RETRY, ClientConfig, PSClient
 from tests.pki import TOKEN, Pki
 

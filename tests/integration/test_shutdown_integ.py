@@ -19,7 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from psproto import codec
 from psproto.layout import Layout
 from psproto.v1 import ps_pb2, ps_pb2_grpc
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 
 pytestmark = pytest.mark.integration
 LAYOUT = Layout.from_named_shapes([("w", (64,))])

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 from tests.integration.probes import status, wait_for
 from tests.integration.tcp_proxy import BlackHoleProxy
 from tests.integration.workers import start_train, train_command

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pstools.launcher import start_server, stop_process
+from pstools.launcher import start_server
+from pstools.warm_start import stop_process
 from tests.integration.workers import train_command
 
 # -- the live view, under tmux ----------------------------------------------------------

@@ -20,8 +20,8 @@ import torch
 
 from psproto.v1 import ps_pb2, ps_pb2_grpc
 from pstasks.tasks import TaskOptions, load_task
-from pstools.launcher import evaluate_servers, start_server, stop_process
-from pstools.warm_start import Program, start_program
+from pstools.launcher import evaluate_servers, start_server
+from pstools.warm_start import Program, start_program, stop_process
 from tests.pstasks.test_gpt2_small import GPT2_SMALL_PARAMETERS
 
 SHARDS = 4

@@ -14,6 +14,7 @@ import pytest
 from psserver.serve_cli import serve
 from pstools import etcd, launcher
 from pstools.launcher import ClusterConfig, ClusterError, cluster_job, run_cluster, start_shards
+from pstools.server_set import ServerSet
 
 ETCD = "http://127.0.0.1:2379"
 
@@ -49,12 +50,14 @@ def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[Started]:
 def test_each_shard_is_a_replica_set_in_the_clusters_etcd_job(started: Started, tmp_path: Path) -> None:
     checkpoints = {"checkpoints": {"directory": str(tmp_path / "ckpt")}}
     config = ClusterConfig(shards=2, replicas=2, log_dir=tmp_path / "my run", server_config=checkpoints)
-    servers: list[Any] = []
+    servers = ServerSet()
     addresses = start_shards(config, servers, ETCD)
 
     # The workers are given each shard's replicas, at the addresses they bound (and advertise).
     assert addresses == ["127.0.0.1:41000|127.0.0.1:41001", "127.0.0.1:41002|127.0.0.1:41003"]
     assert len(servers) == 4
+    # A replica that exits is started again where it was (ServerSet, tests/pstools/test_server_set.py).
+    assert all(server.relaunch is not None for server in servers.servers)
     options = {opt for param in serve.params for opt in param.opts}
     for number, call in enumerate(started.calls):
         shard, replica = divmod(number, 2)
@@ -77,9 +80,12 @@ def test_psserver_serve_takes_the_replicas_flags(tmp_path: Path) -> None:
 
 def test_one_replica_starts_the_lone_servers_of_before(started: Started, tmp_path: Path) -> None:
     config = ClusterConfig(shards=2, log_dir=tmp_path, server_args=("--consistency", "bsp"))
-    assert start_shards(config, [], None) == ["127.0.0.1:41000", "127.0.0.1:41001"]
+    servers = ServerSet()
+    assert start_shards(config, servers, None) == ["127.0.0.1:41000", "127.0.0.1:41001"]
     assert [call["args"] for call in started.calls] == [["--consistency", "bsp"]] * 2
-    assert [call["log_name"] for call in started.calls] == [None, None]
+    assert [call["log_name"] for call in started.calls] == ["server-0.log", "server-1.log"]
+    # A lone server is not started again: what it held since its checkpoint is gone either way.
+    assert [server.relaunch for server in servers.servers] == [None, None]
     assert [call["config"]["shard"]["shard_index"] for call in started.calls] == [0, 1]
 
 
