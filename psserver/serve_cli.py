@@ -240,9 +240,10 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     "--etcd",
     multiple=True,
     metavar="URL",
-    help="serve this shard as one replica of a replica set whose primary etcd elects: http://HOST:PORT/JOB "
+    help="serve this shard as one replica of a replica set whose primary etcd elects: http(s)://HOST:PORT/JOB "
     "(JOB names the training job, default hetps; repeatable: each endpoint of the etcd cluster); replicas "
-    "reach each other at --host:--port (docs/operations.md, Replicated shards)",
+    "reach each other at --host:--port (docs/operations.md, Replicated shards; etcd over TLS: "
+    "[replication.etcd_tls] in --config)",
 )
 @click.option(
     "--tls-cert", type=_FILE, default=None, help="PEM certificate chain of this server (turns TLS on; needs --tls-key)"

@@ -5,6 +5,8 @@ Replicated shards elect their primary in etcd (``psserver serve --etcd URL``). T
 ``etcd-server``) on two free loopback ports (clients and peers), its data in a folder the caller
 gives, ready once its ``/health`` says so. There is one member, so there is nothing to replicate
 and it is up in about half a second; it is a test and demo coordinator, not a production one.
+Given a ``ServerTls`` it serves https:// with that certificate (and with its ``client_ca``, asks
+clients for certificates that CA signed), as a production etcd is set up.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import contextlib
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+
+from psserver.rpc.security import ServerTls
 
 # The Debian package that ships the etcd binary (3.4 in bookworm).
 ETCD_PACKAGE = "etcd-server"
@@ -40,21 +45,38 @@ def free_ports(count: int) -> list[int]:
         return [probe.getsockname()[1] for probe in probes]
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, context: ssl.SSLContext | None) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as reply:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0, context=context) as reply:
             return bool(json.load(reply).get("health") == "true")
     except (OSError, ValueError):
         return False
 
 
+def _client_context(tls: ServerTls | None) -> ssl.SSLContext | None:
+    """How the health probe reaches an https:// etcd: trusting ``client_ca`` (which signs etcd's
+    certificate too, here), presenting etcd's own certificate as a client's."""
+    if tls is None:
+        return None
+    context = ssl.create_default_context(cafile=str(tls.client_ca) if tls.client_ca else None)
+    context.load_cert_chain(tls.cert, tls.key)
+    return context
+
+
 class LocalEtcd:
-    """A running single-member etcd; ``url`` is its client URL (``http://127.0.0.1:PORT``).
+    """A running single-member etcd; ``url`` is its client URL (``http://127.0.0.1:PORT``, or
+    ``https://`` with ``tls``).
 
     A context manager: leaving it stops etcd. The data folder stays, so a test can look at it or
     a restart (``LocalEtcd(data_dir)`` again) finds the same keys."""
 
-    def __init__(self, data_dir: Path, binary: str | None = None, timeout_s: float = ETCD_START_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        binary: str | None = None,
+        timeout_s: float = ETCD_START_TIMEOUT_S,
+        tls: ServerTls | None = None,
+    ) -> None:
         found = binary or shutil.which("etcd")
         if found is None or shutil.which(found) is None:
             raise EtcdError(
@@ -62,11 +84,12 @@ class LocalEtcd:
                 f"{ETCD_PACKAGE} (apt-get install {ETCD_PACKAGE}) or put etcd on PATH"
             )
         self.data_dir = data_dir
+        self.tls = tls
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(_START_ATTEMPTS):
             client, peer = free_ports(2)
-            self.url = f"http://127.0.0.1:{client}"
+            self.url = f"{'https' if tls else 'http'}://127.0.0.1:{client}"
             self.process = self._start(found, client, peer)
             try:
                 self._wait_until_healthy(timeout_s)
@@ -95,6 +118,10 @@ class LocalEtcd:
             "--initial-cluster",
             f"hetps={peer_url}",
         ]
+        if self.tls is not None:
+            command += ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key)]
+            if self.tls.client_ca is not None:
+                command += ["--client-cert-auth", "--trusted-ca-file", str(self.tls.client_ca)]
         with self.log_path.open("ab") as log:
             return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
@@ -104,7 +131,8 @@ class LocalEtcd:
 
     def _wait_until_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while not _healthy(self.url):
+        context = _client_context(self.tls)
+        while not _healthy(self.url, context):
             code = self.process.poll()
             if code is not None:
                 raise EtcdError(f"etcd exited with {code} before it answered; see {self.log_path}:\n{self._log_tail()}")

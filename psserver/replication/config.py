@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
+
+from psproto.security import read_pem
 
 # etcd's shortest lease with its default timing (heartbeat 100 ms, election 1 s) is 2 s: a
 # shorter one is raised to it by etcd itself.
@@ -12,11 +15,39 @@ DEFAULT_JOB = "hetps"
 
 
 @dataclass(frozen=True)
+class EtcdTls:
+    """How a replica reaches an etcd that serves https:// (etcd's ``--cert-file``), and one that asks
+    for client certificates (``--client-cert-auth``)."""
+
+    # PEM CA that signed etcd's certificate; None: the CA bundle of Python's requests (certifi, or
+    # $REQUESTS_CA_BUNDLE).
+    ca: Path | None = None
+    # PEM certificate this replica presents to etcd, for --client-cert-auth (with key).
+    cert: Path | None = None
+    # PEM private key of that certificate.
+    key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("replication.etcd_tls: cert and key go together; give both, or neither")
+
+    def check_files(self) -> None:
+        """Read every file now, so a bad one fails the start naming its key
+        (``psproto.security.SecurityConfigError``) rather than every request to etcd."""
+        for path, key, marker in ((self.ca, "ca", "CERTIFICATE"), (self.cert, "cert", "CERTIFICATE")):
+            if path is not None:
+                read_pem(path, f"replication.etcd_tls.{key}", marker)
+        if self.key is not None:
+            read_pem(self.key, "replication.etcd_tls.key", "PRIVATE KEY")
+
+
+@dataclass(frozen=True)
 class ReplicationConfig:
     """A shard served by a replica set: every process with the same ``job`` and shard index is one
     of its replicas; etcd elects the primary."""
 
-    # etcd endpoints (http://HOST:PORT, its v3 JSON gateway); the first that answers is used.
+    # etcd endpoints (http://HOST:PORT or https://HOST:PORT, its v3 JSON gateway); the first that
+    # answers is used.
     etcd: tuple[str, ...]
     # The key prefix in etcd: /hetps/<job>/shard/<index>/.
     job: str = DEFAULT_JOB
@@ -32,6 +63,9 @@ class ReplicationConfig:
     digest_every: int = 100
     # How often a replica reads the shard's keys (the primary's liveness, the replicas).
     poll_seconds: float = 0.1
+    # TLS to etcd, for https:// endpoints; None: etcd's own certificate checked against the CA
+    # bundle of Python's requests, and no client certificate.
+    etcd_tls: EtcdTls | None = None
 
     def __post_init__(self) -> None:
         if not self.etcd:
@@ -39,7 +73,9 @@ class ReplicationConfig:
         for url in self.etcd:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
-                raise ValueError(f"replication.etcd: {url!r} is not http://HOST:PORT")
+                raise ValueError(f"replication.etcd: {url!r} is not http://HOST:PORT or https://HOST:PORT")
+            if self.etcd_tls is not None and parts.scheme != "https":
+                raise ValueError(f"replication.etcd_tls is for https:// endpoints; {url!r} is plain http")
         if not self.job or "/" in self.job:
             raise ValueError(f"replication.job: {self.job!r} must be a non-empty name without '/'")
         if self.advertise is not None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from psserver.replication.config import ReplicationConfig
+from psserver.replication.config import EtcdTls, ReplicationConfig
 
 if TYPE_CHECKING:
     from etcd3gw.client import Etcd3Client
@@ -95,7 +95,7 @@ class Coordinator:
         self._unreachable = (exceptions.ConnectionFailedError, exceptions.ConnectionTimeoutError)
         self._refused = exceptions.Etcd3Exception
         self._lease_of = Lease
-        self._clients = [_client(url) for url in config.etcd]
+        self._clients = [_client(url, config.etcd_tls) for url in config.etcd]
         self._lease: Any = None
         self._lock = threading.Lock()
         self.valid_until = 0.0
@@ -106,19 +106,19 @@ class Coordinator:
     # -- requests, on the first endpoint that answers ------------------------------------------
 
     def _call(self, request: Any) -> Any:
-        last: Exception | None = None
+        last = ""
         for index, client in enumerate(self._clients):
             try:
                 result = request(client)
             except self._unreachable as error:
-                last = error
+                last = f"{client.base_url}: {_detail(error)}"
                 continue
             except self._refused as error:
-                raise EtcdError(f"etcd refused the request: {error}") from None
+                raise EtcdError(f"etcd refused the request: {_detail(error)}") from None
             if index:  # this one answers: ask it first from now on
                 self._clients.insert(0, self._clients.pop(index))
             return result
-        raise EtcdError(f"no etcd endpoint answered: {last}")
+        raise EtcdError(f"no etcd endpoint answered (the last: {last})")
 
     # -- the lease -------------------------------------------------------------------------------
 
@@ -217,12 +217,27 @@ class Coordinator:
             _LOGGER.warning("could not resign in etcd (the lease runs out instead): %s", error)
 
 
-def _client(url: str) -> Etcd3Client:
+def _client(url: str, tls: EtcdTls | None) -> Etcd3Client:
     import etcd3gw
+    import requests
 
     parts = urlsplit(url)
     assert parts.hostname is not None and parts.port is not None  # ReplicationConfig checked it
-    return etcd3gw.client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=REQUEST_TIMEOUT_S)
+    session = requests.Session()
+    if tls is not None and tls.ca is not None:
+        session.verify = str(tls.ca)
+        # Else requests' REQUESTS_CA_BUNDLE (set on many hosts) would replace the CA given.
+        session.trust_env = False
+    if tls is not None and tls.cert is not None and tls.key is not None:
+        session.cert = (str(tls.cert), str(tls.key))
+    return etcd3gw.client(
+        host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=REQUEST_TIMEOUT_S, session=session
+    )
+
+
+def _detail(error: Exception) -> str:
+    """What etcd3gw's error says: it keeps its text in ``detail_text``, not in its arguments."""
+    return str(getattr(error, "detail_text", None) or error or type(error).__name__)
 
 
 def _compare(key: str, target: str, **condition: Any) -> dict[str, Any]:

@@ -4,9 +4,11 @@ through a proxy of its own, and what a test asks of them (the primary, backups i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 
@@ -39,6 +41,8 @@ class ReplicaSet:
     probe: Callable[[str], ps_pb2.StatusResponse] = status
     # Each replica's log, of its latest start.
     logs: dict[int, Path] = field(default_factory=dict)
+    # Every replica's ``--config`` table (e.g. ``replication.etcd_tls`` for an https:// etcd).
+    server_table: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def addresses(self) -> list[str]:
@@ -50,10 +54,13 @@ class ReplicaSet:
 
     def start(self, index: int) -> None:
         self.starts += 1
-        etcd_url = f"http://{self.proxies[index].address}/{self.job}"
+        etcd_url = f"{urlsplit(self.etcd.url).scheme}://{self.proxies[index].address}/{self.job}"
         extra = ["--port", str(self.ports[index]), "--etcd", etcd_url, *self.server_args]
         self.logs[index] = self.tmp_path / f"r{index}-{self.starts}.log"
-        process, _ = start_server(self.tmp_path, "asgd", 0.05, (), extra_args=extra, log_name=self.logs[index].name)
+        log_name = self.logs[index].name
+        process, _ = start_server(
+            self.tmp_path, "asgd", 0.05, (), extra_args=extra, log_name=log_name, config=self.server_table
+        )
         while len(self.processes) <= index:
             self.processes.append(None)
         self.processes[index] = process
@@ -94,11 +101,22 @@ def replica_set(
     count: int = 3,
     server_args: Sequence[str] = (),
     probe: Callable[[str], ps_pb2.StatusResponse] = status,
+    server_table: Mapping[str, Any] | None = None,
 ) -> Iterator[ReplicaSet]:
     """``count`` replicas started; every process and proxy stopped after the test."""
-    host, port = etcd.url.removeprefix("http://").rsplit(":", 1)
-    proxies = [TcpProxy((host, int(port))) for _ in range(count)]
-    replicas = ReplicaSet(tmp_path, etcd, "test", free_ports(count), proxies, server_args=server_args, probe=probe)
+    endpoint = urlsplit(etcd.url)
+    assert endpoint.hostname is not None and endpoint.port is not None
+    proxies = [TcpProxy((endpoint.hostname, endpoint.port)) for _ in range(count)]
+    replicas = ReplicaSet(
+        tmp_path,
+        etcd,
+        "test",
+        free_ports(count),
+        proxies,
+        server_args=server_args,
+        probe=probe,
+        server_table=server_table or {},
+    )
     for index in range(count):
         replicas.start(index)
     yield replicas

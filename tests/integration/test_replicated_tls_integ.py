@@ -3,11 +3,13 @@
 over TLS, a worker holding the CA, its own certificate and the token pushes through the primary,
 the primary is killed (SIGKILL), the backup takes over with every acknowledged push, and the killed
 replica, started again, takes the state from its successor over TLS. A replica that trusts another
-CA never takes the state, and the primary says why."""
+CA never takes the state, and the primary says why. etcd too serves TLS and asks for client
+certificates; a replica that does not trust etcd's CA exits, saying what to set."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from pscli.config_file import dump_toml
 from psproto.layout import Layout
 from psproto.security import ClientTls
+from psserver.rpc.security import ServerTls
 from pstools.etcd import LocalEtcd
+from pstools.warm_start import start_program
 from psworker.client import ClientConfig, PSClient
 from tests.integration.probes import wait_for
 from tests.integration.replica_sets import ReplicaSet, replica_set
@@ -30,10 +35,28 @@ LR = 0.05  # replica_sets' servers: ASGD at this rate
 PUSHES = 20
 
 
+def _etcd_tls(pki: Pki, ca: Path) -> dict[str, dict[str, dict[str, str]]]:
+    """The ``[replication.etcd_tls]`` of a replica trusting ``ca``, presenting the server's pair."""
+    cert, key = pki.server
+    return {"replication": {"etcd_tls": {"ca": str(ca), "cert": str(cert), "key": str(key)}}}
+
+
 @pytest.fixture
-def secured_replicas(tmp_path: Path, etcd: LocalEtcd) -> Iterator[tuple[ReplicaSet, Pki]]:
+def secured_etcd(tmp_path: Path) -> Iterator[tuple[LocalEtcd, Pki]]:
+    """An etcd that serves https:// and asks for client certificates of CA 1, as a production one is
+    set up; and the certificates."""
+    if shutil.which("etcd") is None:
+        pytest.skip("Debian's etcd is not installed; make test installs it (apt-get install etcd-server)")
     pki = Pki(tmp_path / "pki")
-    for replicas in replica_set(tmp_path, etcd, count=2, server_args=pki.server_flags(), probe=pki.status):
+    with LocalEtcd(tmp_path / "etcd", tls=ServerTls(*pki.server, pki.ca1)) as etcd:
+        yield etcd, pki
+
+
+@pytest.fixture
+def secured_replicas(tmp_path: Path, secured_etcd: tuple[LocalEtcd, Pki]) -> Iterator[tuple[ReplicaSet, Pki]]:
+    etcd, pki = secured_etcd
+    flags, table = pki.server_flags(), _etcd_tls(pki, pki.ca1)
+    for replicas in replica_set(tmp_path, etcd, count=2, server_args=flags, probe=pki.status, server_table=table):
         yield replicas, pki
 
 
@@ -94,3 +117,17 @@ def test_replicas_under_mutual_tls_and_a_token_replicate_and_fail_over(
     assert "each replica must trust the CA" in log.read_text()
     backups = {b.name: b for b in replicas.probe(replicas.addresses[successor]).replica.backups}
     assert not backups[name].in_sync, backups
+
+
+def test_a_replica_that_does_not_trust_etcds_ca_exits_saying_what_to_set(
+    secured_etcd: tuple[LocalEtcd, Pki], tmp_path: Path
+) -> None:
+    etcd, pki = secured_etcd
+    config = tmp_path / "wrong-ca.toml"
+    config.write_text(dump_toml(_etcd_tls(pki, pki.ca2)))
+    command = ["serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "off", "--config", str(config)]
+    log = tmp_path / "wrong-ca.log"
+    process = start_program("psserver", [*command, "--etcd", etcd.url + "/test"], log)
+    said = " ".join(log.read_text().split()) if process.wait(60) == 1 else f"exit {process.wait()}"
+    assert f"cannot reach etcd at {etcd.url}" in said and "CERTIFICATE_VERIFY_FAILED" in said, said
+    assert "replication.etcd_tls.ca must be the CA that signed etcd's certificate" in said, said

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from psserver.cli import main
-from psserver.replication.config import ReplicationConfig
+from psserver.replication.config import EtcdTls, ReplicationConfig
 from psserver.replication.coordinator import PrimaryRecord, ShardKeys
 
 ALIVE = {"a": "127.0.0.1:1", "b": "127.0.0.1:2"}
@@ -46,12 +46,35 @@ def test_when_every_in_sync_replica_is_gone_any_may_start_from_the_checkpoint() 
         ({"lease_seconds": 1}, "etcd's minimum lease"),
         ({"ack_timeout_seconds": 0.0}, "must be > 0"),
         ({"digest_every": 0}, "digest_every >= 1"),
+        ({"etcd_tls": EtcdTls(ca=Path("ca.crt"))}, r"etcd_tls is for https:// endpoints; 'http://127.0.0.1:2379'"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(settings: dict[str, object], problem: str) -> None:
     given: dict[str, object] = {"etcd": ("http://127.0.0.1:2379",), **settings}
     with pytest.raises(ValueError, match=problem):
         ReplicationConfig(**given)  # type: ignore[arg-type]
+
+
+def test_a_certificate_for_etcd_needs_its_key() -> None:
+    with pytest.raises(ValueError, match="cert and key go together"):
+        EtcdTls(cert=Path("replica.crt"))
+
+
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        ('ca = "{missing}"', "replication.etcd_tls.ca: cannot read {missing}"),
+        ('ca = "{config}"', "replication.etcd_tls.ca: {config} is not a PEM certificate"),
+        ('cert = "{config}"\nkey = "{missing}"', "replication.etcd_tls.cert: {config} is not a PEM certificate"),
+    ],
+)
+def test_serve_exits_2_naming_an_etcd_tls_file_it_cannot_use(tmp_path: Path, table: str, problem: str) -> None:
+    config, missing = tmp_path / "server.toml", tmp_path / "missing.crt"
+    config.write_text("[replication.etcd_tls]\n" + table.format(missing=missing, config=config) + "\n")
+    flags = ["--config", str(config), "--etcd", "https://127.0.0.1:2379/job"]
+    result = CliRunner().invoke(main, ["serve", "--port", "0", "--metrics-port", "off", *flags], terminal_width=300)
+    assert result.exit_code == 2, result.output
+    assert problem.format(missing=missing, config=config) in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize(

@@ -15,3 +15,4 @@ def test_serve_exits_1_naming_etcd_when_no_endpoint_answers() -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr
     assert f"cannot reach etcd at http://127.0.0.1:{closed}" in result.stderr
+    assert "Connection refused" in result.stderr, "what the endpoint answered is in the message"
