@@ -117,6 +117,11 @@ def values_of(args: list[str], flag: str) -> list[str]:
 
 @pytest.mark.parametrize("overlay", ("base", *(f"overlays/{name}" for name in OVERLAYS)))
 def test_every_object_validates_strictly(overlay: str) -> None:
+    validate_all(overlay)
+
+
+def validate_all(overlay: str | Path) -> None:
+    """Every object of ``overlay`` valid against the Kubernetes schema, strictly."""
     rendered = render(overlay)
     assert rendered
     checked = 0
@@ -485,3 +490,43 @@ def test_an_etcd_already_running_instead_of_the_components(tmp_path: Path) -> No
     args, table = run_server_script(overlay, one(overlay, "StatefulSet", "psserver-b"), 0, tmp_path)
     assert values_of(args, "--etcd") == ["http://etcd-0.infra:2379/team-a", "http://etcd-1.infra:2379/team-a"]
     assert table["replication"] == {"advertise": "psserver-b-0.psserver-b:50051"}
+
+
+def _kustomization(folder: Path, resources: list[str], components: list[str]) -> Path:
+    """A kustomization in ``folder`` (outside the repository) over these folders of k8s/."""
+    folder.mkdir()
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(K8S / name, folder) for name in resources],
+        "components": [os.path.relpath(K8S / name, folder) for name in components],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return folder
+
+
+def test_the_replicated_overlay_takes_the_tls_component(tmp_path: Path) -> None:
+    # As docs/deploy.md says: the replicated overlay with components/tls added.
+    overlay = _kustomization(tmp_path / "replicated-tls", [REPLICATED], ["components/tls"])
+    validate_all(overlay)
+    for name in ("psserver", "psserver-b"):
+        (tmp_path / name).mkdir()
+        statefulset = one(overlay, "StatefulSet", name)
+        spec = statefulset["spec"]["template"]["spec"]
+        volumes = {volume["name"]: volume for volume in spec["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == "hetps-tls", name
+        args, _ = run_server_script(overlay, statefulset, 1, tmp_path / name)
+        assert values_of(args, "--tls-cert") == ["/etc/hetps/tls/tls.crt"], args
+        assert values_of(args, "--tls-client-ca") == ["/etc/hetps/tls/ca.crt"], args
+        assert values_of(args, "--etcd") == ["http://etcd:2379/hetps"], args
+        # Each pod's probes check its certificate for its own DNS name, <pod>.<its set's Service>,
+        # the name the other replicas and the workers dial.
+        server = container(spec, "psserver")
+        env = {**container_env(overlay, server, _pod_fields(statefulset, 1)), "HOSTNAME": f"{name}-1"}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            shell, flag, script = server[probe]["exec"]["command"]
+            assert (shell, flag) == ("/bin/sh", "-c"), probe
+            checked = run_script(script, "python", env, tmp_path / name)
+            assert values_of(checked, "--tls-server-name") == [f"{name}-1.{name}"], checked
+    job = one(overlay, "Job", "psworker")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in job["volumes"]}["tls"]["secret"]["secretName"] == "hetps-worker-tls"
