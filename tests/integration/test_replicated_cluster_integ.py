@@ -36,12 +36,14 @@ def _status(address: str) -> ps_pb2.StatusResponse:
 
 
 def _settled(replicas: Sequence[str]) -> list[ps_pb2.StatusResponse]:
-    """Every replica's Status once they hold one version: the workers' last changes (their Leave is
-    not waited for) may still be on their way to the backup."""
-    deadline = time.monotonic() + 10
+    """Every replica's Status once they hold one version and every backup is in sync: the workers'
+    last changes (their Leave is not waited for) may still be on their way to the backup, and a
+    replica started again late in the run may still be catching up."""
+    deadline = time.monotonic() + 30
     while True:
         found = [_status(replica) for replica in replicas]
-        if len({status.replica.version for status in found}) == 1 or time.monotonic() > deadline:
+        one_version = len({status.replica.version for status in found}) == 1
+        if (one_version and all(s.replica.in_sync for s in found)) or time.monotonic() > deadline:
             return found
         time.sleep(0.05)
 
