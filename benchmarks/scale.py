@@ -260,6 +260,8 @@ def measure_point(parameters: int, shards: int, settings: ScaleSettings, log_dir
             bare.close()
             result["bare_peak_rss_mb"] = [vm_mb(m.pid, "VmHWM") for m in movers.servers]
             movers.stop()
+            # Which phase sets a server's peak: the steps (Init included), or the checkpoint after them.
+            steps_peaks = [vm_mb(server.pid, "VmHWM") for server in first]
             result["checkpoint_s"], clocks = _checkpoint(addresses)
         finally:
             client.close()
@@ -277,6 +279,7 @@ def measure_point(parameters: int, shards: int, settings: ScaleSettings, log_dir
                 "shard": index,
                 "must_hold_mb": shard.length * 4 / 1e6,
                 "limit_mb": rss_limit_mb(shard.length * 4 / 1e6),
+                "steps_peak_rss_mb": steps_peaks[index],
                 "peak_rss_mb": peaks[index],
                 "restored_peak_rss_mb": restored_peaks[index],
             }
