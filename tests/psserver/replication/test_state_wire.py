@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import io
+import json
+import struct
+from typing import Any
+
 import pytest
 import torch
 
@@ -86,3 +91,47 @@ def test_the_digest_tells_one_changed_bit() -> None:
     before = state_wire.encode({"params": params, "rule_state": {}}).digest()
     params.view(torch.int32)[3] ^= 1
     assert state_wire.encode({"params": params, "rule_state": {}}).digest() != before
+
+
+def _as_an_earlier_release_sent(state: dict[str, Any]) -> bytes:
+    """``state`` in the earlier form: the description a ``torch.save``, the tensors as now."""
+    encoded = state_wire.encode(state)
+    head = bytes(encoded.parts[1])
+    described = json.loads(head)
+    saved = io.BytesIO()
+    torch.save(described, saved)
+    old_head = saved.getvalue()
+    parts = [struct.pack("<Q", len(old_head)), old_head]
+    offset = 8 + len(old_head)
+    for tensor in [state["params"], *state["rule_state"].values()]:
+        raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        parts += [bytes(-offset % 64), raw]
+        offset += -offset % 64 + len(raw)
+    return b"".join(parts)
+
+
+def test_a_state_from_an_earlier_release_is_still_read() -> None:
+    # During a rolling upgrade a backup of this release takes the state of a primary of the last.
+    primary = _trained("gap-aware")
+    state = primary.state_dict()
+    data = _as_an_earlier_release_sent(state)
+    assert data[8:10] == b"PK", "a torch.save (zip) description"
+    back = state_wire.decode(bytearray(data))
+    assert _same(back["params"], state["params"]) and _same(back["rule_state"], state["rule_state"])
+    assert back["memories"] == json.loads(json.dumps(state["memories"]))
+    assert back["clock"] == state["clock"] == 3
+
+
+def _framed(head: bytes) -> bytes:
+    return struct.pack("<Q", len(head)) + head
+
+
+def test_the_description_travels_as_json_and_a_wrong_one_is_refused() -> None:
+    encoded = state_wire.encode({"params": torch.ones(4), "rule_state": {}, "clock": 7})
+    assert json.loads(bytes(encoded.parts[1]))["clock"] == 7
+    listed = io.BytesIO()
+    torch.save([1, 2], listed)
+    for head, says in ((b"{oops", "damaged"), (listed.getvalue(), "not a table"), (b"\x80junk", "neither JSON")):
+        with pytest.raises(ValueError, match="a damaged replica state") as refused:
+            state_wire.decode(_framed(head))
+        assert says in str(refused.value), refused.value
