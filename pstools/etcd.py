@@ -11,8 +11,8 @@ clients for certificates that CA signed), as a production etcd is set up.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import random
 import shutil
 import socket
 import ssl
@@ -31,6 +31,8 @@ ETCD_START_TIMEOUT_S = 20.0
 ETCD_STOP_TIMEOUT_S = 10.0
 # A port another process took between our probe and etcd's bind: try again on new ones.
 _START_ATTEMPTS = 3
+# The lowest port ``free_ports`` gives (well above the ports services are known by).
+_FIXED_PORTS_FROM = 10000
 _POLL_S = 0.05
 
 
@@ -39,10 +41,31 @@ class EtcdError(RuntimeError):
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 now (etcd cannot bind port 0 and say which it got)."""
-    with contextlib.ExitStack() as stack:
-        probes = [stack.enter_context(socket.create_server(("127.0.0.1", 0))) for _ in range(count)]
-        return [probe.getsockname()[1] for probe in probes]
+    """``count`` distinct ports free on 127.0.0.1 now, for a program that cannot bind port 0 and say
+    which it got (etcd), or that must come back at the same port (a restarted replica).
+
+    They are taken below the kernel's ephemeral range, so no socket bound to port 0 meanwhile (a
+    metrics server, a client's connection) can be given one of them while its program is down."""
+    low = _ephemeral_low()
+    found: list[int] = []
+    candidates = random.sample(range(_FIXED_PORTS_FROM, low), min(low - _FIXED_PORTS_FROM, 50 * count))
+    for port in candidates:
+        try:
+            with socket.create_server(("127.0.0.1", port)):
+                found.append(port)
+        except OSError:
+            continue
+        if len(found) == count:
+            return found
+    raise EtcdError(f"no {count} free ports on 127.0.0.1 between {_FIXED_PORTS_FROM} and {low}")
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's ports for port-0 binds begin (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _healthy(url: str, context: ssl.SSLContext | None) -> bool:

@@ -31,7 +31,7 @@ from psproto.v1 import ps_pb2
 from psserver.ready import ReadyFileError, wait_for_ready_file
 from pstasks.task_error import TaskError
 from pstasks.tasks import load_task
-from pstools.etcd import EtcdError, LocalEtcd
+from pstools.etcd import EtcdError, LocalEtcd, free_ports
 from pstools.server_set import Relaunch, Server, ServerSet
 from pstools.warm_start import WarmProcess, start_program
 from psworker.binding import ModelBinding
@@ -269,17 +269,19 @@ def start_shards(config: ClusterConfig, servers: ServerSet, etcd_url: str | None
     """Start every shard's servers (added to ``servers`` as they start, so a failure stops those
     already up); returns each shard's address for the workers: ``HOST:PORT``, or with replicas the
     replica set ``HOST:PORT|HOST:PORT`` (the workers find its primary). A replica is told etcd and
-    the cluster's job (``--etcd URL/JOB``), advertises the loopback address it bound, and can be
-    started again there (``ServerSet.watch``)."""
+    the cluster's job (``--etcd URL/JOB``) and a port of its own (``free_ports``), advertises the
+    loopback address it bound, and can be started again there (``ServerSet.watch``)."""
     addresses = []
     for index in range(config.shards):
         shard = merged(config.server_config, {"shard": {"shard_index": index, "num_shards": config.shards}})
         replicas = []
+        # A replica comes back at its port: one no port-0 bind can be given while it is down.
+        ports = free_ports(config.replicas) if etcd_url is not None else []
         for replica in range(config.replicas):
             args, table, log_name = list(config.server_args), shard, f"server-{index}.log"
             relaunch = None
             if etcd_url is not None:
-                args += ["--etcd", f"{etcd_url}/{cluster_job(config.log_dir)}"]
+                args += ["--port", str(ports[replica]), "--etcd", f"{etcd_url}/{cluster_job(config.log_dir)}"]
                 table = _own_checkpoints(shard, replica)
                 log_name = f"server-{index}-{replica}.log"
                 relaunch = _relaunch(config, args, table)

@@ -44,6 +44,7 @@ class Started:
 def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[Started]:
     fake = Started()
     monkeypatch.setattr(launcher, "start_server", fake)
+    monkeypatch.setattr(launcher, "free_ports", lambda count: [42000 + n for n in range(count)])
     yield fake
 
 
@@ -62,8 +63,9 @@ def test_each_shard_is_a_replica_set_in_the_clusters_etcd_job(started: Started, 
     for number, call in enumerate(started.calls):
         shard, replica = divmod(number, 2)
         args = call["args"]
-        assert args == ["--etcd", f"{ETCD}/my-run"] and "--etcd" in options
-        assert urlsplit(args[1]).path == "/my-run", "the job travels as the URL's path"
+        # Its own port (pstools.etcd.free_ports: none a port-0 bind is given), where it comes back.
+        assert args == ["--port", str(42000 + replica), "--etcd", f"{ETCD}/my-run"] and "--etcd" in options
+        assert urlsplit(args[3]).path == "/my-run", "the job travels as the URL's path"
         assert call["config"]["shard"] == {"shard_index": shard, "num_shards": 2}
         assert call["log_name"] == f"server-{shard}-{replica}.log"
         # Two replicas of a shard never share a checkpoint folder.
