@@ -14,6 +14,7 @@ from psproto import codec
 from psproto.layout import Layout
 from psserver.core.rules import RULES, RuleSpec
 from psserver.core.shard import PushHeader, Shard, ShardConfig
+from psserver.core.workers import RECENT_PUSHES_KEPT
 from psserver.replication import state_wire
 
 LAYOUT = Layout.from_named_shapes([("w", (3, 5)), ("b", (7,))])
@@ -135,3 +136,17 @@ def test_the_description_travels_as_json_and_a_wrong_one_is_refused() -> None:
         with pytest.raises(ValueError, match="a damaged replica state") as refused:
             state_wire.decode(_framed(head))
         assert says in str(refused.value), refused.value
+
+
+def test_the_description_stops_growing_once_the_workers_memories_are_full() -> None:
+    # Every version a primary sends carries it: it must not grow with the pushes applied.
+    shard = _trained("asgd")
+    worker = next(iter(shard.worker_snapshot())).worker_id
+    sizes = []
+    for push_id in range(4, 4 + 3 * RECENT_PUSHES_KEPT):
+        shard.pull(worker, codec.FLOAT32)
+        shard.push(PushHeader(worker, push_id, shard.clock, 1, LAYOUT.hash, {}), codec.encode(torch.ones(22)))
+        sizes.append(state_wire.encode(shard.state_dict()).parts[1].nbytes)
+    full = sizes[RECENT_PUSHES_KEPT]
+    assert max(sizes[RECENT_PUSHES_KEPT:]) - min(sizes[RECENT_PUSHES_KEPT:]) < 0.05 * full, (full, max(sizes))
+    assert full < 10_000, "about 50 bytes a remembered push, 64 of them"
