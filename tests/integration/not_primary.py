@@ -5,7 +5,6 @@ replica that is down, a closed port."""
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import grpc
 
 from psproto.reasons import EPOCH_KEY, PRIMARY_KEY, Reason
 from psserver.rpc.status_codes import refusal
+from pstools.etcd import free_ports
 
 _SERVICE = "/psproto.v1.ParameterServer/"
 
@@ -69,7 +69,7 @@ def not_primary_server(primary: str) -> Iterator[NotPrimary]:
 
 
 def closed_port() -> str:
-    """A loopback address nothing listens on (a replica that is down): a connection there is refused at once."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{probe.getsockname()[1]}"
+    """A loopback address nothing listens on (a replica that is down): a connection there is refused
+    at once. Taken below the kernel's range for port-0 binds, so no server a test starts after it
+    (a stand-in backup on port 0) can be given the same port."""
+    return f"127.0.0.1:{free_ports(1)[0]}"

@@ -40,17 +40,24 @@ def test_two_trickling_clients_leave_honest_workers_at_least_half_their_push_rat
     tricklers = [Trickler(address, f"trickler-{i}", INTERVAL_S, retry=True) for i in range(2)]
     try:
         honest.rate(0.5)  # warm-up
-        alone = honest.rate(ALONE_S)
+        before = honest.rate(ALONE_S)
         for trickler in tricklers:
             trickler.start()
         with_tricklers = honest.rate(WITH_S)
-    finally:
         for trickler in tricklers:
             trickler.finish(GRACE_S + 2 * INTERVAL_S + 5.0)
+        after = honest.rate(ALONE_S)
+    finally:
+        for trickler in tricklers:
+            if trickler.is_alive():
+                trickler.finish(GRACE_S + 2 * INTERVAL_S + 5.0)
         honest.close()
     assert not honest.errors, honest.errors
-    assert alone > 20, alone
-    assert with_tricklers >= 0.5 * alone, (with_tricklers, alone)
+    # Alone before and after: on a shared host the load around the test may change between the
+    # windows, and the lower of the two is the rate the tricklers' window could expect.
+    alone = min(before, after)
+    assert alone > 20, (before, after)
+    assert with_tricklers >= 0.5 * alone, (with_tricklers, before, after)
 
     ends = [end for trickler in tricklers for end in trickler.ends]
     for trickler in tricklers:
