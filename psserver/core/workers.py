@@ -15,10 +15,8 @@ from typing import Any
 # Results of this many recent pushes are remembered per worker to answer retries verbatim; an
 # older push id is answered from the watermark. A retry is of a push still in flight, and a
 # worker has at most ``receiving.MAX_OPEN_PUSHES_PER_WORKER`` (2) open, so 64 is ample. Every
-# checkpoint and every state a primary sends its backups carries them all: with 1,024 kept, a
-# replicated shard's update rate fell from 68 to 26 a second over 3,000 updates of two workers as
-# the memories filled; with 64 it held at 55-62 (``psworker cluster --replicas 2 --workers 2
-# --slowdowns 1,2 --updates 3000``; a lone server, 85).
+# checkpoint and every state a primary sends its backups carries them all, so this is a cost
+# per replicated update (docs/operations.md, "What it costs").
 RECENT_PUSHES_KEPT = 64
 
 

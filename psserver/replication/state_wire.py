@@ -3,8 +3,8 @@
 The tensors (the parameters, the rule's state) travel as their raw bytes, never a pickle of them
 (``torch.save`` of a 45 MB shard costs 70-100 ms each way, a copy about 10). The rest (clocks,
 workers, their push-id memories: up to ``RECENT_PUSHES_KEPT`` outcomes a worker, so it grows with
-the workers, not the model) travels as JSON: for two workers' full memories, 10 ms each version
-against 83 for a ``torch.save`` read back with ``weights_only``, whose unpickler is Python. A
+the workers, not the model) travels as JSON, which the standard library parses in C; a
+``torch.save`` read back with ``weights_only`` goes through an unpickler written in Python. A
 description in that older form (a replica of an earlier release, during a rolling upgrade) is
 still read.
 
