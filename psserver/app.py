@@ -70,17 +70,6 @@ class BindError(ServerAppError):
     """The gRPC server cannot listen on its address (port in use, address not local)."""
 
 
-def _etcd_hint(error: EtcdError) -> str:
-    """What to check when etcd's TLS handshake failed (the error alone names only OpenSSL's reason)."""
-    if "SSL" not in str(error):
-        return ""
-    return (
-        " (with https:// endpoints, replication.etcd_tls.ca must be the CA that signed etcd's certificate, "
-        "which must name the endpoint's host; an etcd with --client-cert-auth also needs "
-        "replication.etcd_tls.cert and key)"
-    )
-
-
 def _require(holds: bool, problem: str) -> None:
     if not holds:
         raise ServerConfigError(problem)
@@ -377,9 +366,7 @@ class ServerApp:
             coordinator.grant()
         except EtcdError as error:
             self.drain(0)
-            raise BindError(
-                f"cannot reach etcd at {', '.join(self.config.replication.etcd)}: {error}{_etcd_hint(error)}"
-            ) from None
+            raise BindError(f"cannot reach etcd at {', '.join(self.config.replication.etcd)}: {error}") from None
         self.replica.start()
         _LOGGER.info(
             "replica %s of shard %d; etcd %s", coordinator.name, self.config.shard.shard_index, coordinator.prefix

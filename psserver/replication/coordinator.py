@@ -118,7 +118,9 @@ class Coordinator:
             if index:  # this one answers: ask it first from now on
                 self._clients.insert(0, self._clients.pop(index))
             return result
-        raise EtcdError(f"no etcd endpoint answered (the last: {last})")
+        # OpenSSL's reason alone does not say which setting to look at.
+        hint = _TLS_HINT if "SSL" in last else ""
+        raise EtcdError(f"no etcd endpoint answered (the last: {last}){hint}")
 
     # -- the lease -------------------------------------------------------------------------------
 
@@ -233,6 +235,13 @@ def _client(url: str, tls: EtcdTls | None) -> Etcd3Client:
     return etcd3gw.client(
         host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=REQUEST_TIMEOUT_S, session=session
     )
+
+
+_TLS_HINT = (
+    " (with https:// endpoints, replication.etcd_tls.ca must be the CA that signed etcd's certificate, "
+    "which must name the endpoint's host; an etcd with --client-cert-auth also needs "
+    "replication.etcd_tls.cert and key)"
+)
 
 
 def _detail(error: Exception) -> str:
