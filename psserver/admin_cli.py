@@ -125,8 +125,8 @@ def status(
         r = reply.replica
         console.print(
             f"replica {r.name}  {r.role}  epoch {r.epoch}  primary {r.primary or 'none'}  "
-            f"in sync {'yes' if r.in_sync else 'no'}  version {r.version}  failovers {r.failovers}  "
-            f"digest mismatches {r.digest_mismatches}",
+            f"in sync {'yes' if r.in_sync else 'no'}  version {r.version}  holds clock {r.clock}  "
+            f"failovers {r.failovers}  digest mismatches {r.digest_mismatches}",
             highlight=False,
             soft_wrap=True,
         )

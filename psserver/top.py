@@ -222,6 +222,7 @@ def _replica_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
                 "primary": replica.primary or Text("none", style="bold red"),
                 "in sync": _yes_no(replica.in_sync),
                 "version": str(replica.version),
+                "clock": str(replica.clock),
                 "failovers": str(replica.failovers),
                 "digest mismatches": Text(str(replica.digest_mismatches), style="bold red")
                 if replica.digest_mismatches
@@ -255,7 +256,18 @@ def _backup_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
 def replicas_table(views: Sequence[ShardView], width: int = _WIDE_COLUMNS) -> Table | None:
     """Each replica's standing, for the replicated shards among ``views`` (None: only lone servers)."""
     rows = _replica_rows(views)
-    columns = ("shard", "replica", "role", "epoch", "primary", "in sync", "version", "failovers", "digest mismatches")
+    columns = (
+        "shard",
+        "replica",
+        "role",
+        "epoch",
+        "primary",
+        "in sync",
+        "version",
+        "clock",
+        "failovers",
+        "digest mismatches",
+    )
     return _table("replicas", columns, rows, width) if rows else None
 
 

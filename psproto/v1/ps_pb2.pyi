@@ -1077,6 +1077,7 @@ class ReplicaStatus(_message.Message):
     BACKUPS_FIELD_NUMBER: _builtins.int
     FAILOVERS_FIELD_NUMBER: _builtins.int
     DIGEST_MISMATCHES_FIELD_NUMBER: _builtins.int
+    CLOCK_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """"primary", "backup" or "candidate" (not yet placed: before its first election)."""
     epoch: _builtins.int
@@ -1090,6 +1091,10 @@ class ReplicaStatus(_message.Message):
     in_sync: _builtins.bool
     failovers: _builtins.int
     digest_mismatches: _builtins.int
+    clock: _builtins.int
+    """The clock of the state this replica holds: a primary's shard's; a backup's, the state it was
+    last sent (the shard's own fields above stay empty on a backup until it is promoted).
+    """
     @_builtins.property
     def backups(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackupStatus]:
         """Primary only: each backup's standing."""
@@ -1107,10 +1112,11 @@ class ReplicaStatus(_message.Message):
         backups: _abc.Iterable[Global___BackupStatus] | None = ...,
         failovers: _builtins.int = ...,
         digest_mismatches: _builtins.int = ...,
+        clock: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backups", b"backups", "digest_mismatches", b"digest_mismatches", "epoch", b"epoch", "failovers", b"failovers", "in_sync", b"in_sync", "name", b"name", "primary", b"primary", "role", b"role", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backups", b"backups", "clock", b"clock", "digest_mismatches", b"digest_mismatches", "epoch", b"epoch", "failovers", b"failovers", "in_sync", b"in_sync", "name", b"name", "primary", b"primary", "role", b"role", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -57,6 +57,7 @@ class ReplicaView:
     address: str
     primary: str
     version: int
+    clock: int  # of the state it holds: a primary's shard's, a backup's last received
     in_sync: bool
     failovers: int
     digest_mismatches: int
@@ -117,22 +118,33 @@ class ReplicaNode:
         """None when ``method`` may run here; else the NOT_PRIMARY refusal naming the primary."""
         if method in _UNGATED or self.serving():
             return None
-        primary = self.known_primary
-        named = primary is not None and primary.name != self.coordinator.name
-        where = f"the primary is {primary.address} (epoch {primary.epoch})" if named and primary else "no primary yet"
+        primary = self._other_primary()
+        if primary is not None:
+            where = f"the primary is {primary.address} (epoch {primary.epoch})"
+        elif self.known_primary is not None and self.known_primary.name != self.coordinator.name:
+            where = "etcd names the process this one replaced at its address: no primary until that one's lease ends"
+        else:
+            where = "no primary yet"
         return refusal(
             Reason.NOT_PRIMARY,
             f"{method} refused: this replica ({self.role.value}) is not the shard's primary; {where}",
             {
-                PRIMARY_KEY: primary.address if named and primary else "",
-                EPOCH_KEY: str(primary.epoch) if named and primary else "",
+                PRIMARY_KEY: primary.address if primary else "",
+                EPOCH_KEY: str(primary.epoch) if primary else "",
             },
         )
+
+    def _other_primary(self) -> PrimaryRecord | None:
+        """The primary etcd names when it is another process that may be alive: not this one, and not
+        the one this process replaced at its address (restarted before that one's lease ended), so
+        that a worker is never sent back here."""
+        primary = self.known_primary
+        return None if primary is None or primary.address == self.coordinator.address else primary
 
     def view(self) -> ReplicaView:
         held = self.standby.held
         replicator = self.replicator
-        primary = self.known_primary
+        primary = self.known_primary if self.role is Role.PRIMARY else self._other_primary()
         return ReplicaView(
             role=self.role,
             epoch=max(self.standby.known_epoch, self.record.epoch if self.record else 0),
@@ -140,6 +152,7 @@ class ReplicaNode:
             address=self.coordinator.address,
             primary=primary.address if primary else "",
             version=replicator.versions.version if replicator else (held.version if held else 0),
+            clock=self.parts.shard.clock if replicator else (held.clock if held else 0),
             in_sync=self.in_sync,
             failovers=self.failovers,
             digest_mismatches=(replicator.digest_mismatches if replicator else 0) + self.standby.digest_mismatches,
@@ -282,6 +295,7 @@ class NodeHooks:
             address=view.address,
             primary=view.primary,
             version=view.version,
+            clock=view.clock,
             in_sync=view.in_sync,
             failovers=view.failovers,
             digest_mismatches=view.digest_mismatches,

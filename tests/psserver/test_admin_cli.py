@@ -121,7 +121,7 @@ def test_status_of_a_primary_shows_its_standing_and_its_backups_lag(monkeypatch:
     assert "shard 0/1  clock 40  rule sa" in output
     assert (
         "replica 10.0.0.1:50051/ab12cd34  primary  epoch 3  primary 10.0.0.1:50051  in sync yes  version 120  "
-        "failovers 1  digest mismatches 0"
+        "holds clock 40  failovers 1  digest mismatches 0"
     ) in output
     behind = next(line for line in output.splitlines() if line.split()[1:2] == ["10.0.0.3:50051"])
     assert behind.split() == ["0", "10.0.0.3:50051", "10.0.0.1:50051", "no", "7", "3.0", "MiB", "2.50", "s"]

@@ -308,6 +308,7 @@ PRIMARY = ReplicaView(
     address="10.0.0.1:50051",
     primary="10.0.0.1:50051",
     version=120,
+    clock=118,
     in_sync=True,
     failovers=1,
     digest_mismatches=2,

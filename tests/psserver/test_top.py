@@ -99,7 +99,7 @@ def replica_status(role: str, address: str, **standing: object) -> ps_pb2.Status
 
 
 def primary_and_backup() -> list[ShardView]:
-    primary = replica_status("primary", "10.0.0.1:50051", epoch=3, primary="10.0.0.1:50051", version=120)
+    primary = replica_status("primary", "10.0.0.1:50051", epoch=3, primary="10.0.0.1:50051", version=120, clock=40)
     primary.replica.in_sync = True
     primary.replica.failovers = 1
     primary.replica.backups.add(
@@ -113,7 +113,7 @@ def primary_and_backup() -> list[ShardView]:
         lag_bytes=3 * 1024 * 1024,
         lag_seconds=2.5,
     )
-    backup = replica_status("backup", "10.0.0.2:50051", epoch=3, primary="10.0.0.1:50051", version=118)
+    backup = replica_status("backup", "10.0.0.2:50051", epoch=3, primary="10.0.0.1:50051", version=118, clock=38)
     backup.replica.in_sync = True
     backup.replica.digest_mismatches = 2
     return [ShardView("10.0.0.1:50051", primary), ShardView("10.0.0.2:50051", backup)]
@@ -126,24 +126,24 @@ def row_of(text: str, first: str) -> list[str]:
 def test_replicas_show_their_standing_and_the_primarys_backups_their_lag() -> None:
     wide = screen(primary_and_backup(), 140)
     assert "replicas" in wide and "backups (as their primary sees them)" in wide
-    # shard, replica, role, epoch, primary, in sync, version, failovers, digest mismatches
-    primary = ["0", "10.0.0.1:50051", "primary", "3", "10.0.0.1:50051", "yes", "120", "1", "0"]
-    backup = ["0", "10.0.0.2:50051", "backup", "3", "10.0.0.1:50051", "yes", "118", "0", "2"]
+    # shard, replica, role, epoch, primary, in sync, version, clock (the state it holds), failovers, digest mismatches
+    primary = ["0", "10.0.0.1:50051", "primary", "3", "10.0.0.1:50051", "yes", "120", "40", "1", "0"]
+    backup = ["0", "10.0.0.2:50051", "backup", "3", "10.0.0.1:50051", "yes", "118", "38", "0", "2"]
     assert row_of(wide, "10.0.0.1:50051") == primary
-    assert row_of(wide, "10.0.0.2:50051")[:9] == backup
+    assert row_of(wide, "10.0.0.2:50051")[:10] == backup
     # shard, backup, primary, in sync, behind, lag bytes, lag
     behind = ["0", "10.0.0.3:50051", "10.0.0.1:50051", "no", "7", "3.0", "MiB", "2.50", "s"]
     assert row_of(wide, "10.0.0.3:50051") == behind
     narrow = screen(primary_and_backup(), 80)
     assert max(len(line.rstrip()) for line in narrow.splitlines()) <= 80
-    assert row_of(narrow, "10.0.0.1:50051") == primary[:7]  # failovers and mismatches left out
+    assert row_of(narrow, "10.0.0.1:50051") == primary[:8]  # failovers and mismatches left out
     assert row_of(narrow, "10.0.0.3:50051") == behind
 
 
 def test_a_replica_without_a_primary_says_so_and_lone_servers_show_no_replica_tables() -> None:
     candidate = replica_status("candidate", "10.0.0.4:50051")
     text = screen([ShardView("10.0.0.4:50051", candidate)], 120)
-    assert row_of(text, "10.0.0.4:50051") == ["0", "10.0.0.4:50051", "candidate", "0", "none", "no", "0", "0", "0"]
+    assert row_of(text, "10.0.0.4:50051") == ["0", "10.0.0.4:50051", "candidate", "0", "none", "no", "0", "0", "0", "0"]
     assert "backups" not in text  # a replica that is not primary has none to show
     lone = screen([ShardView("x:1", status(5, {"a": 1}))], 120)
     assert "replicas" not in lone and "backups" not in lone
