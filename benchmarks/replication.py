@@ -9,6 +9,13 @@ Needs Debian's etcd-server (``/usr/bin/etcd``); one etcd is started for the run.
 and one backup, each its own process), interleaved round by round in a fresh order so both see the
 same load. Target: the replicated step at most 1.5x the lone one (the median of the rounds' ratios).
 
+**Sustained rate.** Several workers (threads of this process, a small model) push many steps each
+against a lone server and a replicated pair, one system after the other: the update rate in the
+run's last quarter against its first. A version carries every worker's push-id memory, so a cost
+that grows with it would show as a falling rate once the memories fill (after
+``RECENT_PUSHES_KEPT`` pushes a worker). Target: the replicated pair's last quarter at least
+0.7x its first (the quarters of a steady run differ by up to 15 % on a 2-core host).
+
 **Failover.** A worker in this process steps without pause against a shard of three replicas (its
 ``--server`` is the replica set); the primary is killed with SIGKILL at a random moment, ``--kills``
 times (5), between two of its steps. The time from each kill to the first step acknowledged after it
@@ -44,6 +51,7 @@ from pstools.etcd import LocalEtcd, free_ports
 from psworker.optim import ParameterServerOptimizer
 
 COST_TARGET = 1.5
+STEADY_TARGET = 0.7
 FAILOVER_TARGET_S = 3.0
 IN_SYNC_TIMEOUT_S = 60.0
 
@@ -54,6 +62,8 @@ class Run:
     steps_per_round: int
     kills: int
     model: str
+    sustained_workers: int
+    sustained_steps: int
 
 
 def _status(address: str) -> ps_pb2.StatusResponse:
@@ -143,6 +153,61 @@ def cost(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
     }
 
 
+def _quarter_rates(finished: list[float]) -> list[float]:
+    """Updates a second in each quarter of the run, by the steps' completion times."""
+    times = sorted(finished)
+    edges = [round(i * (len(times) - 1) / 4) for i in range(5)]
+    return [(edges[i + 1] - edges[i]) / max(times[edges[i + 1]] - times[edges[i]], 1e-9) for i in range(4)]
+
+
+def _run_workers(servers: str, run: Run, label: str) -> list[float]:
+    """Each worker's steps' completion times; every worker steps a few times first (joined, warm)."""
+    steppers = [_stepper(_model("tiny"), servers, f"{label}-{i}") for i in range(run.sustained_workers)]
+    for _, step in steppers:
+        for _ in range(3):
+            step()
+    finished: list[float] = []
+    start = threading.Barrier(len(steppers))
+
+    def work(step: Any) -> None:
+        start.wait()
+        for _ in range(run.sustained_steps):
+            step()
+            finished.append(time.monotonic())
+
+    threads = [threading.Thread(target=work, args=(step,)) for _, step in steppers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for optimizer, _ in steppers:
+        optimizer.close()
+    return finished
+
+
+def sustained(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
+    lone = fleet.start_hetps(_job("sustained-lone", "tiny", None))
+    pair = fleet.start_all([_job(f"sustained-{i}", "tiny", f"{etcd}/sustained") for i in range(2)])
+    primary = _primary(list(pair.values()))
+    _wait_in_sync(primary, 1)
+    systems: dict[str, dict[str, Any]] = {}
+    for name, address in (("lone", lone.address), ("one backup", primary.address)):
+        finished = _run_workers(address, run, f"sustained-{name.replace(' ', '-')}")
+        quarters = _quarter_rates(finished)
+        systems[name] = {
+            "updates": len(finished),
+            "updates_per_s": len(finished) / (max(finished) - min(finished)),
+            "quarter_updates_per_s": quarters,
+            "last_over_first": quarters[-1] / quarters[0],
+        }
+    steady = systems["one backup"]["last_over_first"]
+    return {
+        **systems,
+        "replicated_over_lone_rate": systems["one backup"]["updates_per_s"] / systems["lone"]["updates_per_s"],
+        "target": {"last_over_first_at_least": STEADY_TARGET, "pass": steady >= STEADY_TARGET},
+    }
+
+
 def failover(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
     jobs = [_job(f"failover-{i}", "tiny", f"{etcd}/failover", port) for i, port in enumerate(free_ports(3))]
     replicas = list(fleet.start_all(jobs).values())
@@ -216,6 +281,8 @@ def main(argv: list[str] | None = None) -> None:
         steps_per_round=3 if args.smoke else 5,
         kills=args.kills if args.kills is not None else 1 if args.smoke else 5,
         model="tiny" if args.smoke else "resnet18",
+        sustained_workers=2 if args.smoke else 4,
+        sustained_steps=80 if args.smoke else 150 if args.quick else 400,
     )
     console, log_dir = prepare_output(args.out)
     started = time.monotonic()
@@ -224,15 +291,15 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(log_dir / "etcd", ignore_errors=True)  # a fresh etcd: epochs count this run's failovers
     with LocalEtcd(log_dir / "etcd") as etcd:
         try:
-            results["cost"] = cost(run, fleet, etcd.url)
-            fleet.stop()
-            fleet = Fleet(log_dir)
-            results["failover"] = failover(run, fleet, etcd.url)
+            for section, measure in (("cost", cost), ("sustained", sustained), ("failover", failover)):
+                results[section] = measure(run, fleet, etcd.url)
+                fleet.stop()
+                fleet = Fleet(log_dir)
         finally:
             fleet.stop()
     results["wall_seconds"] = time.monotonic() - started
-    console.print(results["cost"])
-    console.print(results["failover"])
+    for section in ("cost", "sustained", "failover"):
+        console.print(section, results[section])
     write_results("replication", argv, results, args.out, console)
 
 

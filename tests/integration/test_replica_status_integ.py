@@ -103,19 +103,21 @@ def test_status_top_and_metrics_show_each_replicas_standing_before_and_after_a_f
     # psserver status: the replica's standing and, on the primary, its backups with their lag.
     before = _cli("status", "--server", primary.address)
     name = primary.standing().name
-    assert f"replica {name}  primary  epoch 1  primary {primary.address}  in sync yes  version {version}" in before
+    standing = f"primary  epoch 1  primary {primary.address}  in sync yes  version {version}  holds clock 3"
+    assert f"replica {name}  {standing}" in before
     (row,) = [line.split() for line in before.splitlines() if backup.address in line.split()[1:2]]
     assert row == ["0", backup.address, primary.address, "yes", "0", "0", "B", "0.0", "ms"]
-    assert f"backup  epoch 1  primary {primary.address}  in sync yes  version {version}" in _cli(
-        "status", "--server", backup.address
-    )
+    # A backup's shard stays empty until promoted; the state it holds is at the primary's clock.
+    of_backup = _cli("status", "--server", backup.address)
+    assert "shard 0/1  clock 0" in of_backup
+    assert f"backup  epoch 1  primary {primary.address}  in sync yes  version {version}  holds clock 3" in of_backup
 
     # psserver top: both replicas in one view.
     top = _cli("top", "--once", "--server", primary.address, "--server", backup.address)
     rows = [line.split() for line in top.splitlines()]
-    standings = {row[1]: row[2:7] for row in rows if row[:1] == ["0"] and row[2] in ("primary", "backup")}
-    assert standings[primary.address] == ["primary", "1", primary.address, "yes", str(version)]
-    assert standings[backup.address] == ["backup", "1", primary.address, "yes", str(version)]
+    standings = {row[1]: row[2:8] for row in rows if row[:1] == ["0"] and row[2] in ("primary", "backup")}
+    assert standings[primary.address] == ["primary", "1", primary.address, "yes", str(version), "3"]
+    assert standings[backup.address] == ["backup", "1", primary.address, "yes", str(version), "3"]
 
     # The metrics: each replica's role, epoch and version; the backup's lag on the primary.
     backup_name = backup.standing().name
