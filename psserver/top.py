@@ -11,6 +11,7 @@ error and is asked again at the next refresh; Ctrl-C quits.
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -168,35 +169,70 @@ def _shard_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
     return rows
 
 
-def _worker_rows(views: Sequence[ShardView]) -> list[dict[str, str | Text]]:
+def _need(worker: ps_pb2.WorkerStatus, fastest: float) -> float:
+    """How much an operator needs to see this worker, as the metrics choose whose series to keep
+    (``psserver.metrics``): how far behind it is, times how much slower it computes than the fastest."""
+    speed = worker.stats.get("samples_per_second", 0.0)
+    slowness = fastest / speed if speed > 0 and fastest > 0 else 1.0
+    return (worker.mean_staleness + 1.0) * slowness
+
+
+_Listed = tuple[ShardView, int, ps_pb2.WorkerStatus]  # a shard's view, its index, one of its workers
+
+
+def _shown_workers(views: Sequence[ShardView], limit: int | None) -> tuple[list[_Listed], list[ps_pb2.WorkerStatus]]:
+    """The workers to list, by shard and name, and those left out: past ``limit`` rows, the ones that
+    matter most are listed (the furthest behind and slowest)."""
+    entries = [
+        (view, view.status.shard_index, w) for view in views if view.status is not None for w in view.status.workers
+    ]
+    hidden: list[ps_pb2.WorkerStatus] = []
+    if limit is not None and len(entries) > limit:
+        fastest = max((w.stats.get("samples_per_second", 0.0) for _, _, w in entries), default=0.0)
+        entries.sort(key=lambda entry: (-_need(entry[2], fastest), entry[2].worker_name))
+        hidden = [w for _, _, w in entries[limit:]]
+        entries = entries[:limit]
+    order = {id(view): index for index, view in enumerate(views)}
+    entries.sort(key=lambda entry: (order[id(entry[0])], entry[2].worker_name))
+    return entries, hidden
+
+
+def _worker_rows(views: Sequence[ShardView], limit: int | None = None) -> list[dict[str, str | Text]]:
     rows: list[dict[str, str | Text]] = []
-    for view in views:
-        if view.status is None:
-            continue
-        for w in sorted(view.status.workers, key=lambda w: w.worker_name):
-            row: dict[str, str | Text] = {
-                "worker": w.worker_name,
-                "shard": str(view.status.shard_index),
-                "device": w.device or _MISSING,
-                "pulls": str(w.pulls),
-                "seen": f"{w.seconds_since_seen:.1f}s",
+    entries, hidden = _shown_workers(views, limit)
+    for view, shard_index, w in entries:
+        row: dict[str, str | Text] = {
+            "worker": w.worker_name,
+            "shard": str(shard_index),
+            "device": w.device or _MISSING,
+            "pulls": str(w.pulls),
+            "seen": f"{w.seconds_since_seen:.1f}s",
+        }
+        if w.role == ps_pb2.ROLE_OBSERVER:
+            row["worker"] = Text(f"{w.worker_name} (observer)", style="dim")
+        else:
+            row |= {
+                "samples/s": _number(w.stats.get("samples_per_second"), ",.0f"),
+                "step": _seconds(w.stats.get("compute_seconds")),
+                "pushes": str(w.pushes),
+                "push/s": _number(view.push_rates.get(w.worker_name), ".1f"),
+                "τ last": str(w.last_staleness),
+                "τ mean": f"{w.mean_staleness:.2f}",
+                "τ max": str(w.max_staleness),
+                "gap": _number(w.last_telemetry.get("gap"), ".3f"),
+                "penalty": _number(w.last_telemetry.get("scale"), ".3f"),
+                "H": _number(w.last_telemetry.get("local_steps"), ".0f"),
             }
-            if w.role == ps_pb2.ROLE_OBSERVER:
-                row["worker"] = Text(f"{w.worker_name} (observer)", style="dim")
-            else:
-                row |= {
-                    "samples/s": _number(w.stats.get("samples_per_second"), ",.0f"),
-                    "step": _seconds(w.stats.get("compute_seconds")),
-                    "pushes": str(w.pushes),
-                    "push/s": _number(view.push_rates.get(w.worker_name), ".1f"),
-                    "τ last": str(w.last_staleness),
-                    "τ mean": f"{w.mean_staleness:.2f}",
-                    "τ max": str(w.max_staleness),
-                    "gap": _number(w.last_telemetry.get("gap"), ".3f"),
-                    "penalty": _number(w.last_telemetry.get("scale"), ".3f"),
-                    "H": _number(w.last_telemetry.get("local_steps"), ".0f"),
-                }
-            rows.append(row)
+        rows.append(row)
+    if hidden:
+        rows.append(
+            {
+                "worker": Text(f"… {len(hidden)} more", style="dim"),
+                "pushes": str(sum(w.pushes for w in hidden)),
+                "τ mean": f"{sum(w.mean_staleness for w in hidden) / len(hidden):.2f}",
+                "τ max": str(max(w.max_staleness for w in hidden)),
+            }
+        )
     return rows
 
 
@@ -292,8 +328,12 @@ def _spread(views: Sequence[ShardView]) -> Text:
     return Text(f"speed spread {speeds[fastest] / speeds[slowest]:.1f}× (fastest {fastest}, slowest {slowest})")
 
 
-def render(views: Sequence[ShardView], interval_s: float, width: int = _WIDE_COLUMNS) -> RenderableType:
-    """The whole screen for one refresh, for a terminal ``width`` columns wide."""
+def render(
+    views: Sequence[ShardView], interval_s: float, width: int = _WIDE_COLUMNS, height: int | None = None
+) -> RenderableType:
+    """The whole screen for one refresh, for a terminal ``width`` columns wide; given its ``height``,
+    the workers that do not fit are summed up in one row, and the ones listed are those that matter
+    most (the furthest behind and slowest)."""
     heading = Text.assemble(
         ("hetps top", "bold"),
         f"  {len(views)} shard(s), every {interval_s:g} s, {time.strftime('%H:%M:%S')}  ",
@@ -318,13 +358,25 @@ def render(views: Sequence[ShardView], interval_s: float, width: int = _WIDE_COL
         "H",
         "seen",
     )
-    return Group(
+    above: list[RenderableType] = [
         heading,
         _table("shards", shard_columns, _shard_rows(views), width),
         *(table for table in (replicas_table(views, width), backups_table(views, width)) if table is not None),
         _spread(views),
-        _table("workers", worker_columns, _worker_rows(views), width),
-    )
+    ]
+    limit = None if height is None else max(1, height - _lines(Group(*above), width) - _WORKER_TABLE_LINES)
+    return Group(*above, _table("workers", worker_columns, _worker_rows(views, limit), width))
+
+
+# The workers table's lines besides its rows: its title, header, the rule under it, and the row
+# that sums up the workers left out.
+_WORKER_TABLE_LINES = 4
+
+
+def _lines(renderable: RenderableType, width: int) -> int:
+    """How many lines ``renderable`` takes on a terminal ``width`` columns wide."""
+    console = Console(width=width, file=io.StringIO())
+    return len(console.render_lines(renderable, console.options, pad=False))
 
 
 def run_top(
@@ -349,12 +401,15 @@ def run_top(
             console.print(render(views, interval_s, console.width))
         else:
             with Live(
-                render(views, interval_s, console.width), console=console, auto_refresh=False, screen=True
+                render(views, interval_s, console.width, console.height),
+                console=console,
+                auto_refresh=False,
+                screen=True,
             ) as live:
                 while True:
                     time.sleep(interval_s)
                     views = poller.poll()
-                    live.update(render(views, interval_s, console.width), refresh=True)
+                    live.update(render(views, interval_s, console.width, console.height), refresh=True)
     except KeyboardInterrupt:
         pass
     finally:

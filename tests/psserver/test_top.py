@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import grpc
 from rich.console import Console
 
@@ -87,6 +89,51 @@ def test_the_view_shows_speed_staleness_penalty_and_spread() -> None:
     assert max(len(line.rstrip()) for line in narrow.splitlines()) <= 80
     slow_row = next(line for line in narrow.splitlines() if line.strip().startswith("gpu-slow"))
     assert slow_row.split() == ["gpu-slow", "2,000", "75", "–", "4", "1.50", "0", "–", "0.250", "2"]
+
+
+def worker_names(lines: list[str]) -> list[str]:
+    return [line.split()[0] for line in lines if re.fullmatch(r"w\d{3}", line.split()[0] if line.split() else "")]
+
+
+def many_workers(count: int) -> ShardView:
+    """``count`` workers at one pace, but w017 (far behind) and w033 (four times slower), when there."""
+    reply = status(900, {f"w{i:03d}": 10 for i in range(count)})
+    for worker in reply.workers:
+        worker.stats["samples_per_second"] = 4000.0
+        worker.max_staleness = 3
+    if count > 33:
+        reply.workers[17].mean_staleness = 40.0
+        reply.workers[17].max_staleness = 55
+        reply.workers[33].stats["samples_per_second"] = 1000.0
+    return ShardView("127.0.0.1:50051", reply)
+
+
+def test_a_screen_too_short_for_every_worker_lists_those_that_matter_and_sums_up_the_rest() -> None:
+    view = many_workers(200)
+    console = Console(width=140, height=30, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(render([view], 1.0, 140, height=30))
+    lines = console.export_text().rstrip("\n").splitlines()
+    console.file.close()
+    assert len(lines) <= 30
+    listed = worker_names(lines)
+    assert "w017" in listed and "w033" in listed  # the furthest behind and the slowest
+    others = [name for name in listed if name not in ("w017", "w033")]
+    assert others == [f"w{i:03d}" for i in range(200) if i not in (17, 33)][: len(others)]  # then by name
+    assert listed == sorted(listed) and len(listed) >= 10
+    summary = next(line.split() for line in lines if line.strip().startswith("…"))
+    hidden = 200 - len(listed)
+    assert summary[:3] == ["…", str(hidden), "more"]
+    assert summary[-3:] == [str(10 * hidden), "1.50", "3"]  # their pushes, mean and worst staleness
+
+
+def test_every_worker_is_listed_when_they_fit_or_when_no_height_is_given() -> None:
+    text = screen([many_workers(200)], 140)  # the --once view: every worker, by name
+    assert worker_names(text.splitlines()) == [f"w{i:03d}" for i in range(200)]
+    assert "… " not in text
+    console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(render([many_workers(5)], 1.0, 140, height=40))
+    assert "… " not in console.export_text()
+    console.file.close()
 
 
 # -- a replicated shard ----------------------------------------------------------------------
