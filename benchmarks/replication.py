@@ -9,6 +9,9 @@ Needs Debian's etcd-server (``/usr/bin/etcd``); one etcd is started for the run.
 and one backup, each its own process), interleaved round by round in a fresh order so both see the
 same load. Target: the replicated step at most 1.5x the lone one (the median of the rounds' ratios).
 
+Before the steps, the servers and etcd are left idle for a while: the CPU each uses then is what a
+replica set costs while nothing happens (lease renewals, etcd's watch, the reads it wakes).
+
 **Sustained rate.** Several workers (threads of this process, a small model) push many steps each
 against a lone server and a replicated pair, one system after the other: the update rate in the
 run's last quarter against its first. A version carries every worker's push-id memory, so a cost
@@ -43,7 +46,7 @@ import torch
 from torch import nn
 
 from benchmarks.harness.models import resnet18_shapes, tiny_shapes
-from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess
+from benchmarks.harness.processes import Fleet, HetpsJob, ServerProcess, cpu_seconds
 from benchmarks.harness.report import prepare_output, run_header, write_results
 from benchmarks.harness.stats import summarize
 from psproto.v1 import ps_pb2, ps_pb2_grpc
@@ -64,6 +67,7 @@ class Run:
     model: str
     sustained_workers: int
     sustained_steps: int
+    idle_seconds: float
 
 
 def _status(address: str) -> ps_pb2.StatusResponse:
@@ -121,11 +125,21 @@ def _wait_in_sync(primary: ServerProcess, backups: int) -> None:
     raise RuntimeError(f"{primary.label}: {backups} backup(s) not in sync after {IN_SYNC_TIMEOUT_S} s")
 
 
-def cost(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
+def _idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """Each process's CPU over ``seconds`` of nothing asked of it, as a percentage of one core."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    time.sleep(seconds)
+    return {name: 100 * (cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
+
+
+def cost(run: Run, fleet: Fleet, etcd: LocalEtcd) -> dict[str, Any]:
     lone = fleet.start_hetps(_job("lone", run.model, None))
-    pair = fleet.start_all([_job(f"replica-{i}", run.model, f"{etcd}/cost") for i in range(2)])
+    pair = fleet.start_all([_job(f"replica-{i}", run.model, f"{etcd.url}/cost") for i in range(2)])
     primary = _primary(list(pair.values()))
     _wait_in_sync(primary, 1)
+    (backup,) = [server for server in pair.values() if server is not primary]
+    processes = {"lone": lone.pid, "primary": primary.pid, "backup": backup.pid, "etcd": etcd.process.pid}
+    idle = {"seconds": run.idle_seconds, "percent_of_a_core": _idle_cpu(processes, run.idle_seconds)}
     systems = {
         "lone": _stepper(_model(run.model), lone.address, "cost-lone"),
         "one backup": _stepper(_model(run.model), primary.address, "cost-replicated"),
@@ -147,6 +161,7 @@ def cost(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
     for optimizer, _ in systems.values():
         optimizer.close()
     return {
+        "idle": idle,
         "step_ms": {name: summarize([t * 1e3 for t in took]) for name, took in times.items()},
         "ratio": summarize(ratios),
         "target": {"at_most": COST_TARGET, "pass": statistics.median(ratios) <= COST_TARGET},
@@ -185,9 +200,9 @@ def _run_workers(servers: str, run: Run, label: str) -> list[float]:
     return finished
 
 
-def sustained(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
+def sustained(run: Run, fleet: Fleet, etcd: LocalEtcd) -> dict[str, Any]:
     lone = fleet.start_hetps(_job("sustained-lone", "tiny", None))
-    pair = fleet.start_all([_job(f"sustained-{i}", "tiny", f"{etcd}/sustained") for i in range(2)])
+    pair = fleet.start_all([_job(f"sustained-{i}", "tiny", f"{etcd.url}/sustained") for i in range(2)])
     primary = _primary(list(pair.values()))
     _wait_in_sync(primary, 1)
     systems: dict[str, dict[str, Any]] = {}
@@ -208,8 +223,8 @@ def sustained(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
     }
 
 
-def failover(run: Run, fleet: Fleet, etcd: str) -> dict[str, Any]:
-    jobs = [_job(f"failover-{i}", "tiny", f"{etcd}/failover", port) for i, port in enumerate(free_ports(3))]
+def failover(run: Run, fleet: Fleet, etcd: LocalEtcd) -> dict[str, Any]:
+    jobs = [_job(f"failover-{i}", "tiny", f"{etcd.url}/failover", port) for i, port in enumerate(free_ports(3))]
     replicas = list(fleet.start_all(jobs).values())
     first_epoch = _status(_primary(replicas).address).replica.epoch
     _wait_in_sync(_primary(replicas), 2)
@@ -283,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         model="tiny" if args.smoke else "resnet18",
         sustained_workers=2 if args.smoke else 4,
         sustained_steps=80 if args.smoke else 150 if args.quick else 400,
+        idle_seconds=1.0 if args.smoke else 10.0,
     )
     console, log_dir = prepare_output(args.out)
     started = time.monotonic()
@@ -292,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     with LocalEtcd(log_dir / "etcd") as etcd:
         try:
             for section, measure in (("cost", cost), ("sustained", sustained), ("failover", failover)):
-                results[section] = measure(run, fleet, etcd.url)
+                results[section] = measure(run, fleet, etcd)
                 fleet.stop()
                 fleet = Fleet(log_dir)
         finally:

@@ -61,8 +61,9 @@ class ReplicationConfig:
     ack_timeout_seconds: float = 2.0
     # Every this many state versions, the state sent carries a digest the backup checks.
     digest_every: int = 100
-    # How often a replica reads the shard's keys (the primary's liveness, the replicas).
-    poll_seconds: float = 0.1
+    # How often a replica reads the shard's keys (the primary's liveness, the replicas) besides
+    # each change etcd's watch tells of: how long a watch that broke silently goes unnoticed.
+    poll_seconds: float = 1.0
     # TLS to etcd, for https:// endpoints; None: etcd's own certificate checked against the CA
     # bundle of Python's requests, and no client certificate.
     etcd_tls: EtcdTls | None = None

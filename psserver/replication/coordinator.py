@@ -15,12 +15,18 @@ Under ``/hetps/<job>/shard/<index>/``:
 Each process holds one lease of ``lease_seconds``, renewed every quarter of it. ``valid_until``
 is when the lease may have run out at etcd for all this process knows (the last renewal's send
 time plus the lease, less a margin): a primary acknowledges nothing past it.
+
+A replica learns of a change of these keys from etcd's watch of the prefix (``KeyWatch``), at
+once, and reads them again; it also reads them every ``poll_seconds`` whatever the watch says, so
+a watch that broke silently costs at most that long.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 from base64 import b64encode
@@ -42,6 +48,38 @@ REQUEST_TIMEOUT_S = 0.5
 
 class EtcdError(Exception):
     """etcd could not be asked (no endpoint answered in time) or refused the request."""
+
+
+class KeyWatch:
+    """etcd's watch of a key prefix, read on a thread of its own: ``changed`` is set at every event,
+    and once the stream ends (etcd gone, the connection cut), after which ``alive`` is False."""
+
+    def __init__(self, response: Any, changed: threading.Event) -> None:
+        self._response = response
+        self._changed = changed
+        self.alive = True
+        threading.Thread(target=self._read, name="etcd-watch", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for line in self._response.iter_lines():
+                if line:  # the watch's creation, then its events; either way the keys are read again
+                    self._changed.set()
+        except Exception as error:  # requests' and urllib3's errors alike end the stream
+            _LOGGER.debug("etcd's watch ended: %s", _detail(error))
+        finally:
+            self.alive = False
+            self._changed.set()
+
+    def close(self) -> None:
+        self.alive = False
+        # The reader is blocked in a read: shut the socket down under it, or closing waits for it.
+        connection = getattr(self._response.raw, "connection", None)
+        sock = getattr(connection, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._response.close()
 
 
 def _encode(text: str) -> str:
@@ -162,6 +200,25 @@ class Coordinator:
 
     # -- the shard's keys ------------------------------------------------------------------------
 
+    def watch(self, changed: threading.Event) -> KeyWatch:
+        """Watch the shard's keys: ``changed`` is set at every change (and when the watch ends)."""
+        import requests
+
+        request = {"create_request": {"key": _encode(self.prefix), "range_end": _encode(_prefix_end(self.prefix))}}
+        last = ""
+        for client in self._clients:
+            try:
+                # A watch is quiet while nothing changes: only its connection has a timeout.
+                response = client.session.post(
+                    client.get_url("/watch"), json=request, stream=True, timeout=(REQUEST_TIMEOUT_S, None)
+                )
+                response.raise_for_status()
+            except requests.RequestException as error:
+                last = f"{client.base_url}: {_detail(error)}"
+                continue
+            return KeyWatch(response, changed)
+        raise EtcdError(f"etcd's watch could not start (the last: {last})")
+
     def read(self) -> ShardKeys:
         found = self._call(lambda c: c.get_prefix(self.prefix))
         primary: PrimaryRecord | None = None
@@ -247,6 +304,11 @@ _TLS_HINT = (
 def _detail(error: Exception) -> str:
     """What etcd3gw's error says: it keeps its text in ``detail_text``, not in its arguments."""
     return str(getattr(error, "detail_text", None) or error or type(error).__name__)
+
+
+def _prefix_end(prefix: str) -> str:
+    """The end of the range of keys that start with ``prefix`` (its last character plus one)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def _compare(key: str, target: str, **condition: Any) -> dict[str, Any]:

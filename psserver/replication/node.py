@@ -1,10 +1,11 @@
 """One replica of a shard over time: a candidate, then a backup or the primary, until deposed.
 
-A thread renews this process's etcd lease (every quarter of it) and reads the shard's keys (every
-``poll_seconds``). A replica that is not primary follows the one etcd names, holds what it sends
-(``standby``) and, once no primary holds the key and it may take over (``ShardKeys.may_take_over``),
-campaigns; the winner installs the state it holds (or, when every in-sync replica is gone, the
-newest checkpoint) into its shard and opens its gate. A primary that lost its lease, could not
+A thread renews this process's etcd lease (every quarter of it) and reads the shard's keys at each
+change etcd's watch tells of, and every ``poll_seconds`` besides. A replica that is not primary
+follows the one etcd names, holds what it sends (``standby``) and, once no primary holds the key
+and it may take over (``ShardKeys.may_take_over``), campaigns; the winner installs the state it
+holds (or, when every in-sync replica is gone, the newest checkpoint) into its shard and opens its
+gate. A primary that lost its lease, could not
 renew it in time, saw another primary in etcd or was told of a newer epoch steps down: its gate
 closes at once (nothing more is acknowledged) and ``on_deposed`` ends the process, whose restart
 comes back as a backup with an empty shard.
@@ -31,7 +32,7 @@ from psproto.v1 import ps_pb2
 from psserver.core.errors import ErrorKind, ShardError
 from psserver.core.shard import Shard, StateError
 from psserver.replication.backups import BackupView, PeerAccess, Replicator
-from psserver.replication.coordinator import Coordinator, EtcdError, PrimaryRecord, ShardKeys
+from psserver.replication.coordinator import Coordinator, EtcdError, KeyWatch, PrimaryRecord, ShardKeys
 from psserver.replication.standby import Standby
 from psserver.rpc.status_codes import refusal
 
@@ -90,6 +91,8 @@ class ReplicaNode:
         self.standby = Standby(lambda: self.role is Role.PRIMARY)
         self.replicator: Replicator | None = None
         self._stop = threading.Event()
+        # Set by etcd's watch at every change of the shard's keys (and by stop): the thread reads them then.
+        self._changed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="replica-node", daemon=True)
 
     @staticmethod
@@ -103,6 +106,7 @@ class ReplicaNode:
     def stop(self) -> None:
         """A clean stop: a primary resigns so a backup takes over without waiting for the lease."""
         self._stop.set()
+        self._changed.set()
         self._thread.join(timeout=5)
         if self.role is Role.PRIMARY and self.record is not None:
             self._close_gate("stopping")
@@ -164,18 +168,29 @@ class ReplicaNode:
     def _run(self) -> None:
         config = self.coordinator.config
         renew_every = config.lease_seconds / 4
-        renewed = 0.0
-        while not self._stop.is_set() and self.role is not Role.DEPOSED:
-            try:
-                if time.monotonic() - renewed >= renew_every:
-                    self._renew()
-                    renewed = time.monotonic()
-                self._follow(self.coordinator.read())
-            except EtcdError as error:
-                _LOGGER.debug("etcd: %s", error)
-                if self.role is Role.PRIMARY and not self.coordinator.lease_valid():
-                    self._step_down("cut off from etcd for longer than the lease")
-            self._stop.wait(config.poll_seconds)
+        renewed = read = 0.0
+        watch: KeyWatch | None = None
+        try:
+            while not self._stop.is_set() and self.role is not Role.DEPOSED:
+                try:
+                    if time.monotonic() - renewed >= renew_every:
+                        self._renew()
+                        renewed = time.monotonic()
+                    if self._changed.is_set() or time.monotonic() - read >= config.poll_seconds:
+                        self._changed.clear()  # before the read: a change during it is read again
+                        read = time.monotonic()
+                        self._follow(self.coordinator.read())
+                    if watch is None or not watch.alive:  # (again) once etcd answers
+                        watch = self.coordinator.watch(self._changed)
+                except EtcdError as error:
+                    _LOGGER.debug("etcd: %s", error)
+                    if self.role is Role.PRIMARY and not self.coordinator.lease_valid():
+                        self._step_down("cut off from etcd for longer than the lease")
+                next_due = min(renewed + renew_every, read + config.poll_seconds)
+                self._changed.wait(max(0.0, next_due - time.monotonic()))
+        finally:
+            if watch is not None:
+                watch.close()
 
     def _renew(self) -> None:
         if self.coordinator.renew():

@@ -22,6 +22,8 @@ def test_a_smoke_run_measures_cost_sustained_rate_and_a_failover(tmp_path: Path)
     main(["--smoke", "--out", str(out)])
     results = json.loads(out.read_text())
     cost = results["cost"]
+    idle = cost["idle"]["percent_of_a_core"]
+    assert set(idle) == {"lone", "primary", "backup", "etcd"} and min(idle.values()) >= 0
     assert {name: summary["n"] for name, summary in cost["step_ms"].items()} == {"lone": 6, "one backup": 6}
     assert cost["ratio"]["n"] == 2 and cost["ratio"]["median"] > 0
     sustained = results["sustained"]

@@ -1,0 +1,55 @@
+"""The coordinator's watch without etcd: a stand-in for the stream etcd's gateway answers a watch with
+(its real one: tests/integration/test_etcd_integ.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+from psserver.replication.coordinator import KeyWatch, _prefix_end
+
+
+class Stream:
+    """A watch's response: its lines, then the end (``error`` raised, as a cut connection does)."""
+
+    def __init__(self, lines: list[bytes], error: Exception | None = None) -> None:
+        self.lines, self.error = lines, error
+        self.more = threading.Event()
+        self.closed = False
+        self.raw = SimpleNamespace(connection=None)
+
+    def iter_lines(self) -> Iterator[bytes]:
+        yield from self.lines
+        self.more.wait(5)
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_every_line_of_the_stream_wakes_the_replica_and_so_does_its_end() -> None:
+    changed = threading.Event()
+    stream = Stream([b'{"result":{"created":true}}', b""], ConnectionResetError("cut"))
+    watch = KeyWatch(stream, changed)
+    assert changed.wait(5) and watch.alive
+    changed.clear()
+    stream.more.set()  # the connection breaks
+    assert changed.wait(5)
+    for _ in range(100):
+        if not watch.alive:
+            break
+        changed.wait(0.05)
+    assert not watch.alive
+    watch.close()
+    assert stream.closed
+
+
+def test_the_range_watched_is_the_shards_keys_and_no_other_shards() -> None:
+    prefix = "/hetps/job/shard/1/"
+    end = _prefix_end(prefix)
+    inside = [prefix + "primary", prefix + "replicas/127.0.0.1:1/ab"]
+    outside = ["/hetps/job/shard/10/primary", "/hetps/job/shard/2/primary", "/hetps/job/shard/1"]
+    assert all(prefix <= key < end for key in inside)
+    assert not any(prefix <= key < end for key in outside)
