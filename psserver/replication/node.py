@@ -180,8 +180,7 @@ class ReplicaNode:
                         self._changed.clear()  # before the read: a change during it is read again
                         read = time.monotonic()
                         self._follow(self.coordinator.read())
-                    if watch is None or not watch.alive:  # (again) once etcd answers
-                        watch = self.coordinator.watch(self._changed)
+                    watch = self._watching(watch)
                 except EtcdError as error:
                     _LOGGER.debug("etcd: %s", error)
                     if self.role is Role.PRIMARY and not self.coordinator.lease_valid():
@@ -191,6 +190,14 @@ class ReplicaNode:
         finally:
             if watch is not None:
                 watch.close()
+
+    def _watching(self, watch: KeyWatch | None) -> KeyWatch:
+        """``watch`` while it lives; else a new one, started now that etcd has just answered a read."""
+        if watch is not None and watch.alive:
+            return watch
+        if watch is not None:
+            watch.close()
+        return self.coordinator.watch(self._changed)
 
     def _renew(self) -> None:
         if self.coordinator.renew():
