@@ -1,4 +1,4 @@
-"""``benchmarks.replication``'s arithmetic, without processes (its runs: ``python -m benchmarks.replication --smoke``)."""
+"""``benchmarks.replication``'s arithmetic, without processes (its runs: ``benchmarks.replication --smoke``)."""
 
 from __future__ import annotations
 
