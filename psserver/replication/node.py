@@ -2,13 +2,12 @@
 
 A thread renews this process's etcd lease (every quarter of it) and reads the shard's keys at each
 change etcd's watch tells of, and every ``poll_seconds`` besides. A replica that is not primary
-follows the one etcd names, holds what it sends (``standby``) and, once no primary holds the key
-and it may take over (``ShardKeys.may_take_over``), campaigns; the winner installs the state it
-holds (or, when every in-sync replica is gone, the newest checkpoint) into its shard and opens its
-gate. A primary that lost its lease, could not
-renew it in time, saw another primary in etcd or was told of a newer epoch steps down: its gate
-closes at once (nothing more is acknowledged) and ``on_deposed`` ends the process, whose restart
-comes back as a backup with an empty shard.
+follows the one etcd names, holds what it sends (``standby``) and, once no primary holds the key and
+it may take over (``ShardKeys.may_take_over``), campaigns; the winner installs the state it holds
+(or, when every in-sync replica is gone, the newest checkpoint) into its shard and opens its gate. A
+primary that lost its lease, could not renew it in time, saw another primary in etcd or was told of
+a newer epoch steps down: its gate closes at once (nothing more is acknowledged) and ``on_deposed``
+ends the process, whose restart comes back as a backup with an empty shard.
 
 The gate: every ParameterServer call but Status on a replica that is not a serving primary is
 refused with NOT_PRIMARY, naming the primary etcd names (empty during an election).

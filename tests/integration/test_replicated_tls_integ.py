@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import torch
 from pscli.config_file import dump_toml
 from psproto.layout import Layout
 from psproto.security import ClientTls
+from psserver.replication.config import EtcdTls, ReplicationConfig
+from psserver.replication.coordinator import Coordinator
 from psserver.rpc.security import ServerTls
 from pstools.etcd import LocalEtcd
 from pstools.warm_start import start_program
@@ -131,3 +134,17 @@ def test_a_replica_that_does_not_trust_etcds_ca_exits_saying_what_to_set(
     said = " ".join(log.read_text().split()) if process.wait(60) == 1 else f"exit {process.wait()}"
     assert f"cannot reach etcd at {etcd.url}" in said and "CERTIFICATE_VERIFY_FAILED" in said, said
     assert "replication.etcd_tls.ca must be the CA that signed etcd's certificate" in said, said
+
+
+def test_a_replica_watches_its_keys_on_an_etcd_that_serves_tls(secured_etcd: tuple[LocalEtcd, Pki]) -> None:
+    etcd, pki = secured_etcd
+    cert, key = pki.server
+    config = ReplicationConfig(etcd=(etcd.url,), job="watched", etcd_tls=EtcdTls(ca=pki.ca1, cert=cert, key=key))
+    changed = threading.Event()
+    watch = Coordinator(config, 0, "watcher", "127.0.0.1:1").watch(changed)
+    assert changed.wait(5)  # created
+    changed.clear()
+    Coordinator(config, 0, "newcomer", "127.0.0.1:2").grant()
+    assert changed.wait(5) and watch.alive
+    watch.close()
+    assert not watch.alive
