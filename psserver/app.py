@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -48,6 +49,10 @@ class ServerAppError(Exception):
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# A replica's first request to etcd: one that every endpoint was slow to answer (a busy host) is
+# asked again for this long; an endpoint that refuses the connection or the certificate is not.
+START_ETCD_PATIENCE_S = 10.0
+START_ETCD_RETRY_S = 0.2
 
 
 class ServerConfigError(ServerAppError, ValueError):
@@ -362,11 +367,18 @@ class ServerApp:
         address = self.config.replication.advertise or self.address
         coordinator = self.replica.coordinator
         coordinator.place(ReplicaNode.unique_name(address), address)
-        try:
-            coordinator.grant()
-        except EtcdError as error:
-            self.drain(0)
-            raise BindError(f"cannot reach etcd at {', '.join(self.config.replication.etcd)}: {error}") from None
+        patience = time.monotonic() + START_ETCD_PATIENCE_S
+        while True:
+            try:
+                coordinator.grant()
+                break
+            except EtcdError as error:
+                if error.timed_out and time.monotonic() < patience:
+                    _LOGGER.warning("etcd is slow to answer (%s); asking again", error)
+                    time.sleep(START_ETCD_RETRY_S)
+                    continue
+                self.drain(0)
+                raise BindError(f"cannot reach etcd at {', '.join(self.config.replication.etcd)}: {error}") from None
         self.replica.start()
         _LOGGER.info(
             "replica %s of shard %d; etcd %s", coordinator.name, self.config.shard.shard_index, coordinator.prefix

@@ -49,6 +49,11 @@ REQUEST_TIMEOUT_S = 0.5
 class EtcdError(Exception):
     """etcd could not be asked (no endpoint answered in time) or refused the request."""
 
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        # Every endpoint was reached but none answered in time (a busy etcd, not a wrong address).
+        self.timed_out = timed_out
+
 
 class KeyWatch:
     """etcd's watch of a key prefix, read on a thread of its own: ``changed`` is set at every event,
@@ -131,6 +136,7 @@ class Coordinator:
         from etcd3gw.lease import Lease
 
         self._unreachable = (exceptions.ConnectionFailedError, exceptions.ConnectionTimeoutError)
+        self._slow = exceptions.ConnectionTimeoutError
         self._refused = exceptions.Etcd3Exception
         self._lease_of = Lease
         self._clients = [_client(url, config.etcd_tls) for url in config.etcd]
@@ -145,11 +151,13 @@ class Coordinator:
 
     def _call(self, request: Any) -> Any:
         last = ""
+        slow = 0
         for index, client in enumerate(self._clients):
             try:
                 result = request(client)
             except self._unreachable as error:
                 last = f"{client.base_url}: {_detail(error)}"
+                slow += isinstance(error, self._slow)
                 continue
             except self._refused as error:
                 raise EtcdError(f"etcd refused the request: {_detail(error)}") from None
@@ -158,7 +166,7 @@ class Coordinator:
             return result
         # OpenSSL's reason alone does not say which setting to look at.
         hint = _TLS_HINT if "SSL" in last else ""
-        raise EtcdError(f"no etcd endpoint answered (the last: {last}){hint}")
+        raise EtcdError(f"no etcd endpoint answered (the last: {last}){hint}", timed_out=slow == len(self._clients))
 
     # -- the lease -------------------------------------------------------------------------------
 

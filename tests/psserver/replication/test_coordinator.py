@@ -7,7 +7,11 @@ import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
 
-from psserver.replication.coordinator import KeyWatch, _prefix_end
+import pytest
+from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError
+
+from psserver.replication.config import ReplicationConfig
+from psserver.replication.coordinator import Coordinator, EtcdError, KeyWatch, _prefix_end
 
 
 class Stream:
@@ -53,3 +57,34 @@ def test_the_range_watched_is_the_shards_keys_and_no_other_shards() -> None:
     outside = ["/hetps/job/shard/10/primary", "/hetps/job/shard/2/primary", "/hetps/job/shard/1"]
     assert all(prefix <= key < end for key in inside)
     assert not any(prefix <= key < end for key in outside)
+
+
+class Endpoint:
+    """An etcd client stand-in whose every request fails with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error, self.base_url = error, "http://etcd:2379"
+
+    def lease(self, ttl: int) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("errors", "timed_out"),
+    [
+        ([ConnectionTimeoutError("Read timed out")], True),
+        ([ConnectionTimeoutError("Read timed out"), ConnectionTimeoutError("Read timed out")], True),
+        ([ConnectionTimeoutError("Read timed out"), ConnectionFailedError("Connection refused")], False),
+        ([ConnectionFailedError("Connection refused")], False),
+    ],
+)
+def test_an_etcd_that_every_endpoint_was_slow_to_answer_is_told_from_one_that_is_unreachable(
+    errors: list[Exception], timed_out: bool
+) -> None:
+    config = ReplicationConfig(etcd=tuple(f"http://127.0.0.1:{2379 + i}" for i in range(len(errors))))
+    coordinator = Coordinator(config, 0, "a", "127.0.0.1:1")
+    coordinator._clients = [Endpoint(error) for error in errors]  # type: ignore[misc]
+    with pytest.raises(EtcdError) as raised:
+        coordinator.grant()
+    assert raised.value.timed_out is timed_out
+    assert "no etcd endpoint answered" in str(raised.value)
