@@ -211,21 +211,25 @@ class Coordinator:
     def watch(self, changed: threading.Event) -> KeyWatch:
         """Watch the shard's keys: ``changed`` is set at every change (and when the watch ends)."""
         import requests
+        from etcd3gw import exceptions
 
         request = {"create_request": {"key": _encode(self.prefix), "range_end": _encode(_prefix_end(self.prefix))}}
-        last = ""
-        for client in self._clients:
+
+        def start(client: Etcd3Client) -> Any:
+            # etcd3gw has no streaming call: its session is used, and its errors raised as its own.
             try:
                 # A watch is quiet while nothing changes: only its connection has a timeout.
                 response = client.session.post(
                     client.get_url("/watch"), json=request, stream=True, timeout=(REQUEST_TIMEOUT_S, None)
                 )
                 response.raise_for_status()
+            except requests.Timeout as error:
+                raise exceptions.ConnectionTimeoutError(str(error)) from None
             except requests.RequestException as error:
-                last = f"{client.base_url}: {_detail(error)}"
-                continue
-            return KeyWatch(response, changed)
-        raise EtcdError(f"etcd's watch could not start (the last: {last})")
+                raise exceptions.ConnectionFailedError(str(error)) from None
+            return response
+
+        return KeyWatch(self._call(start), changed)
 
     def read(self) -> ShardKeys:
         found = self._call(lambda c: c.get_prefix(self.prefix))
